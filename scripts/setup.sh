@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up modeld in ./.venv on a fresh machine: a virtual environment, llama-cpp-python built
+# with CPU flags that work here (DESIGN.md §11), modeld itself, and the built-in default model.
+#   scripts/setup.sh          runtime + default model
+#   scripts/setup.sh --test   also the test/lint tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON="${PYTHON:-python3}"
+VENV="${MODELD_VENV:-.venv}"
+extras="default-model"
+[ "${1:-}" = "--test" ] && extras="test"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --upgrade pip wheel
+
+# llama.cpp's default -march=native build segfaults in the AMX matmul path on this CPU class, so
+# build without GGML_NATIVE: AVX-512 (+VNNI/BF16) where the CPU has it, else portable AVX2.
+if [ -z "${CMAKE_ARGS:-}" ]; then
+    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+    if [[ " $flags " == *" avx512f "* ]]; then
+        CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512=ON"
+        [[ " $flags " == *" avx512_vnni "* ]] && CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512_VNNI=ON"
+        [[ " $flags " == *" avx512_bf16 "* ]] && CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512_BF16=ON"
+    fi
+    export CMAKE_ARGS
+fi
+
+if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
+    echo "setup: building llama-cpp-python (about 8 minutes the first time; pip caches the wheel)" >&2
+    "$VENV/bin/python" -m pip install --quiet "llama-cpp-python==0.3.36"
+fi
+"$VENV/bin/python" -m pip install --quiet -e ".[$extras]"
+echo "setup: ready — $VENV/bin/modeld" >&2

@@ -1,0 +1,83 @@
+"""The typed description of a GGUF model that every policy module works from.
+
+Produced by :mod:`modeld.gguf` from the file header; consumed by :mod:`modeld.memory`,
+:mod:`modeld.ctx`, the daemon and ``modeld show``. Pure data, no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the GGUF tensor table."""
+
+    name: str
+    ggml_type: int
+    type_name: str
+    shape: tuple[int, ...]
+    n_bytes: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What modeld needs to know about a model before loading it.
+
+    Per-layer fields (``head_count_kv``, ``sliding_layers``) always have ``block_count`` entries:
+    a scalar in the file is expanded, so consumers never branch on the shape.
+    """
+
+    path: str
+    file_size: int
+    gguf_version: int
+    architecture: str
+    name: str | None
+    size_label: str | None
+    file_type: int | None
+    quantization: str | None  # e.g. "Q4_K_M", derived from general.file_type
+    context_length: int  # training context
+    block_count: int
+    embedding_length: int
+    head_count: int
+    head_count_kv: tuple[int, ...]  # per layer
+    key_length: int
+    value_length: int
+    sliding_window: int | None
+    sliding_layers: tuple[bool, ...]  # per layer: True where the layer uses the sliding window
+    vocab_size: int
+    has_chat_template: bool
+    pooling_type: int | None  # embedding/rerank models set it; None when absent
+    tensor_bytes: int  # sum of tensor data sizes
+    tensor_count: int
+    data_offset: int  # where tensor data starts in the file
+    recurrent: bool = False  # SSM/RWKV/hybrid: KV estimate is approximate
+    feed_forward_length: int = 0
+    expert_count: int = 0
+    tokenizer_model: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    tensors: tuple[TensorInfo, ...] = field(default=(), repr=False)
+    scalars: dict[str, str | int | float | bool] = field(default_factory=dict, repr=False)
+    notes: tuple[str, ...] = ()  # caveats found while reading (e.g. "approximate: recurrent")
+
+    @property
+    def is_embedding_model(self) -> bool:
+        """True for models made for embeddings (pooling set, or BERT-like encoders)."""
+        return self.pooling_type not in (None, 0) or self.architecture in {
+            "bert",
+            "nomic-bert",
+            "jina-bert-v2",
+            "t5encoder",
+        }
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-safe dict without the tensor table and raw scalars."""
+        data = asdict(self)
+        data.pop("tensors", None)
+        data.pop("scalars", None)
+        data["head_count_kv"] = list(self.head_count_kv)
+        data["sliding_layers"] = list(self.sliding_layers)
+        data["notes"] = list(self.notes)
+        return data
