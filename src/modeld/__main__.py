@@ -1,0 +1,5 @@
+"""``python -m modeld``: the same as the ``modeld`` console script."""
+
+from modeld.cli import main
+
+main()

@@ -1,0 +1,310 @@
+"""Typed Python client for the modeld daemon (used by the CLI and by Python callers).
+
+One DEALER socket per :class:`Client`; a Client is not thread-safe (use one per thread). Every
+method sends one request and reads its replies; ``generate``/``chat`` stream text chunks.
+Error replies come back as the typed exceptions of :mod:`modeld.errors`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+import zmq
+
+from modeld import paths, protocol
+from modeld.errors import (
+    DaemonUnavailableError,
+    ModeldError,
+    ProtocolMismatchError,
+    RequestTimeoutError,
+    error_from_dict,
+)
+
+_UNAVAILABLE_HINT = "start it with modeld serve"
+
+
+class Generation:
+    """Iterator of text chunks of one generate request; ``done`` holds the final info.
+
+    Leaving the iteration early (``close()``, ``break`` in a ``with`` block, Ctrl-C) sends a
+    ``cancel`` so the daemon frees the model promptly.
+    """
+
+    def __init__(self, client: Client, request_id: str) -> None:
+        self._client = client
+        self.request_id = request_id
+        self.done: dict[str, Any] | None = None
+        self._finished = False
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while not self._finished:
+                msg = self._client._recv(self.request_id, self._client.timeout)
+                if msg.type == "chunk":
+                    text = msg.body.get("text")
+                    if isinstance(text, str):
+                        yield text
+                elif msg.type == "done":
+                    self._finished = True
+                    self.done = msg.body
+                else:  # error
+                    self._finished = True
+                    raise error_from_dict(msg.body)
+        finally:
+            if not self._finished:
+                self.close()
+
+    def text(self) -> str:
+        """Consume the whole stream and return the concatenated text."""
+        return "".join(self)
+
+    def close(self) -> None:
+        """Cancel the request if it has not finished (idempotent)."""
+        if not self._finished:
+            self._finished = True
+            self._client._cancel_quietly(self.request_id)
+
+    def __enter__(self) -> Generation:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class Client:
+    """Connects to the daemon at ``endpoint`` (default: :func:`modeld.paths.socket_endpoint`).
+
+    ``timeout``: seconds to wait for each reply message (None waits forever; a cold load of a
+    big model can take a while). ``connect_timeout``: how long the first ping may take before
+    the daemon counts as not running.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        timeout: float | None = 300.0,
+        connect_timeout: float = 2.0,
+    ) -> None:
+        self.endpoint = endpoint or paths.socket_endpoint()
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._ctx: zmq.Context[Any] | None = None
+        self._sock: zmq.Socket[Any] | None = None
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid():x}-{id(self):x}"
+        self._checked = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _socket(self) -> zmq.Socket[Any]:
+        if self._sock is None:
+            sock_path = paths.ipc_path(self.endpoint)
+            if sock_path is not None and not sock_path.exists():
+                raise DaemonUnavailableError(
+                    f"daemon not running (no socket at {sock_path})", hint=_UNAVAILABLE_HINT
+                )
+            self._ctx = zmq.Context()
+            sock = self._ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self.endpoint)
+            self._sock = sock
+        return self._sock
+
+    def _ensure_connected(self) -> None:
+        """Ping once per Client so a missing daemon is reported quickly and clearly."""
+        if self._checked:
+            return
+        rid = self._send("ping")
+        try:
+            msg = self._recv(rid, self.connect_timeout)
+        except RequestTimeoutError:
+            self.close()
+            raise DaemonUnavailableError(
+                f"daemon not running (no answer at {self.endpoint})", hint=_UNAVAILABLE_HINT
+            ) from None
+        if msg.type == "error":
+            raise error_from_dict(msg.body)
+        self._checked = True
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        self._checked = False
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ wire
+
+    def _send(self, type_: str, **body: Any) -> str:
+        rid = f"{self._prefix}-{next(self._ids)}"
+        self._socket().send_multipart(protocol.encode(protocol.request(type_, rid, **body)))
+        return rid
+
+    def _recv(self, request_id: str, timeout: float | None) -> protocol.Message:
+        """Next reply for ``request_id``; replies to other (abandoned) requests are skipped."""
+        sock = self._socket()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = 500 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if sock.poll(min(wait, 500), zmq.POLLIN):
+                try:
+                    msg = protocol.decode(sock.recv_multipart())
+                except protocol.VersionMismatchError as exc:
+                    raise ProtocolMismatchError(exc.message, hint=exc.hint) from None
+                except protocol.ProtocolError:
+                    continue
+                if msg.id == request_id and msg.type in protocol.REPLY_TYPES:
+                    return msg
+                continue
+            sock_path = paths.ipc_path(self.endpoint)
+            if sock_path is not None and not sock_path.exists():
+                raise DaemonUnavailableError(
+                    "daemon went away while waiting for a reply", hint=_UNAVAILABLE_HINT
+                )
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RequestTimeoutError(
+                    f"no reply from the daemon within {timeout:g} s",
+                    hint="check `modeld ps` and the daemon log, or raise the timeout",
+                )
+
+    def _call(self, type_: str, timeout: float | None = None, **body: Any) -> dict[str, Any]:
+        self._ensure_connected()
+        rid = self._send(type_, **body)
+        try:
+            msg = self._recv(rid, self.timeout if timeout is None else timeout)
+        except (KeyboardInterrupt, RequestTimeoutError):
+            self._cancel_quietly(rid)
+            raise
+        if msg.type == "error":
+            raise error_from_dict(msg.body)
+        if msg.type != "done":
+            raise ModeldError(f"unexpected {msg.type!r} reply to {type_}")
+        return msg.body
+
+    def _cancel_quietly(self, request_id: str) -> None:
+        if self._sock is None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self._send("cancel", target=request_id)
+
+    # ------------------------------------------------------------------ API
+
+    def generate(
+        self,
+        model: str | None,
+        prompt: str,
+        *,
+        raw: bool = False,
+        keep_alive: str | int | float | None = None,
+        n_ctx: int | None = None,
+        **options: Any,
+    ) -> Generation:
+        """Stream a completion; options: max_tokens, temperature, top_p, top_k, seed, stop."""
+        return self._stream(model, {"prompt": prompt}, raw, keep_alive, n_ctx, options)
+
+    def chat(
+        self,
+        model: str | None,
+        messages: list[dict[str, str]],
+        *,
+        keep_alive: str | int | float | None = None,
+        n_ctx: int | None = None,
+        **options: Any,
+    ) -> Generation:
+        """Stream a chat reply using the model's chat template."""
+        return self._stream(model, {"messages": messages}, False, keep_alive, n_ctx, options)
+
+    def _stream(
+        self,
+        model: str | None,
+        what: dict[str, Any],
+        raw: bool,
+        keep_alive: str | int | float | None,
+        n_ctx: int | None,
+        options: dict[str, Any],
+    ) -> Generation:
+        self._ensure_connected()
+        opts = {k: v for k, v in options.items() if v is not None}
+        if raw:
+            opts["raw"] = True
+        if keep_alive is not None:
+            opts["keep_alive"] = keep_alive
+        if n_ctx is not None:
+            opts["n_ctx"] = n_ctx
+        rid = self._send("generate", model=model, options=opts, **what)
+        return Generation(self, rid)
+
+    def embed(
+        self,
+        model: str | None,
+        inputs: str | list[str],
+        *,
+        keep_alive: str | int | float | None = None,
+        n_ctx: int | None = None,
+    ) -> dict[str, Any]:
+        """Embeddings: the reply has ``embeddings`` (one list of floats per input)."""
+        return self._call("embed", model=model, inputs=inputs, keep_alive=keep_alive, n_ctx=n_ctx)
+
+    def load(
+        self,
+        model: str | None,
+        *,
+        mode: str = "generate",
+        n_ctx: int | None = None,
+        keep_alive: str | int | float | None = None,
+        pinned: bool = False,
+    ) -> dict[str, Any]:
+        """Load (or touch) a model; the reply describes the entry like one ``ps`` row."""
+        return self._call(
+            "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned
+        )
+
+    def unload(
+        self, model: str | None = None, *, all: bool = False, mode: str | None = None
+    ) -> dict[str, Any]:
+        """Unload a model (or all); busy ones go when their requests finish."""
+        return self._call("unload", model=model, all=all, mode=mode)
+
+    def ps(self) -> list[dict[str, Any]]:
+        models = self._call("ps").get("models", [])
+        return list(models) if isinstance(models, list) else []
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("stats")
+
+    def show(
+        self, model: str | None, *, mode: str = "generate", n_ctx: int | None = None
+    ) -> dict[str, Any]:
+        """Metadata, estimated memory, the n_ctx it would get and what would be evicted."""
+        return self._call("show", model=model, mode=mode, n_ctx=n_ctx)
+
+    def ping(self) -> dict[str, Any]:
+        return self._call("ping")
+
+    def version(self) -> dict[str, Any]:
+        return self._call("version")
+
+    def shutdown(self) -> dict[str, Any]:
+        return self._call("shutdown")
+
+    def cancel(self, request_id: str) -> None:
+        """Ask the daemon to cancel one of this client's requests (no reply is awaited)."""
+        self._send("cancel", target=request_id)

@@ -1,0 +1,350 @@
+"""Memory estimate for one loaded model: pure arithmetic on :class:`ModelInfo`, no I/O.
+
+The estimate predicts what a runner process holds *on top of its baseline* (the RSS after
+``import llama_cpp``) once the model is loaded and has processed a full micro-batch of prompt:
+that is the figure the daemon must budget for, and the one ``bench/calibrate.py`` measures
+(``/proc/<pid>/smaps_rollup`` of a real llama-cpp-python 0.3.36 process). Components:
+
+* **weights** — with mmap, the file pages llama.cpp maps and pre-faults (``MAP_POPULATE``):
+  the span from the first to the last tensor kept in the mapped buffer. On x86-64 with AVX2
+  (and on ARM) ggml's CPU backend *repacks* some quantized matrices (Q4_0, Q4_K, Q2_K, IQ4_NL)
+  into an interleaved layout in an anonymous buffer; the file pages of those tensors stay
+  resident too when they sit inside the mapped span, so they count twice. Without mmap every
+  weight is anonymous.
+* **kv_cache** — per layer and cell ``n_head_kv(layer) × (key_length × bytes(type_k) +
+  value_length × bytes(type_v))``; full-attention layers get ``n_ctx`` cells, sliding-window
+  layers ``min(n_ctx, n_swa × n_seq + n_ubatch)`` (with ``swa_full=False``), both padded to 256
+  (llama.cpp ``llama_kv_cache_iswa``). llama.cpp zeroes the buffer, so it is all resident.
+* **compute** — the part of ggml's compute buffer a real batch touches. llama.cpp *reserves*
+  far more (514 MiB for gemma-3-270m, dominated by logits for 512 outputs that a generation
+  never produces), but reserved-and-untouched pages cost nothing. Fitted on measurements:
+  ``n_ubatch × 4 B × (2.4·n_embd + 3.45·n_ff + 1.3·n_head·key_length)`` plus the attention
+  masks for a full context (``cells × n_ubatch × 2 B`` per mask kind with flash attention).
+* **output** — the logits row(s) (``n_vocab × 4 B`` per sequence); embeddings in embed mode.
+* **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
+  43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
+* **runner_baseline** — the runner process itself (Python + llama_cpp imported); *not* part of
+  :attr:`MemoryEstimate.total`, because the daemon measures its spare runner and adds that.
+
+Measured error on this machine class is within ±10% (see docs/benchmarks.md). GPU offload,
+recurrent models and non-flash attention are modelled but not calibrated: ``approximate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from modeld.modelinfo import ModelInfo, TensorInfo
+
+MiB = 1 << 20
+CELL_PAD = 256  # llama.cpp pads KV cells to 256 with flash attention (and always for SWA)
+
+#: bytes per element of the KV cache types llama.cpp accepts (block bytes / block elements)
+KV_TYPE_BYTES: dict[str, float] = {
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "q8_0": 34 / 32,
+    "q4_0": 18 / 32,
+    "q4_1": 20 / 32,
+    "q5_0": 22 / 32,
+    "q5_1": 24 / 32,
+    "iq4_nl": 18 / 32,
+}
+
+#: ggml types the CPU backend repacks on x86-64 AVX2+/ARM (ggml-cpu/repack.cpp) when the row
+#: count is a multiple of 8. Checked on the 0.3.36 build here: Q4_K repacks; Q5_0, Q6_K, Q8_0 not.
+REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL"})
+
+# Fitted constants (bench/calibrate.py, llama-cpp-python 0.3.36, x86-64 AVX-512, 2 threads).
+VOCAB_BYTES_PER_TOKEN = 176  # llama_vocab token tables + sampler candidates (12 B) + cache
+CONTEXT_OVERHEAD = int(3.5 * MiB)  # llama_context/sched metadata, threadpool, small heaps
+CODE_PAGES = 4 * MiB  # file-backed pages of libllama/libggml first touched by load + decode
+COMPUTE_CONSTANT = int(0.4 * MiB)
+COMPUTE_PER_EMBD = 2.4  # f32 activations of width n_embd live at once, per ubatch token
+COMPUTE_PER_FF = 3.45  # ... of width n_ff (gate, up, activation, product)
+COMPUTE_PER_Q = 1.3  # ... of width n_head × key_length (Q, attention output)
+MASK_BYTES_FA = 2  # f16 KQ mask per (cell, token) with flash attention
+MASK_BYTES_NO_FA = 4  # f32 mask without it
+#: a runner process after ``import llama_cpp`` (measured 40 MiB RSS) plus its ZeroMQ socket
+RUNNER_BASELINE = 48 * MiB
+
+Mode = Literal["generate", "embed"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Predicted resident bytes of one model in its runner, by component.
+
+    ``total`` is what the daemon accounts for the model (RAM: file-backed + anonymous);
+    ``runner_baseline`` is separate and added once per runner process by the caller.
+    """
+
+    n_ctx: int
+    weights: int  # weights_file + weights_anon (RAM only)
+    weights_file: int  # resident mmap'd file pages
+    weights_anon: int  # repacked copies, or all weights without mmap
+    kv_cache: int
+    compute: int
+    output: int
+    overhead: int  # vocab tables, graph metadata, native code pages
+    runner_baseline: int
+    vram: int = 0  # bytes on the GPU (offloaded layers), not part of ``total``
+    kv_cells: int = 0  # cells of full-attention layers
+    swa_cells: int = 0  # cells of sliding-window layers (0 when the model has none)
+    approximate: bool = False
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def total(self) -> int:
+        """RAM the model adds to a runner: every component except the runner baseline."""
+        return self.weights + self.kv_cache + self.compute + self.output + self.overhead
+
+    @property
+    def total_bytes(self) -> int:
+        """Alias of :attr:`total` (the name the daemon uses)."""
+        return self.total
+
+    @property
+    def file_backed(self) -> int:
+        """The part that shows up as file-backed RSS (mmap'd weights, code pages)."""
+        return self.weights_file + min(CODE_PAGES, self.overhead)
+
+    @property
+    def anonymous(self) -> int:
+        """The part that shows up as anonymous RSS."""
+        return self.total - self.file_backed
+
+    @property
+    def with_baseline(self) -> int:
+        """A whole runner process holding this model."""
+        return self.total + self.runner_baseline
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe form for ``show``/``ps`` and the benchmark files."""
+        return {
+            "n_ctx": self.n_ctx,
+            "weights": self.weights,
+            "weights_file": self.weights_file,
+            "weights_anon": self.weights_anon,
+            "kv_cache": self.kv_cache,
+            "compute": self.compute,
+            "output": self.output,
+            "overhead": self.overhead,
+            "runner_baseline": self.runner_baseline,
+            "vram": self.vram,
+            "total": self.total,
+            "kv_cells": self.kv_cells,
+            "swa_cells": self.swa_cells,
+            "approximate": self.approximate,
+            "notes": list(self.notes),
+        }
+
+
+def pad_cells(n: int, pad: int = CELL_PAD) -> int:
+    """``n`` rounded up to a multiple of ``pad`` (at least one pad)."""
+    return max(pad, -(-int(n) // pad) * pad)
+
+
+def kv_type_bytes(type_name: str) -> float:
+    """Bytes per element of a KV cache type; ValueError names the accepted types."""
+    try:
+        return KV_TYPE_BYTES[type_name.lower()]
+    except KeyError:
+        accepted = ", ".join(sorted(KV_TYPE_BYTES))
+        raise ValueError(f"unknown KV cache type {type_name!r} (accepted: {accepted})") from None
+
+
+def _layer_bytes_per_cell(info: ModelInfo, layer: int, bk: float, bv: float) -> float:
+    n_kv = info.head_count_kv[layer] if layer < len(info.head_count_kv) else info.head_count
+    return n_kv * (info.key_length * bk + info.value_length * bv)
+
+
+def kv_cells(
+    info: ModelInfo, n_ctx: int, *, swa_full: bool = False, n_ubatch: int = 512, n_seq: int = 1
+) -> tuple[int, int]:
+    """(cells of full-attention layers, cells of sliding-window layers) as llama.cpp sizes them."""
+    full = pad_cells(n_ctx)
+    if not any(info.sliding_layers) or not info.sliding_window:
+        return full, 0
+    if swa_full:
+        return full, full
+    return full, pad_cells(min(full, info.sliding_window * n_seq + n_ubatch))
+
+
+def kv_bytes_per_token(info: ModelInfo, *, type_k: str = "f16", type_v: str = "f16") -> float:
+    """KV bytes one token costs summed over *all* layers (as if none used a sliding window)."""
+    bk, bv = kv_type_bytes(type_k), kv_type_bytes(type_v)
+    return sum(_layer_bytes_per_cell(info, i, bk, bv) for i in range(info.block_count))
+
+
+def kv_cache_bytes(
+    info: ModelInfo,
+    n_ctx: int,
+    *,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    swa_full: bool = False,
+    n_ubatch: int = 512,
+    n_seq: int = 1,
+) -> int:
+    """The KV cache llama.cpp allocates for ``n_ctx`` (sliding layers sized by their window)."""
+    bk, bv = kv_type_bytes(type_k), kv_type_bytes(type_v)
+    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    total = 0.0
+    for i in range(info.block_count):
+        sliding = i < len(info.sliding_layers) and info.sliding_layers[i] and swa > 0
+        total += _layer_bytes_per_cell(info, i, bk, bv) * (swa if sliding else full)
+    return int(total)
+
+
+def _rows(t: TensorInfo) -> int:
+    """ne[1] of a GGUF tensor (shapes are stored ne0 first)."""
+    return t.shape[1] if len(t.shape) > 1 else 1
+
+
+def is_repacked(t: TensorInfo) -> bool:
+    """Whether ggml's CPU backend copies this weight into its repack (anonymous) buffer."""
+    if t.type_name not in REPACK_TYPES or len(t.shape) != 2 or _rows(t) % 8:
+        return False
+    # get_rows tensors (token embeddings) and norms stay in the mapped buffer
+    return t.name.endswith(".weight") and not t.name.startswith(("token_embd", "position_embd"))
+
+
+def weight_bytes(info: ModelInfo, *, mmap: bool = True, repack: bool = True) -> tuple[int, int]:
+    """(file-backed, anonymous) resident bytes of the weights."""
+    tensors = info.tensors
+    if not tensors:
+        return (info.tensor_bytes, 0) if mmap else (0, info.tensor_bytes)
+    packed = [t for t in tensors if repack and is_repacked(t)]
+    anon = sum(t.n_bytes for t in packed)
+    if not mmap:
+        return 0, info.tensor_bytes
+    ids = {id(t) for t in packed}
+    kept = [t for t in tensors if id(t) not in ids]
+    if not kept:
+        return 0, anon
+    # llama.cpp maps [first kept tensor, last kept tensor] and unmaps the rest of the file
+    span = max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept)
+    return span, anon
+
+
+def compute_bytes(
+    info: ModelInfo,
+    n_ctx: int,
+    *,
+    flash_attn: bool = True,
+    swa_full: bool = False,
+    n_ubatch: int = 512,
+    n_seq: int = 1,
+) -> int:
+    """Compute-buffer pages a full micro-batch touches (not what llama.cpp reserves)."""
+    ub = max(1, min(n_ubatch, pad_cells(n_ctx)))
+    q_width = info.head_count * info.key_length
+    ff = info.feed_forward_length or 4 * info.embedding_length
+    acts = (
+        ub
+        * 4
+        * (COMPUTE_PER_EMBD * info.embedding_length + COMPUTE_PER_FF * ff + COMPUTE_PER_Q * q_width)
+    )
+    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    mask_cells = full + swa
+    if flash_attn:
+        attn = mask_cells * ub * MASK_BYTES_FA
+    else:  # mask plus the KQ matrix and its softmax, per head
+        attn = mask_cells * ub * MASK_BYTES_NO_FA + 2 * info.head_count * full * ub * 4
+    return int(COMPUTE_CONSTANT + acts + attn)
+
+
+def estimate(
+    info: ModelInfo,
+    n_ctx: int,
+    *,
+    mode: Mode = "generate",
+    embedding: bool | None = None,
+    flash_attn: bool = True,
+    swa_full: bool = False,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    n_batch: int = 512,
+    n_ubatch: int = 512,
+    n_seq: int = 1,
+    mmap: bool = True,
+    gpu_layers: int = 0,
+    repack: bool = True,
+) -> MemoryEstimate:
+    """Predict the resident memory of ``info`` loaded with ``n_ctx`` (rounded up to 256).
+
+    ``embedding=True`` is a synonym of ``mode="embed"``. ``repack=False`` models a CPU
+    without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV
+    to :attr:`MemoryEstimate.vram` (not calibrated).
+    """
+    if n_ctx <= 0:
+        raise ValueError(f"n_ctx must be positive, got {n_ctx}")
+    if embedding is not None:
+        mode = "embed" if embedding else "generate"
+    if mode not in ("generate", "embed"):
+        raise ValueError(f"mode must be 'generate' or 'embed', got {mode!r}")
+    if not flash_attn and kv_type_bytes(type_v) < 2:
+        raise ValueError("a quantized V cache needs flash attention")
+    n_ctx = pad_cells(n_ctx)
+    n_ubatch = max(1, min(n_ubatch, n_batch))
+    notes: list[str] = list(info.notes)
+    approximate = False
+
+    w_file, w_anon = weight_bytes(info, mmap=mmap, repack=repack)
+    kv = kv_cache_bytes(
+        info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq
+    )
+    full_cells, swa_cells = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    compute = compute_bytes(
+        info, n_ctx, flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq
+    )
+    output = info.vocab_size * 4 * max(1, n_seq)
+    if mode == "embed":
+        # embeddings for every token of a micro-batch (pooling happens after)
+        output += info.embedding_length * 4 * n_ubatch
+        approximate = True
+        notes.append("approximate: embed mode is not calibrated")
+    overhead = CONTEXT_OVERHEAD + VOCAB_BYTES_PER_TOKEN * info.vocab_size + CODE_PAGES
+
+    if info.recurrent:
+        approximate = True
+        notes.append("approximate: recurrent/hybrid layers keep a fixed state, not a KV cache")
+    if not flash_attn:
+        approximate = True
+        notes.append("approximate: without flash attention the KQ matrix grows with n_ctx")
+    vram = 0
+    if gpu_layers > 0:
+        approximate = True
+        share = min(gpu_layers, info.block_count + 1) / (info.block_count + 1)
+        on_gpu_w = int((w_file + w_anon) * share)
+        on_gpu_kv = int(kv * share)
+        vram = on_gpu_w + on_gpu_kv + compute
+        w_file -= int(w_file * share)
+        w_anon -= int(w_anon * share)
+        kv -= on_gpu_kv
+        notes.append(f"approximate: {gpu_layers} layers offloaded to the GPU (not calibrated)")
+
+    return MemoryEstimate(
+        n_ctx=n_ctx,
+        weights=w_file + w_anon,
+        weights_file=w_file,
+        weights_anon=w_anon,
+        kv_cache=kv,
+        compute=compute,
+        output=output,
+        overhead=overhead,
+        runner_baseline=RUNNER_BASELINE,
+        vram=vram,
+        kv_cells=full_cells,
+        swa_cells=swa_cells,
+        approximate=approximate,
+        notes=tuple(notes),
+    )
+
+
+def naive_estimate(info: ModelInfo, n_ctx: int) -> int:
+    """The common rule of thumb, for comparison: (file + n_ctx × KV per token) × 1.1."""
+    return int((info.file_size + n_ctx * kv_bytes_per_token(info)) * 1.1)

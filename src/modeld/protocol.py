@@ -1,0 +1,399 @@
+"""Client protocol v1: message schema, validation and frame encoding (no zmq here).
+
+Three layers, as in jupyter_client: building messages (:func:`request`, :func:`chunk`,
+:func:`done`, :func:`error_reply`), encoding them to frames (:func:`encode` / :func:`decode`),
+and socket I/O (only in ``daemon.py`` and ``client.py``). Keeping this layer pure lets it be
+tested by round-trip and lets the daemon reject any bad input with a typed error instead of
+crashing. The wire format is documented in ``docs/protocol.md``.
+
+A message is one ZeroMQ frame holding one UTF-8 JSON object with ``v`` (protocol version),
+``id`` (request id, chosen by the client) and ``type``; other keys depend on the type.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
+
+PROTOCOL_VERSION = 1
+
+#: Request types a client may send.
+REQUEST_TYPES = frozenset(
+    {
+        "generate",
+        "embed",
+        "load",
+        "unload",
+        "ps",
+        "stats",
+        "show",
+        "ping",
+        "version",
+        "shutdown",
+        "cancel",
+    }
+)
+#: Reply types the daemon sends: zero or more ``chunk`` then exactly one ``done`` or ``error``.
+REPLY_TYPES = frozenset({"chunk", "done", "error"})
+MODES = ("generate", "embed")
+MAX_ID_LENGTH = 128
+
+
+class ProtocolError(InvalidRequestError):
+    """A malformed message; ``request_id`` is set when the id could still be read."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str = "",
+        details: dict[str, object] | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint, details=details)
+        self.request_id = request_id
+
+
+class VersionMismatchError(ProtocolMismatchError):
+    """The peer speaks another protocol version; ``request_id`` as for ProtocolError."""
+
+    def __init__(self, message: str, *, hint: str = "", request_id: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Message:
+    """One decoded protocol message: header fields plus the type-specific body."""
+
+    type: str
+    id: str
+    body: dict[str, Any] = field(default_factory=dict)
+    v: int = PROTOCOL_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = dict(self.body)
+        data.update({"v": self.v, "id": self.id, "type": self.type})
+        return data
+
+
+# --------------------------------------------------------------------------- building
+
+
+def request(type_: str, request_id: str, **body: Any) -> Message:
+    """A request message; ``None`` values are left out so defaults apply on the daemon."""
+    return Message(type_, request_id, {k: v for k, v in body.items() if v is not None})
+
+
+def chunk(request_id: str, text: str) -> Message:
+    return Message("chunk", request_id, {"text": text})
+
+
+def done(request_id: str, **body: Any) -> Message:
+    return Message("done", request_id, body)
+
+
+def error_reply(request_id: str, err: ModeldError) -> Message:
+    return Message("error", request_id, err.to_dict())
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode(msg: Message) -> list[bytes]:
+    """The frames of ``msg`` (one JSON frame). Non-finite floats are rejected, not sent."""
+    try:
+        return [json.dumps(msg.to_dict(), separators=(",", ":"), allow_nan=False).encode()]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"message cannot be encoded: {exc}", request_id=msg.id) from exc
+
+
+def decode(frames: list[bytes]) -> Message:
+    """Parse the frames of one message, raising ProtocolError on anything malformed.
+
+    Leading empty frames (a REQ-style delimiter) are tolerated; anything else but exactly one
+    JSON object frame is an error. A different ``v`` raises VersionMismatchError.
+    """
+    body_frames = list(frames)
+    while body_frames and body_frames[0] == b"":
+        body_frames.pop(0)
+    if len(body_frames) != 1:
+        raise ProtocolError(
+            f"expected one JSON frame, got {len(body_frames)}",
+            hint="send each message as a single frame",
+        )
+    try:
+        data = json.loads(body_frames[0].decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"frame is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProtocolError(f"message must be a JSON object, got {type(data).__name__}")
+    rid = data.get("id")
+    request_id = rid if isinstance(rid, str) and 0 < len(rid) <= MAX_ID_LENGTH else None
+    version = data.get("v")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatchError(
+            f"protocol version {version!r} is not supported (this side speaks {PROTOCOL_VERSION})",
+            hint="use a modeld client and daemon from the same release",
+            request_id=request_id,
+        )
+    if request_id is None:
+        raise ProtocolError(f"'id' must be a non-empty string of at most {MAX_ID_LENGTH} chars")
+    type_ = data.get("type")
+    if not isinstance(type_, str):
+        raise ProtocolError("'type' must be a string", request_id=request_id)
+    body = {k: v for k, v in data.items() if k not in ("v", "id", "type")}
+    return Message(type_, request_id, body, version)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """Sampling and lifetime options of a generate request (defaults are the daemon's)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    keep_alive: str | int | float | None = None
+    n_ctx: int | None = None
+    raw: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    model: str | None
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    options: GenerateOptions
+
+
+@dataclass(frozen=True)
+class EmbedRequest:
+    model: str | None
+    inputs: tuple[str, ...]
+    keep_alive: str | int | float | None = None
+    n_ctx: int | None = None
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    model: str | None
+    mode: str = "generate"
+    n_ctx: int | None = None
+    keep_alive: str | int | float | None = None
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
+class UnloadRequest:
+    model: str | None
+    mode: str | None
+    all: bool
+
+
+@dataclass(frozen=True)
+class ShowRequest:
+    model: str | None
+    mode: str = "generate"
+    n_ctx: int | None = None
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    target: str
+
+
+ParsedRequest = (
+    GenerateRequest
+    | EmbedRequest
+    | LoadRequest
+    | UnloadRequest
+    | ShowRequest
+    | CancelRequest
+    | None
+)
+
+
+def parse_request(msg: Message) -> ParsedRequest:
+    """Validate a request's body and return its typed form (None for bodiless types).
+
+    Raises ProtocolError (an InvalidRequestError) naming the bad field, so the client learns
+    exactly what to fix. Unknown keys are ignored for forward compatibility.
+    """
+    b = _Body(msg)
+    t = msg.type
+    if t not in REQUEST_TYPES:
+        raise ProtocolError(
+            f"unknown request type {t!r}",
+            hint=f"known types: {', '.join(sorted(REQUEST_TYPES))}",
+            request_id=msg.id,
+        )
+    if t == "generate":
+        prompt = b.opt_str("prompt")
+        messages = b.messages()
+        if (prompt is None) == (messages is None):
+            raise b.fail("give exactly one of 'prompt' or 'messages'")
+        return GenerateRequest(b.opt_str("model"), prompt, messages, b.generate_options())
+    if t == "embed":
+        raw_inputs = msg.body.get("inputs")
+        if isinstance(raw_inputs, str):
+            inputs: tuple[str, ...] = (raw_inputs,)
+        elif (
+            isinstance(raw_inputs, list)
+            and raw_inputs
+            and all(isinstance(x, str) for x in raw_inputs)
+        ):
+            inputs = tuple(raw_inputs)
+        else:
+            raise b.fail("'inputs' must be a string or a non-empty list of strings")
+        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx())
+    if t == "load":
+        return LoadRequest(
+            b.opt_str("model"), b.mode("generate"), b.n_ctx(), b.keep_alive(), b.flag("pinned")
+        )
+    if t == "unload":
+        everything = b.flag("all")
+        model = b.opt_str("model")
+        if not everything and model is None:
+            raise b.fail("give 'model' or 'all': true")
+        mode = b.opt_str("mode")
+        if mode is not None and mode not in MODES:
+            raise b.fail(f"'mode' must be one of {MODES}")
+        return UnloadRequest(model, mode, everything)
+    if t == "show":
+        return ShowRequest(b.opt_str("model"), b.mode("generate"), b.n_ctx())
+    if t == "cancel":
+        target = b.opt_str("target")
+        if not target:
+            raise b.fail("'target' (the id of the request to cancel) is required")
+        return CancelRequest(target)
+    return None
+
+
+class _Body:
+    """Typed field access on a message body that raises ProtocolError naming the field."""
+
+    def __init__(self, msg: Message) -> None:
+        self.msg = msg
+        self.body = msg.body
+
+    def fail(self, text: str) -> ProtocolError:
+        return ProtocolError(
+            f"invalid {self.msg.type} request: {text}",
+            hint="see docs/protocol.md",
+            request_id=self.msg.id,
+        )
+
+    def opt_str(self, key: str, src: dict[str, Any] | None = None) -> str | None:
+        value = (self.body if src is None else src).get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(f"{key!r} must be a string")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.body.get(key, False)
+        if not isinstance(value, bool):
+            raise self.fail(f"{key!r} must be true or false")
+        return value
+
+    def mode(self, default: str) -> str:
+        value = self.opt_str("mode") or default
+        if value not in MODES:
+            raise self.fail(f"'mode' must be one of {MODES}")
+        return value
+
+    def int_field(
+        self, src: dict[str, Any], key: str, lo: int, hi: int, default: int | None
+    ) -> int | None:
+        value = src.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise self.fail(f"{key!r} must be an integer in [{lo}, {hi}]")
+        return value
+
+    def float_field(
+        self, src: dict[str, Any], key: str, lo: float, hi: float, default: float
+    ) -> float:
+        value = src.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(f"{key!r} must be a number")
+        if not (math.isfinite(value) and lo <= value <= hi):
+            raise self.fail(f"{key!r} must be in [{lo}, {hi}]")
+        return float(value)
+
+    def n_ctx(self, src: dict[str, Any] | None = None) -> int | None:
+        return self.int_field(self.body if src is None else src, "n_ctx", 1, 1 << 24, None)
+
+    def keep_alive(self, src: dict[str, Any] | None = None) -> str | int | float | None:
+        value = (self.body if src is None else src).get("keep_alive")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise self.fail("'keep_alive' must be a duration string like '5m' or seconds")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.fail("'keep_alive' must be finite")
+        return value
+
+    def messages(self) -> tuple[dict[str, str], ...] | None:
+        value = self.body.get("messages")
+        if value is None:
+            return None
+        ok = isinstance(value, list) and bool(value)
+        if ok:
+            for m in value:
+                if not (
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                ):
+                    ok = False
+                    break
+        if not ok:
+            raise self.fail("'messages' must be a non-empty list of {role, content} strings")
+        return tuple({"role": m["role"], "content": m["content"]} for m in value)
+
+    def generate_options(self) -> GenerateOptions:
+        raw_opts = self.body.get("options", {})
+        if not isinstance(raw_opts, dict):
+            raise self.fail("'options' must be an object")
+        # keep_alive / n_ctx / raw may sit at top level (Ollama style) or inside options.
+        src: dict[str, Any] = {
+            k: self.body[k] for k in ("keep_alive", "n_ctx", "raw") if k in self.body
+        }
+        src.update(raw_opts)
+        d = GenerateOptions()
+        stop: Any = src.get("stop", [])
+        if isinstance(stop, str):
+            stop = [stop]
+        if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+            raise self.fail("'stop' must be a string or a list of non-empty strings")
+        raw = src.get("raw", False)
+        if not isinstance(raw, bool):
+            raise self.fail("'raw' must be true or false")
+        return GenerateOptions(
+            max_tokens=self.int_field(src, "max_tokens", 1, 1 << 20, d.max_tokens) or d.max_tokens,
+            temperature=self.float_field(src, "temperature", 0.0, 100.0, d.temperature),
+            top_p=self.float_field(src, "top_p", 0.0, 1.0, d.top_p),
+            top_k=self.int_field(src, "top_k", 0, 1 << 20, d.top_k) or 0,
+            seed=self.int_field(src, "seed", -(1 << 31), (1 << 32) - 1, d.seed) or 0,
+            stop=tuple(stop),
+            keep_alive=self.keep_alive(src),
+            n_ctx=self.n_ctx(src),
+            raw=raw,
+        )

@@ -1,0 +1,604 @@
+"""The runner process: owns one llama_cpp.Llama and serves the daemon over the runner protocol.
+
+Started by the daemon as ``python -m modeld.runner --endpoint EP --id RUNNER_ID``. It is the
+only module that imports llama_cpp, and it does so at start-up so a pre-started spare runner has
+already paid for Python and the import. One process per model because llama.cpp may abort the
+process on bad input, and process exit is the only sure way to give memory back (DESIGN.md §2).
+
+The loop serves one request at a time. During a generation it polls the socket between tokens
+(and between prompt batches) for ``cancel``/``shutdown``, so a cancel stops within one token.
+It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never leak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import llama_cpp
+import llama_cpp._internals
+import llama_cpp.llama
+import zmq
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from modeld import chat
+from modeld import runner_protocol as rp
+from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.protocol import ProtocolError
+from modeld.textstream import TextStream, pool_and_normalize
+
+log = logging.getLogger("modeld.runner")
+
+POLL_MS = 200  # idle poll period: also how often a dead parent is noticed
+RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
+_WARMUP_TEXT = b"Hello"
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def measure_memory(pid: int | None = None) -> dict[str, int]:
+    """Resident memory of a process: rss, anon (anonymous) and file (file-backed) in bytes.
+
+    Uses modeld.probe.measure_process when available, else reads /proc/<pid>/smaps_rollup.
+    """
+    pid = os.getpid() if pid is None else pid
+    try:
+        probe = importlib.import_module("modeld.probe")
+    except ImportError:
+        probe = None
+    measure = getattr(probe, "measure_process", None)
+    if measure is not None:
+        with contextlib.suppress(Exception):
+            m = measure(pid)
+            if isinstance(m, dict):
+                return {k: int(m[k]) for k in ("rss", "anon", "file")}
+            return {k: int(getattr(m, k)) for k in ("rss", "anon", "file")}
+    return _smaps_rollup(pid)
+
+
+def _smaps_rollup(pid: int) -> dict[str, int]:
+    fields: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
+            for line in fh:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == "kB":
+                    fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
+    except OSError:
+        return {"rss": 0, "anon": 0, "file": 0}
+    rss = fields.get("Rss", 0)
+    anon = fields.get("Anonymous", 0)
+    return {"rss": rss, "anon": anon, "file": max(0, rss - anon)}
+
+
+def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: max(0, after.get(k, 0) - before.get(k, 0)) for k in ("rss", "anon", "file")}
+
+
+# --------------------------------------------------------------------------- llama.cpp logging
+
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last message
+_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_llama_log = logging.getLogger("llama.cpp")
+_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG}
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Route llama.cpp/ggml log lines into Python logging (lines arrive in pieces)."""
+    if level != 5:  # 5 = continuation of the previous message
+        _log_state["level"] = _LEVELS.get(level, logging.DEBUG)
+    _log_state["buf"] += text.decode("utf-8", errors="replace")
+    while "\n" in _log_state["buf"]:
+        line, _log_state["buf"] = _log_state["buf"].split("\n", 1)
+        if line.strip():
+            _llama_log.log(_log_state["level"], "%s", line)
+
+
+class _NoSuppress:
+    """Stand-in for llama-cpp-python's stdout/stderr redirection (see install_llama_logging)."""
+
+    def __init__(self, disable: bool = True) -> None:
+        self.disable = disable
+
+    def __enter__(self) -> _NoSuppress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def install_llama_logging() -> None:
+    """Send llama.cpp's log through logging, and stop llama-cpp-python from pointing fds 1/2 at
+    /dev/null during a load (verbose=False does that): a native abort while loading a bad file
+    then still leaves its message in the runner log."""
+    llama_cpp.llama_log_set(_llama_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]
+    llama_cpp._internals.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class Interrupted(Exception):
+    """Raised between tokens when the current request must stop (cancel or shutdown)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class CountingLlama(llama_cpp.Llama):
+    """A Llama that counts evaluated tokens (to report prompt tokens reused) and calls a hook
+    between batches of a long prompt (so a cancel need not wait for the whole prefill)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.evaluated = 0
+        self.between_batches: Callable[[], None] | None = None
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        tokens = list(tokens)
+        if len(tokens) <= self.n_batch:
+            super().eval(tokens)
+            self.evaluated += len(tokens)
+            return
+        for start in range(0, len(tokens), self.n_batch):
+            if start and self.between_batches is not None:
+                self.between_batches()
+            part = tokens[start : start + self.n_batch]
+            super().eval(part)
+            self.evaluated += len(part)
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Runner:
+    """Serves runner-protocol messages on one DEALER socket (see module docstring)."""
+
+    def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
+        self.sock = sock
+        self.runner_id = runner_id
+        self.parent_pid = parent_pid
+        self.baseline = measure_memory()
+        self.llm: CountingLlama | None = None
+        self.mode = "generate"
+        self.chat_format = chat.PLAIN
+        self.template: str | None = None
+        self.bos_text = ""
+        self.eos_text = ""
+        self.pending: deque[dict[str, Any]] = deque()
+        self.stopping = False
+
+    # ---------------------------------------------------------------- I/O
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.sock.send_multipart(rp.encode(msg))
+
+    def parent_alive(self) -> bool:
+        return os.getppid() == self.parent_pid
+
+    def _recv_nowait(self) -> dict[str, Any] | None:
+        try:
+            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        try:
+            return rp.decode(frames)
+        except ProtocolError as exc:
+            log.warning("dropping malformed message: %s", exc)
+            self.send(rp.error(None, ErrorCode.INVALID_REQUEST, str(exc)))
+            return None
+
+    def check_interrupt(self, rid: str) -> None:
+        """Between tokens: handle cancel/shutdown/memory now, queue anything else."""
+        if not self.parent_alive():
+            self.stopping = True
+            raise Interrupted("parent died")
+        while self.sock.poll(0, zmq.POLLIN):
+            msg = self._recv_nowait()
+            if msg is None:
+                continue
+            kind = msg["type"]
+            if kind == "cancel":
+                if msg.get("rid") == rid:
+                    raise Interrupted("cancelled")
+                log.debug("ignoring cancel for %r (serving %r)", msg.get("rid"), rid)
+            elif kind == "shutdown":
+                self.stopping = True
+                raise Interrupted("shutdown")
+            elif kind == "memory":
+                self.handle_memory()
+            else:
+                self.pending.append(msg)
+
+    # ---------------------------------------------------------------- loop
+
+    def serve(self) -> int:
+        """Say hello, then serve until shutdown or until the parent dies. Returns the exit code."""
+        self.send(
+            rp.hello(
+                os.getpid(),
+                self.baseline,
+                runner_id=self.runner_id,
+                llama_cpp_version=str(getattr(llama_cpp, "__version__", "?")),
+            )
+        )
+        while not self.stopping:
+            if self.pending:
+                self.dispatch(self.pending.popleft())
+                continue
+            if not self.sock.poll(POLL_MS, zmq.POLLIN):
+                if not self.parent_alive():
+                    log.warning("parent process %d is gone; exiting", self.parent_pid)
+                    return 0
+                continue
+            msg = self._recv_nowait()
+            if msg is not None:
+                self.dispatch(msg)
+        log.info("runner %s exiting", self.runner_id)
+        return 0
+
+    def dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg["type"]
+        rid = msg.get("rid") if isinstance(msg.get("rid"), str) else None
+        try:
+            if kind == "load":
+                self.handle_load(msg)
+            elif kind == "generate":
+                self.handle_generate(msg)
+            elif kind == "embed":
+                self.handle_embed(msg)
+            elif kind == "memory":
+                self.handle_memory()
+            elif kind == "shutdown":
+                self.stopping = True
+            elif kind == "cancel":
+                log.debug("cancel for %r arrived after it finished; ignored", rid)
+            else:
+                raise ProtocolError(f"unknown runner message type {kind!r}")
+        except ModeldError as exc:
+            if kind == "load":
+                self.send(rp.load_failed(exc.code, exc.message, exc.hint))
+            else:
+                self.send(rp.error(rid, exc.code, exc.message, exc.details, exc.hint))
+        except Exception as exc:  # keep serving: one bad request must not kill the model
+            log.exception("%s request failed", kind)
+            if kind == "load":
+                self.send(rp.load_failed(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            else:
+                self.send(rp.error(rid, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+
+    # ---------------------------------------------------------------- load
+
+    def handle_load(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_load(msg)
+        if self.llm is not None:
+            log.info("replacing the loaded model")
+            self.llm.close()
+            self.llm = None
+        if not os.path.isfile(spec.path):
+            self.send(
+                rp.load_failed(
+                    ErrorCode.MODEL_NOT_FOUND,
+                    f"model file {spec.path} does not exist",
+                    "check the path, or run 'modeld list' to see the models found",
+                )
+            )
+            return
+        embedding = spec.mode == "embed"
+        n_batch = spec.n_ctx if embedding else min(spec.n_batch, spec.n_ctx)
+        t0 = time.perf_counter()
+        try:
+            llm = CountingLlama(
+                model_path=spec.path,
+                n_ctx=spec.n_ctx,
+                n_batch=n_batch,
+                n_ubatch=n_batch if embedding else min(512, n_batch),
+                n_threads=spec.n_threads,
+                n_threads_batch=spec.n_threads,
+                seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
+                flash_attn=True,
+                swa_full=False,
+                logits_all=False,
+                embedding=embedding,
+                verbose=False,
+            )
+        except (ValueError, RuntimeError, OSError) as exc:
+            log.warning("load of %s failed: %s", spec.path, exc)
+            self.send(
+                rp.load_failed(
+                    ErrorCode.INVALID_MODEL,
+                    f"llama.cpp could not load {spec.path}: {exc}",
+                    "the file may be truncated, corrupt or an unsupported architecture; "
+                    "re-download it, or check 'modeld show' and the runner log for details",
+                )
+            )
+            return
+        load_s = time.perf_counter() - t0
+        self.llm, self.mode = llm, spec.mode
+        meta = llm.metadata
+        self.template = meta.get("tokenizer.chat_template") or None
+        self.bos_text = _token_text(llm, llm.token_bos())
+        self.eos_text = _token_text(llm, llm.token_eos())
+        try:
+            self.chat_format = chat.choose_format(
+                meta.get("general.architecture", ""), self.template is not None, spec.chat_format
+            )
+        except InvalidRequestError as exc:
+            self.llm.close()
+            self.llm = None
+            self.send(rp.load_failed(exc.code, exc.message, exc.hint))
+            return
+        t1 = time.perf_counter()
+        self.warm_up()
+        warmup_s = time.perf_counter() - t1
+        memory = measure_memory()
+        self.send(
+            rp.loaded(
+                n_ctx=llm.n_ctx(),
+                n_ctx_train=llm._model.n_ctx_train(),
+                load_s=load_s,
+                warmup_s=warmup_s,
+                chat_format=self.chat_format,
+                memory=memory,
+                footprint=_minus(memory, self.baseline),
+                mode=spec.mode,
+                architecture=meta.get("general.architecture", ""),
+                has_chat_template=self.template is not None,
+            )
+        )
+        log.info(
+            "loaded %s n_ctx=%d mode=%s in %.3fs (warm-up %.3fs), footprint %s",
+            spec.path,
+            llm.n_ctx(),
+            spec.mode,
+            load_s,
+            warmup_s,
+            _minus(memory, self.baseline),
+        )
+
+    def warm_up(self) -> None:
+        """One short evaluation so the first real request does not pay first-use costs."""
+        assert self.llm is not None
+        if self.mode == "embed":
+            self.llm.embed(_WARMUP_TEXT.decode())
+            return
+        tokens = self.llm.tokenize(_WARMUP_TEXT, add_bos=True, special=False)
+        self.llm.eval(tokens[:8])
+        self.llm.reset()  # type: ignore[no-untyped-call]
+
+    # ---------------------------------------------------------------- generate
+
+    def _require(self, mode: str) -> CountingLlama:
+        if self.llm is None:
+            raise InvalidRequestError("this runner has no model loaded", hint="send 'load' first")
+        if self.mode != mode:
+            raise InvalidRequestError(
+                f"the model is loaded in {self.mode} mode, not {mode}",
+                hint=f"load it with mode={mode!r}",
+            )
+        return self.llm
+
+    def prompt_tokens(self, spec: rp.GenerateSpec) -> tuple[list[int], tuple[str, ...]]:
+        """Tokens of the prompt and the stop strings that go with its format.
+
+        A raw prompt is used as is; a non-raw prompt is one user turn (Ollama semantics);
+        messages are formatted with the chosen chat format.
+        """
+        llm = self._require("generate")
+        stops: tuple[str, ...] = ()
+        if spec.raw and spec.prompt is not None:
+            text, add_bos = spec.prompt, True
+        else:
+            messages = spec.messages or ({"role": "user", "content": spec.prompt or ""},)
+            cp = chat.format_messages(
+                messages,
+                self.chat_format,
+                template=self.template,
+                bos_token=self.bos_text,
+                eos_token=self.eos_text,
+                render=render_template,
+            )
+            text, add_bos, stops = cp.text, cp.add_bos, cp.stop
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        if not tokens:
+            raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
+        return tokens, stops
+
+    def handle_generate(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_generate(msg)
+        llm = self._require("generate")
+        tokens, format_stops = self.prompt_tokens(spec)
+        n_ctx = llm.n_ctx()
+        if len(tokens) >= n_ctx:
+            raise _context_exceeded(len(tokens), n_ctx)
+        llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
+        stream = TextStream((*spec.stop, *format_stops))
+        vocab = llm._model.vocab
+        rid = spec.rid
+        llm.between_batches = lambda: self.check_interrupt(rid)
+        evaluated_before = llm.evaluated
+        prompt_evaluated = len(tokens)
+        completion = 0
+        finish = "length"
+        t0 = time.perf_counter()
+        t_first: float | None = None
+        gen = llm.generate(
+            tokens,
+            top_k=spec.top_k,
+            top_p=spec.top_p,
+            min_p=0.0,
+            temp=spec.temperature,
+            repeat_penalty=1.0,
+            reset=True,  # 0.3.36: reset=True is what enables longest-prefix reuse
+        )
+        try:
+            self.check_interrupt(rid)
+            for token in gen:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    prompt_evaluated = llm.evaluated - evaluated_before
+                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                    finish = "stop"
+                    break
+                completion += 1
+                out = stream.feed(llm.detokenize([token]))
+                if out:
+                    self.send(rp.chunk(rid, out))
+                if stream.stopped:
+                    finish = "stop"
+                    break
+                if completion >= spec.max_tokens or len(tokens) + completion >= n_ctx:
+                    break
+                self.check_interrupt(rid)
+        except Interrupted as exc:
+            details = {"completion_tokens": completion, "prompt_tokens": len(tokens)}
+            message = f"generation stopped: {exc.reason}"
+            self.send(rp.error(rid, ErrorCode.CANCELLED, message, details))
+            return
+        finally:
+            gen.close()
+            llm.between_batches = None
+        t_end = time.perf_counter()
+        tail = stream.finish()
+        if tail:
+            self.send(rp.chunk(rid, tail))
+        if stream.stopped:
+            finish = "stop"
+        first = t_first if t_first is not None else t_end
+        self.send(
+            rp.done_generate(
+                rid,
+                finish_reason=finish,
+                prompt_tokens=len(tokens),
+                prompt_tokens_reused=max(0, len(tokens) - prompt_evaluated),
+                completion_tokens=completion,
+                prompt_eval_s=first - t0,
+                generation_s=t_end - first,
+            )
+        )
+
+    # ---------------------------------------------------------------- embed
+
+    def handle_embed(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_embed(msg)
+        llm = self._require("embed")
+        limit = min(llm.n_ctx(), llm.n_batch)
+        t0 = time.perf_counter()
+        vectors: list[list[float]] = []
+        total = 0
+        try:
+            for text in spec.inputs:
+                self.check_interrupt(spec.rid)
+                n = len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+                if n == 0:
+                    raise InvalidRequestError("cannot embed an empty input")
+                if n > limit:
+                    raise _context_exceeded(n, limit)
+                total += n
+                vectors.append(pool_and_normalize(llm.embed(text, truncate=False)))
+        except Interrupted as exc:
+            self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
+            return
+        self.send(rp.done_embed(spec.rid, vectors, total, time.perf_counter() - t0))
+
+    def handle_memory(self) -> None:
+        memory = measure_memory()
+        self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
+
+
+def _context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
+    from modeld.errors import ContextExceededError
+
+    return ContextExceededError(
+        f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
+        hint="load the model with a larger n_ctx, or shorten the prompt",
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+    )
+
+
+def render_template(
+    template: str, messages: Sequence[Mapping[str, str]], bos_token: str, eos_token: str
+) -> str:
+    """Render a GGUF chat template with llama-cpp-python's sandboxed Jinja formatter (the same
+    HF-style environment its own chat handler uses); template errors are request errors."""
+    formatter = Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
+    try:
+        chat_messages: Any = [dict(m) for m in messages]
+        result = formatter(messages=chat_messages)
+    except Exception as exc:  # Jinja errors and the template's own raise_exception()
+        raise InvalidRequestError(
+            f"the model's chat template could not format these messages: {exc}",
+            hint="check the roles and their order, or send a raw prompt",
+        ) from exc
+    return str(result.prompt)
+
+
+def _token_text(llm: llama_cpp.Llama, token: int) -> str:
+    if token < 0:
+        return ""
+    raw = llama_cpp.llama_vocab_get_text(llm._model.vocab, token)
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m modeld.runner", description=__doc__)
+    p.add_argument("--endpoint", required=True, help="the daemon's runner ROUTER endpoint")
+    p.add_argument("--id", required=True, dest="runner_id", help="this runner's identity")
+    p.add_argument("--log-level", default=os.environ.get("MODELD_LOG_LEVEL", "INFO"))
+    return p.parse_args(argv)
+
+
+@contextlib.contextmanager
+def _socket(endpoint: str, identity: str) -> Iterator[zmq.Socket[bytes]]:
+    ctx = zmq.Context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
+    sock.setsockopt(zmq.LINGER, 2000)  # let the last reply reach the daemon before exit
+    sock.setsockopt(zmq.MAXMSGSIZE, rp.MAX_RUNNER_MESSAGE_BYTES)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a runner until shutdown or parent death; the exit code is 0 on a clean stop."""
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format=f"%(asctime)s runner[{args.runner_id}] %(name)s %(levelname)s %(message)s",
+    )
+    # The daemon stops runners with 'shutdown'; a Ctrl-C sent to the terminal's process group
+    # must not kill a generation half-way (if the daemon itself dies, the parent check exits).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # llama.cpp's info lines (hundreds per load) only at debug level; warnings always.
+    debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    _llama_log.setLevel(logging.DEBUG if debug else logging.WARNING)
+    install_llama_logging()
+    parent = os.getppid()
+    with _socket(args.endpoint, args.runner_id) as sock:
+        return Runner(sock, args.runner_id, parent).serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

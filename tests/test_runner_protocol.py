@@ -1,0 +1,205 @@
+"""Runner wire protocol (pure) and token-stream text handling (pure): round trips, validation,
+UTF-8 reassembly and stop strings."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from modeld import runner_protocol as rp
+from modeld.errors import ErrorCode
+from modeld.protocol import ProtocolError
+from modeld.textstream import StopBuffer, TextStream, pool_and_normalize
+
+# --------------------------------------------------------------------------- protocol
+
+MESSAGES: list[dict[str, Any]] = [
+    rp.hello(123, {"rss": 1, "anon": 2, "file": 3}),
+    rp.load(
+        "/m.gguf", mode="embed", n_ctx=1024, n_threads=2, n_batch=256, seed=5, chat_format="gemma"
+    ),
+    rp.loaded(
+        n_ctx=1024,
+        n_ctx_train=32768,
+        load_s=0.5,
+        warmup_s=0.1,
+        chat_format="gemma",
+        memory={"rss": 9, "anon": 4, "file": 5},
+        footprint={"rss": 8, "anon": 3, "file": 5},
+    ),
+    rp.load_failed(ErrorCode.INVALID_MODEL, "bad file", "re-download it"),
+    rp.generate("r1", messages=[{"role": "user", "content": "héllo ✓"}], stop=["\n"]),
+    rp.generate("r2", prompt="raw", raw=True, max_tokens=3, temperature=0.0, seed=-1),
+    rp.embed("r3", ["a", "b"]),
+    rp.cancel("r1"),
+    rp.shutdown(),
+    rp.memory_request(),
+    rp.memory_reply({"rss": 1, "anon": 1, "file": 0}, {"rss": 0, "anon": 0, "file": 0}),
+    rp.chunk("r1", "tok"),
+    rp.done_generate(
+        "r1",
+        finish_reason="length",
+        prompt_tokens=5,
+        prompt_tokens_reused=4,
+        completion_tokens=3,
+        prompt_eval_s=0.01,
+        generation_s=0.5,
+    ),
+    rp.done_embed("r3", [[0.6, 0.8]], 2, 0.01),
+    rp.error("r1", ErrorCode.CONTEXT_EXCEEDED, "too long", {"prompt_tokens": 9, "n_ctx": 8}),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=[m["type"] for m in MESSAGES])
+def test_every_message_round_trips(msg: dict[str, Any]) -> None:
+    frames = rp.encode(msg)
+    assert len(frames) == 1
+    assert rp.decode(frames) == msg
+    assert msg["type"] in rp.TO_RUNNER | rp.FROM_RUNNER
+
+
+def test_built_messages_carry_what_the_contract_names() -> None:
+    done = rp.done_generate(
+        "r",
+        finish_reason="stop",
+        prompt_tokens=5,
+        prompt_tokens_reused=4,
+        completion_tokens=10,
+        prompt_eval_s=0.1,
+        generation_s=0.5,
+    )
+    assert done["usage"] == {"prompt_tokens": 5, "prompt_tokens_reused": 4, "completion_tokens": 10}
+    assert done["timings"]["tokens_per_s"] == pytest.approx(20.0)
+    err = rp.error("r", ErrorCode.CANCELLED, "stopped")
+    assert err["code"] == "cancelled" and err["details"] == {}
+    assert "chat_format" not in rp.load("/m", n_ctx=256, n_threads=1)
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [b"{}"],  # no type
+        [b"[1, 2]"],
+        [b"\xff\xfe"],
+        [b"not json"],
+        [b'{"type": "chunk"}', b"{}"],  # two frames
+        [b'{"type": "x", "v": NaN}'],
+        [b'{"type": 5}'],
+    ],
+)
+def test_decode_rejects_malformed_frames(frames: list[bytes]) -> None:
+    with pytest.raises(ProtocolError):
+        rp.decode(frames)
+
+
+def test_decode_enforces_the_size_limit_and_encode_refuses_nan() -> None:
+    with pytest.raises(ProtocolError, match="exceeds"):
+        rp.decode([b'{"type":"chunk","text":"' + b"x" * 100 + b'"}'], max_bytes=50)
+    with pytest.raises(ProtocolError):
+        rp.encode({"type": "done", "x": math.nan})
+
+
+def test_parse_load_validates_fields() -> None:
+    spec = rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=4))
+    assert (spec.path, spec.mode, spec.n_ctx, spec.n_threads, spec.n_batch) == (
+        "/m.gguf",
+        "generate",
+        512,
+        4,
+        512,
+    )
+    for bad in (
+        {"n_ctx": 300},  # not a multiple of 256
+        {"n_ctx": 0},
+        {"mode": "chat"},
+        {"n_threads": 0},
+        {"path": ""},
+        {"n_ctx": True},
+    ):
+        msg = {**rp.load("/m.gguf", n_ctx=512, n_threads=1), **bad}
+        with pytest.raises(ProtocolError):
+            rp.parse_load(msg)
+
+
+def test_parse_generate_validates_fields() -> None:
+    spec = rp.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
+    assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)
+    assert spec.top_k == 0 and spec.seed == 3 and not spec.raw
+    assert rp.parse_generate({"type": "generate", "rid": "r", "prompt": "p", "stop": "x"}).stop == (
+        "x",
+    )
+    base = {"type": "generate", "rid": "r", "prompt": "p"}
+    for bad in (
+        {"prompt": None},  # neither prompt nor messages
+        {"messages": [{"role": "user", "content": "x"}]},  # both
+        {"max_tokens": 0},
+        {"temperature": -1},
+        {"temperature": math.inf},
+        {"top_p": 2},
+        {"stop": [""]},
+        {"raw": "yes"},
+        {"rid": ""},
+    ):
+        with pytest.raises(ProtocolError):
+            rp.parse_generate({**base, **bad})
+    with pytest.raises(ProtocolError):
+        rp.parse_generate({"type": "generate", "rid": "r", "messages": [{"role": "user"}]})
+
+
+def test_parse_embed_validates_inputs() -> None:
+    assert rp.parse_embed(rp.embed("r", ["a"])).inputs == ("a",)
+    assert rp.parse_embed({"type": "embed", "rid": "r", "inputs": "a"}).inputs == ("a",)
+    for inputs in ([], [1], None):
+        with pytest.raises(ProtocolError):
+            rp.parse_embed({"type": "embed", "rid": "r", "inputs": inputs})
+
+
+# --------------------------------------------------------------------------- text stream
+
+
+def test_multibyte_characters_split_across_tokens_are_never_emitted_broken() -> None:
+    data = "é✓😀".encode()
+    stream = TextStream()
+    out = [stream.feed(data[i : i + 1]) for i in range(len(data))]
+    # Bytes that do not complete a character produce nothing; complete ones come out whole.
+    assert "".join(out) == "é✓😀"
+    assert all(piece in ("", "é", "✓", "😀") for piece in out)
+    assert stream.finish() == ""
+
+
+def test_an_unfinished_character_at_the_end_becomes_a_replacement_char() -> None:
+    stream = TextStream()
+    assert stream.feed(b"ok\xe2\x9c") == "ok"
+    assert stream.finish() == "\ufffd"
+
+
+def test_stop_string_split_across_tokens_is_held_back_then_dropped() -> None:
+    stream = TextStream(stops=["END"])
+    assert stream.feed(b"hello E") == "hello "  # "E" might start "END"
+    assert stream.feed(b"N") == ""
+    assert stream.feed(b"D and more") == ""
+    assert stream.stopped
+    assert stream.finish() == ""
+
+
+def test_a_held_back_prefix_that_does_not_become_a_stop_is_released() -> None:
+    stream = TextStream(stops=["END"])
+    assert stream.feed(b"an E") == "an "
+    assert stream.feed(b"xit") == "Exit"
+    assert stream.feed(b" EN") == " "
+    assert stream.finish() == "EN"  # generation ended: the tail is text after all
+    assert not stream.stopped
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    buf = StopBuffer(["\n\n", "User:"])
+    assert buf.feed("answer User: x\n\n") == ("answer ", True)
+
+
+def test_pool_and_normalize() -> None:
+    assert pool_and_normalize([3.0, 4.0]) == pytest.approx([0.6, 0.8])
+    # Per-token rows (no pooling in the model) are mean-pooled first.
+    assert pool_and_normalize([[1.0, 0.0], [5.0, 8.0]]) == pytest.approx([0.6, 0.8])
+    assert pool_and_normalize([0.0, 0.0]) == [0.0, 0.0]
