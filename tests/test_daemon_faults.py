@@ -53,11 +53,17 @@ def test_bad_model_files_get_clear_errors(
     truncated.write_bytes(data[: len(data) // 2])
     with pytest.raises(InvalidModelError):
         c.generate(str(truncated), "x").text()
-    # a second try is answered from the failure record, not by a load loop
-    loads_before = c.stats()["loads"]
+    # a header the reader accepts but llama.cpp rejects: the runner reports load_failed
+    alien = tmp_path / "alien.gguf"
+    alien.write_bytes(data.replace(b"llama", b"llamb"))
+    with pytest.raises(InvalidModelError) as info:
+        c.generate(str(alien), "x").text()
+    assert "llamb" in str(info.value) or "architecture" in str(info.value)
+    assert c.stats()["load_failures"] == 1
+    # a second try is answered from the failure record (cool-down), not by another load
     with pytest.raises(InvalidModelError):
-        c.load(str(truncated))
-    assert c.stats()["loads"] == loads_before
+        c.generate(str(alien), "x").text()
+    assert c.stats()["load_failures"] == 1
     assert c.generate(str(tiny_model), "still fine", max_tokens=2).text() is not None
     assert d.proc.poll() is None
 

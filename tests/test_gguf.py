@@ -402,3 +402,24 @@ def test_reader_imports_only_the_stdlib() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_split_model_counts_every_shard(tmp_path: Path) -> None:
+    def shard(no: int, extra: dict[str, Any], name: str) -> Path:
+        m = dict(extra, **{"split.no": no, "split.count": 3})
+        data = ggufgen.raw_gguf(m, tensors=[(name, (64, 4), 0, 0)], tensor_data=1024)
+        return write(tmp_path, data, f"m-{no + 1:05d}-of-00003.gguf")
+
+    first = shard(0, meta(), "token_embd.weight")
+    second = shard(1, {}, "blk.0.attn_q.weight")
+    third = shard(2, {}, "output.weight")
+    info = mg.read_model_info(first)
+    assert [t.name for t in info.tensors] == ["token_embd.weight", "blk.0.attn_q.weight",
+                                              "output.weight"]  # fmt: skip
+    assert (info.tensor_count, info.tensor_bytes) == (3, 3 * 1024)
+    assert any("3 shards" in n for n in info.notes)
+    with pytest.raises(InvalidModelError, match="shard 1 of a 3-part"):
+        mg.read_model_info(second)
+    third.unlink()
+    with pytest.raises(InvalidModelError, match=r"00003-of-00003\.gguf is missing"):
+        mg.read_model_info(first)

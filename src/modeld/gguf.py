@@ -14,6 +14,7 @@ problem, never another exception, because llama.cpp would abort the process on t
 from __future__ import annotations
 
 import os
+import re
 import stat
 import struct
 from collections import Counter
@@ -383,12 +384,38 @@ def read_model_info(path: str | os.PathLike[str]) -> ModelInfo:
     """Parse a GGUF file's header into a :class:`ModelInfo` without touching tensor data."""
     with _open(path) as r:
         h = _read_header(r)
-        return _build_info(r, h)
+        notes = _add_split_shards(r, h)
+        return _build_info(r, h, notes)
 
 
-def _build_info(r: _Reader, h: _Header) -> ModelInfo:
+_SHARD_NAME = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
+
+
+def _add_split_shards(r: _Reader, h: _Header) -> list[str]:
+    """For a split model (gguf-split), append the other shards' tensors to the table.
+
+    Only the first shard holds the metadata; memory figures must cover every shard.
+    """
+    count, no = h.scalars.get("split.count"), h.scalars.get("split.no", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 1:
+        return []
+    m = _SHARD_NAME.match(os.path.basename(r.path))
+    if no != 0 or m is None or int(m["count"]) != count:
+        raise r.fail(
+            f"this is shard {no!r} of a {count}-part split model",
+            "load the first shard, named like <model>-00001-of-000NN.gguf",
+        )
+    for i in range(2, count + 1):
+        shard = os.path.join(os.path.dirname(r.path), f"{m['base']}-{i:05d}-of-{count:05d}.gguf")
+        if not os.path.isfile(shard):
+            raise r.fail(f"split model shard {shard} is missing", "download every shard")
+        with _open(shard) as sr:
+            h.tensors.extend(_read_header(sr).tensors)
+    return [f"split model: {count} shards; tensor figures cover all of them"]
+
+
+def _build_info(r: _Reader, h: _Header, notes: list[str]) -> ModelInfo:
     s = h.scalars
-    notes: list[str] = []
     arch = s.get("general.architecture")
     if not isinstance(arch, str) or not arch:
         kind = s.get("general.type")
