@@ -73,7 +73,7 @@ def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
 
 
 class _Tensor:
-    """A tensor to write: numpy shape (rows last dim = ne0), storage type and a data maker."""
+    """A tensor to write: numpy shape (its last dimension is ggml's ne0), type, data maker."""
 
     def __init__(self, name: str, shape: tuple[int, ...], dtype: DType, make: Callable[[], Any]):
         self.name, self.shape, self.dtype, self.make = name, shape, dtype, make
@@ -95,13 +95,13 @@ def _maker(rng: np.random.Generator, shape: tuple[int, ...], is_norm: bool) -> C
     return lambda: rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
 
 
-def _encode(t: _Tensor, data: Any) -> tuple[Any, gguf.GGMLQuantizationType | None]:
+def _encode(t: _Tensor, data: Any) -> Any:
+    """The tensor's stored bytes as a numpy array (Q8_0 is quantized by gguf-py)."""
     if t.dtype == "f32":
-        return np.ascontiguousarray(data, dtype=np.float32), None
+        return np.ascontiguousarray(data, dtype=np.float32)
     if t.dtype == "f16":
-        return np.ascontiguousarray(data, dtype=np.float16), None
-    q = gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
-    return q, gguf.GGMLQuantizationType.Q8_0
+        return np.ascontiguousarray(data, dtype=np.float16)
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0)
 
 
 def _byte_shape(t: _Tensor) -> tuple[tuple[int, ...], Any, int]:
@@ -137,8 +137,7 @@ def _write(
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for t in tensors:
-            data, _ = _encode(t, t.make())
-            w.write_tensor_data(data)
+            w.write_tensor_data(_encode(t, t.make()))
         w.close()
         os.replace(tmp, out)
     finally:

@@ -40,7 +40,9 @@ def test_concurrent_clients_get_complete_correct_replies(
     probe.stop()
     cap = sum(sizes) + min(sizes) // 2  # both fit, a third would not
 
-    d = daemon_factory("--memory-cap", str(cap))
+    # One thread per runner: two runners with ggml's spinning thread pools on two cores
+    # would oversubscribe the CPU (correctness is the same, it is only much slower).
+    d = daemon_factory("--memory-cap", str(cap), "--threads", "1")
     first = d.client()
     options = dict(max_tokens=8, temperature=0, seed=7, n_ctx=512)
     expected = {

@@ -37,7 +37,9 @@ def make_info(**overrides: Any) -> ModelInfo:
     return ModelInfo(**fields)
 
 
-def tensor(name: str, type_name: str, shape: tuple[int, ...], n_bytes: int, offset: int) -> TensorInfo:
+def tensor(
+    name: str, type_name: str, shape: tuple[int, ...], n_bytes: int, offset: int
+) -> TensorInfo:
     return TensorInfo(name, 0, type_name, shape, n_bytes, offset)
 
 
@@ -94,7 +96,12 @@ def test_kv_cells_without_sliding_layers() -> None:
 
 @pytest.mark.parametrize(
     ("type_k", "type_v", "per_elem"),
-    [("f16", "f16", 2.0), ("f32", "f32", 4.0), ("q8_0", "q8_0", 34 / 32), ("q4_0", "q4_0", 18 / 32)],
+    [
+        ("f16", "f16", 2.0),
+        ("f32", "f32", 4.0),
+        ("q8_0", "q8_0", 34 / 32),
+        ("q4_0", "q4_0", 18 / 32),
+    ],
 )
 def test_kv_types(type_k: str, type_v: str, per_elem: float) -> None:
     info = make_info()  # 4 layers x 2 KV heads x 64 dims
