@@ -423,3 +423,10 @@ def test_split_model_counts_every_shard(tmp_path: Path) -> None:
     third.unlink()
     with pytest.raises(InvalidModelError, match=r"00003-of-00003\.gguf is missing"):
         mg.read_model_info(first)
+
+
+def test_unreadable_path_names() -> None:
+    with pytest.raises(InvalidModelError, match="null byte"):
+        mg.read_model_info("bad\0name.gguf")
+    with pytest.raises(InvalidModelError, match="cannot read"):
+        mg.read_model_info("x" * 5000 + ".gguf")  # ENAMETOOLONG

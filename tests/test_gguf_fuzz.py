@@ -18,7 +18,7 @@ import pytest
 
 import ggufgen
 from modeld.errors import InvalidModelError
-from modeld.gguf import read_model_info
+from modeld.gguf import read_chat_template, read_model_info
 from modeld.modelinfo import ModelInfo
 
 FUZZ_PARAMS = dict(
@@ -178,6 +178,11 @@ def test_random_byte_flips(fuzz_model: bytes, header_end: int, tmp_path: Path) -
             offset = rng.randrange(0, limit - n)
             for p in m.patched(offset, rng.randbytes(n)):
                 invalid += check(p) is None
+                try:
+                    template = read_chat_template(p)
+                    assert template is None or isinstance(template, str)
+                except InvalidModelError:
+                    pass
     finally:
         m.close()
     assert 0 < invalid < 3000

@@ -229,6 +229,7 @@ def test_raw_generation_streams_until_max_tokens(harness: Harness, tiny_model: P
     timings = done["timings"]
     assert timings["prompt_eval_s"] >= 0 and timings["generation_s"] > 0
     assert timings["tokens_per_s"] > 0
+    assert done["memory"]["rss"] >= done["memory"]["anon"] > 0  # measured after the request
 
 
 def test_same_seed_gives_same_text(harness: Harness, tiny_model: Path) -> None:

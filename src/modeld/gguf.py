@@ -353,10 +353,9 @@ def _open(path: str | os.PathLike[str]) -> Iterator[_Reader]:
         raise ModelNotFoundError(
             f"{p}: no such file", hint="check the path, or run `modeld list` to see known models"
         ) from None
-    except OSError as exc:
-        raise InvalidModelError(
-            f"{p}: cannot read: {exc.strerror}", hint="check the path"
-        ) from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise InvalidModelError(f"{p!r}: cannot read: {reason}", hint="check the path") from None
     if stat.S_ISDIR(st.st_mode):
         raise InvalidModelError(
             f"{p}: is a directory, not a GGUF file", hint="pass the path of a .gguf file"

@@ -488,6 +488,7 @@ class Runner:
                 completion_tokens=completion,
                 prompt_eval_s=first - t0,
                 generation_s=t_end - first,
+                memory=measure_memory(),
             )
         )
 
@@ -513,7 +514,8 @@ class Runner:
         except Interrupted as exc:
             self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
             return
-        self.send(rp.done_embed(spec.rid, vectors, total, time.perf_counter() - t0))
+        elapsed = time.perf_counter() - t0
+        self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=measure_memory()))
 
     def handle_memory(self) -> None:
         memory = measure_memory()

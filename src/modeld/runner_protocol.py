@@ -166,10 +166,15 @@ def done_generate(
     completion_tokens: int,
     prompt_eval_s: float,
     generation_s: float,
+    memory: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The end of a generation, with usage and timings (tokens_per_s over generation_s)."""
+    """The end of a generation, with usage and timings (tokens_per_s over generation_s).
+
+    ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
+    follows growth (buffers allocated on first use of a long context).
+    """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
-    return {
+    msg: dict[str, Any] = {
         "type": "done",
         "rid": rid,
         "finish_reason": finish_reason,
@@ -184,18 +189,29 @@ def done_generate(
             "tokens_per_s": tps,
         },
     }
+    if memory is not None:
+        msg["memory"] = dict(memory)
+    return msg
 
 
 def done_embed(
-    rid: str, embeddings: Sequence[Sequence[float]], prompt_tokens: int, embed_s: float
+    rid: str,
+    embeddings: Sequence[Sequence[float]],
+    prompt_tokens: int,
+    embed_s: float,
+    memory: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    return {
+    """The embeddings of an ``embed`` request, one vector per input, in order."""
+    msg: dict[str, Any] = {
         "type": "done",
         "rid": rid,
         "embeddings": [list(e) for e in embeddings],
         "usage": {"prompt_tokens": prompt_tokens},
         "timings": {"embed_s": embed_s},
     }
+    if memory is not None:
+        msg["memory"] = dict(memory)
+    return msg
 
 
 def error(

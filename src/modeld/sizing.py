@@ -60,22 +60,17 @@ def _choose(
     info: ModelInfo, mode: str, budget: int, requested: int | None, settings: Settings
 ) -> tuple[int, int, str]:
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
-    # TEMPORARY until modeld.ctx lands
-    if requested:
-        est = _estimate(info, requested, mode)
-        if est > budget:
-            raise InsufficientMemoryError(f"n_ctx {requested} needs {format_bytes(est)}")
-        return requested, est, "requested"
-    top = min(info.context_length or 4096, settings.ctx_ceiling)
-    top -= top % 256
-    floor = min(round_up(settings.ctx_floor), top)
-    n = top
-    while n >= floor:
-        est = _estimate(info, n, mode)
-        if est <= budget:
-            return n, est, "largest that fits"
-        n -= 256
-    raise InsufficientMemoryError(f"{info.name} does not fit in {format_bytes(budget)}")
+    from modeld import ctx
+
+    choice = ctx.choose_context(
+        info,
+        budget,
+        floor=settings.ctx_floor,
+        ceiling=settings.ctx_ceiling,
+        requested=requested,
+        mode="embed" if mode == "embed" else "generate",
+    )
+    return int(choice.n_ctx), int(choice.estimate.total), str(choice.reason)
 
 
 def size_for(
