@@ -430,3 +430,19 @@ def test_unreadable_path_names() -> None:
         mg.read_model_info("bad\0name.gguf")
     with pytest.raises(InvalidModelError, match="cannot read"):
         mg.read_model_info("x" * 5000 + ".gguf")  # ENAMETOOLONG
+
+
+def test_notes_say_why_layers_do_or_do_not_slide(tmp_path: Path) -> None:
+    phi3 = info_of(
+        tmp_path, ggufgen.raw_gguf(meta("phi3", 2, {"phi3.attention.sliding_window": 2047}))
+    )
+    assert phi3.notes == (
+        "phi3.attention.sliding_window=2047 is not used by llama.cpp; full attention",
+    )
+    gemma2 = info_of(tmp_path, ggufgen.raw_gguf(meta("gemma2", 2)))
+    assert gemma2.notes == (
+        "sliding-window layers follow llama.cpp's default for gemma2 (period 2)",
+    )
+    explicit = meta("gemma3", 2, {"gemma3.attention.sliding_window": 8,
+                                  "gemma3.attention.sliding_window_pattern": 2})  # fmt: skip
+    assert info_of(tmp_path, ggufgen.raw_gguf(explicit)).notes == ()

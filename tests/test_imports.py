@@ -12,6 +12,7 @@ PURE_MODULES = [
     "modeld.modelinfo",
     "modeld.protocol",
     "modeld.gguf",
+    "modeld.ggufarch",
     "modeld.memory",
     "modeld.ctx",
     "modeld.cache",

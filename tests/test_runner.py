@@ -166,7 +166,7 @@ def test_load_reports_context_timings_and_footprint(harness: Harness, tiny_model
     assert loaded["n_ctx_train"] == 2048
     assert loaded["chat_format"] == chat.PLAIN  # llama arch, no template
     assert loaded["load_s"] > 0 and loaded["warmup_s"] > 0
-    assert set(loaded["footprint"]) == {"rss", "anon", "file"}
+    assert set(loaded["footprint"]) >= {"rss", "anon", "file"}
     assert loaded["memory"]["rss"] >= harness.hello["baseline"]["rss"] - 2**20
     harness.send(rp.memory_request())
     mem = harness.recv()

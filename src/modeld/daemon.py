@@ -35,7 +35,8 @@ from modeld.errors import (
     ShuttingDownError,
     format_bytes,
 )
-from modeld.scheduler import Job, Scheduler, keep_alive_of
+from modeld.jobs import Job, keep_alive_of
+from modeld.scheduler import Scheduler
 from modeld.supervisor import Supervisor
 
 log = logging.getLogger("modeld.daemon")

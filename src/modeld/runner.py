@@ -13,16 +13,13 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
-import importlib
 import logging
 import os
 import signal
 import sys
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import llama_cpp
@@ -31,15 +28,14 @@ import llama_cpp.llama
 import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from modeld import chat
+from modeld import chat, probe
 from modeld import runner_protocol as rp
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
-from modeld.protocol import ProtocolError
+from modeld.runner_server import Interrupted, RunnerServer, connect
 from modeld.textstream import TextStream, pool_and_normalize
 
 log = logging.getLogger("modeld.runner")
 
-POLL_MS = 200  # idle poll period: also how often a dead parent is noticed
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 _WARMUP_TEXT = b"Hello"
 
@@ -47,43 +43,18 @@ _WARMUP_TEXT = b"Hello"
 # --------------------------------------------------------------------------- memory
 
 
-def measure_memory(pid: int | None = None) -> dict[str, int]:
-    """Resident memory of a process: rss, anon (anonymous) and file (file-backed) in bytes.
-
-    Uses modeld.probe.measure_process when available, else reads /proc/<pid>/smaps_rollup.
-    """
-    pid = os.getpid() if pid is None else pid
-    try:
-        probe = importlib.import_module("modeld.probe")
-    except ImportError:
-        probe = None
-    measure = getattr(probe, "measure_process", None)
-    if measure is not None:
-        with contextlib.suppress(Exception):
-            m = measure(pid)
-            if isinstance(m, dict):
-                return {k: int(m[k]) for k in ("rss", "anon", "file")}
-            return {k: int(getattr(m, k)) for k in ("rss", "anon", "file")}
-    return _smaps_rollup(pid)
-
-
-def _smaps_rollup(pid: int) -> dict[str, int]:
-    fields: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] == "kB":
-                    fields[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    except OSError:
-        return {"rss": 0, "anon": 0, "file": 0}
-    rss = fields.get("Rss", 0)
-    anon = fields.get("Anonymous", 0)
-    return {"rss": rss, "anon": anon, "file": max(0, rss - anon)}
+def measure_memory(gpu: bool = False) -> dict[str, int]:
+    """This process's resident memory in bytes: rss, anon (anonymous) and file (file-backed),
+    plus gpu (NVML per-process bytes) when asked for and known."""
+    m = probe.measure_process(os.getpid(), gpu=gpu)
+    out = {"rss": m.rss, "anon": m.anon, "file": m.file}
+    if m.gpu is not None:
+        out["gpu"] = m.gpu
+    return out
 
 
 def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: max(0, after.get(k, 0) - before.get(k, 0)) for k in ("rss", "anon", "file")}
+    return {k: max(0, v - before.get(k, 0)) for k, v in after.items()}
 
 
 # --------------------------------------------------------------------------- llama.cpp logging
@@ -131,14 +102,6 @@ def install_llama_logging() -> None:
 # --------------------------------------------------------------------------- the model
 
 
-class Interrupted(Exception):
-    """Raised between tokens when the current request must stop (cancel or shutdown)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
 class CountingLlama(llama_cpp.Llama):
     """A Llama that counts evaluated tokens (to report prompt tokens reused) and calls a hook
     between batches of a long prompt (so a cancel need not wait for the whole prefill)."""
@@ -165,121 +128,24 @@ class CountingLlama(llama_cpp.Llama):
 # --------------------------------------------------------------------------- the server
 
 
-class Runner:
-    """Serves runner-protocol messages on one DEALER socket (see module docstring)."""
+class Runner(RunnerServer):
+    """Owns the model; the conversation rules are in RunnerServer."""
 
     def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
-        self.sock = sock
-        self.runner_id = runner_id
-        self.parent_pid = parent_pid
-        self.baseline = measure_memory()
+        super().__init__(sock, runner_id, parent_pid)
+        self.baseline = measure_memory(gpu=True)
         self.llm: CountingLlama | None = None
         self.mode = "generate"
         self.chat_format = chat.PLAIN
         self.template: str | None = None
         self.bos_text = ""
         self.eos_text = ""
-        self.pending: deque[dict[str, Any]] = deque()
-        self.stopping = False
 
-    # ---------------------------------------------------------------- I/O
-
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sock.send_multipart(rp.encode(msg))
-
-    def parent_alive(self) -> bool:
-        return os.getppid() == self.parent_pid
-
-    def _recv_nowait(self) -> dict[str, Any] | None:
-        try:
-            frames = self.sock.recv_multipart(zmq.NOBLOCK)
-        except zmq.Again:
-            return None
-        try:
-            return rp.decode(frames)
-        except ProtocolError as exc:
-            log.warning("dropping malformed message: %s", exc)
-            self.send(rp.error(None, ErrorCode.INVALID_REQUEST, str(exc)))
-            return None
-
-    def check_interrupt(self, rid: str) -> None:
-        """Between tokens: handle cancel/shutdown/memory now, queue anything else."""
-        if not self.parent_alive():
-            self.stopping = True
-            raise Interrupted("parent died")
-        while self.sock.poll(0, zmq.POLLIN):
-            msg = self._recv_nowait()
-            if msg is None:
-                continue
-            kind = msg["type"]
-            if kind == "cancel":
-                if msg.get("rid") == rid:
-                    raise Interrupted("cancelled")
-                log.debug("ignoring cancel for %r (serving %r)", msg.get("rid"), rid)
-            elif kind == "shutdown":
-                self.stopping = True
-                raise Interrupted("shutdown")
-            elif kind == "memory":
-                self.handle_memory()
-            else:
-                self.pending.append(msg)
-
-    # ---------------------------------------------------------------- loop
-
-    def serve(self) -> int:
-        """Say hello, then serve until shutdown or until the parent dies. Returns the exit code."""
-        self.send(
-            rp.hello(
-                os.getpid(),
-                self.baseline,
-                runner_id=self.runner_id,
-                llama_cpp_version=str(getattr(llama_cpp, "__version__", "?")),
-            )
+    def hello(self) -> dict[str, Any]:
+        version = str(getattr(llama_cpp, "__version__", "?"))
+        return rp.hello(
+            os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version
         )
-        while not self.stopping:
-            if self.pending:
-                self.dispatch(self.pending.popleft())
-                continue
-            if not self.sock.poll(POLL_MS, zmq.POLLIN):
-                if not self.parent_alive():
-                    log.warning("parent process %d is gone; exiting", self.parent_pid)
-                    return 0
-                continue
-            msg = self._recv_nowait()
-            if msg is not None:
-                self.dispatch(msg)
-        log.info("runner %s exiting", self.runner_id)
-        return 0
-
-    def dispatch(self, msg: dict[str, Any]) -> None:
-        kind = msg["type"]
-        rid = msg.get("rid") if isinstance(msg.get("rid"), str) else None
-        try:
-            if kind == "load":
-                self.handle_load(msg)
-            elif kind == "generate":
-                self.handle_generate(msg)
-            elif kind == "embed":
-                self.handle_embed(msg)
-            elif kind == "memory":
-                self.handle_memory()
-            elif kind == "shutdown":
-                self.stopping = True
-            elif kind == "cancel":
-                log.debug("cancel for %r arrived after it finished; ignored", rid)
-            else:
-                raise ProtocolError(f"unknown runner message type {kind!r}")
-        except ModeldError as exc:
-            if kind == "load":
-                self.send(rp.load_failed(exc.code, exc.message, exc.hint))
-            else:
-                self.send(rp.error(rid, exc.code, exc.message, exc.details, exc.hint))
-        except Exception as exc:  # keep serving: one bad request must not kill the model
-            log.exception("%s request failed", kind)
-            if kind == "load":
-                self.send(rp.load_failed(ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
-            else:
-                self.send(rp.error(rid, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
 
     # ---------------------------------------------------------------- load
 
@@ -345,7 +211,7 @@ class Runner:
         t1 = time.perf_counter()
         self.warm_up()
         warmup_s = time.perf_counter() - t1
-        memory = measure_memory()
+        memory = measure_memory(gpu=True)
         self.send(
             rp.loaded(
                 n_ctx=llm.n_ctx(),
@@ -518,7 +384,7 @@ class Runner:
         self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=measure_memory()))
 
     def handle_memory(self) -> None:
-        memory = measure_memory()
+        memory = measure_memory(gpu=True)
         self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
 
 
@@ -567,21 +433,6 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@contextlib.contextmanager
-def _socket(endpoint: str, identity: str) -> Iterator[zmq.Socket[bytes]]:
-    ctx = zmq.Context()
-    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, identity.encode("utf-8"))
-    sock.setsockopt(zmq.LINGER, 2000)  # let the last reply reach the daemon before exit
-    sock.setsockopt(zmq.MAXMSGSIZE, rp.MAX_RUNNER_MESSAGE_BYTES)
-    sock.connect(endpoint)
-    try:
-        yield sock
-    finally:
-        sock.close()
-        ctx.term()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a runner until shutdown or parent death; the exit code is 0 on a clean stop."""
     args = _parse_args(argv)
@@ -598,8 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     _llama_log.setLevel(logging.DEBUG if debug else logging.WARNING)
     install_llama_logging()
     parent = os.getppid()
-    with _socket(args.endpoint, args.runner_id) as sock:
-        return Runner(sock, args.runner_id, parent).serve()
+    with connect(args.endpoint, args.runner_id) as sock:
+        runner = Runner(sock, args.runner_id, parent)
+        return runner.serve(runner.hello())
 
 
 if __name__ == "__main__":

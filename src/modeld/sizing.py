@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from modeld.cache import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.errors import InsufficientMemoryError, format_bytes
+from modeld.errors import (
+    ContextExceededError,
+    InsufficientMemoryError,
+    InvalidModelError,
+    ModelNotFoundError,
+    format_bytes,
+)
 from modeld.modelinfo import ModelInfo
 
 STEP = 256
@@ -130,3 +136,47 @@ def max_context(
         else:
             hi = mid - 1
     return lo * STEP
+
+
+def context_for_prompt(
+    info: ModelInfo,
+    name: str,
+    key: ModelKey,
+    cache: CachePolicy,
+    baseline: int,
+    settings: Settings,
+    prompt_tokens: int,
+    max_tokens: int,
+) -> int:
+    """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
+    answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit."""
+    train = info.context_length or (1 << 20)
+    if prompt_tokens + 1 > train:
+        raise ContextExceededError(
+            f"the prompt has {prompt_tokens} tokens but {name} was trained for {train} at most",
+            hint="shorten the prompt",
+            details={"prompt_tokens": prompt_tokens, "n_ctx_train": train},
+        )
+    fits = max_context(info, key.mode, cache, key, baseline, settings)
+    if fits < prompt_tokens + 1:
+        raise ContextExceededError(
+            f"the prompt has {prompt_tokens} tokens but at most {fits} fit in the memory "
+            f"budget for {name}",
+            hint="shorten the prompt, unload other models, or raise the memory budget",
+            details={"prompt_tokens": prompt_tokens, "n_ctx_max": fits},
+        )
+    want = round_up(min(train, prompt_tokens + min(max_tokens, 1024)))
+    want = min(want, max(STEP, train - train % STEP), fits)
+    return max(want, round_up(prompt_tokens + 1))
+
+
+def read_info(path: str) -> ModelInfo:
+    """The model's header (fast reader), with I/O errors mapped to modeld errors."""
+    from modeld.gguf import read_model_info
+
+    try:
+        return read_model_info(path)
+    except FileNotFoundError as exc:
+        raise ModelNotFoundError(f"{path} does not exist", hint="check the path") from exc
+    except OSError as exc:
+        raise InvalidModelError(f"cannot read {path}: {exc}") from exc
