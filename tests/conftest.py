@@ -186,6 +186,12 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
             MODELD_CONFIG=str(config),
             MODELD_MODELS=str(root / "models"),
             PYTHONUNBUFFERED="1",
+            # the daemon and its runners import this checkout even without an editable install
+            PYTHONPATH=os.pathsep.join(
+                p
+                for p in (str(Path(__file__).parent.parent / "src"), os.environ.get("PYTHONPATH"))
+                if p
+            ),
         )
         full_env.update(env or {})
         with open(root / "log" / "daemon.stderr", "ab") as err:

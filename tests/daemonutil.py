@@ -9,15 +9,22 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def until(fn: Callable[[], T], timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``."""
+def until(
+    fn: Callable[[], T],
+    timeout: float = 15.0,
+    what: str = "condition",
+    show: Callable[[], object] | None = None,
+) -> T:
+    """Poll ``fn`` until it returns something truthy; fail with ``what`` after ``timeout``
+    (and with ``show()``, e.g. the daemon's ``ps``, to explain the failure)."""
     deadline = time.monotonic() + timeout
     while True:
         value = fn()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+            extra = f"\n{show()!r}" if show is not None else ""
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}{extra}")
         time.sleep(0.02)
 
 
@@ -33,4 +40,5 @@ def rows(client: Any) -> dict[str, dict[str, Any]]:
 
 
 def loaded_names(client: Any) -> set[str]:
+    """Names of the models that are loading or ready (not unloading or waiting)."""
     return {n for n, r in rows(client).items() if r["state"] in ("ready", "loading")}

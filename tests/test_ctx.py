@@ -160,6 +160,9 @@ def test_real_model_shrinks_to_fit(gemma: ModelInfo) -> None:
 
 
 def test_real_model_embed_mode_is_passed_on(gemma: ModelInfo) -> None:
-    choice = ctx.choose_context(gemma, 4 << 30, embedding=True)
-    assert choice.estimate.approximate
-    assert choice.to_dict()["n_ctx"] == 8192
+    # embedding with gemma computes 262k-wide logits for every token: 8192 needs ~17 GiB
+    choice = ctx.choose_context(gemma, 8 << 30, embedding=True)
+    assert 2048 <= choice.n_ctx < 8192
+    assert choice.reason.startswith(f"memory: {choice.n_ctx} fits in 8.0 GiB")
+    assert choice.estimate == memory.estimate(gemma, choice.n_ctx, embedding=True)
+    assert choice.to_dict()["n_ctx"] == choice.n_ctx

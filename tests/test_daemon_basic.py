@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ggufgen
 import pytest
 
+import ggufgen
 from modeld.client import Client
 from modeld.errors import DaemonUnavailableError, ModelNotFoundError, ShuttingDownError
 
@@ -144,8 +144,9 @@ def test_embed_mode_is_a_separate_entry(daemon_factory: Factory, model_factory: 
     assert modes == ["embed", "generate"]
 
 
-def test_shutdown_request_fails_in_flight_requests(
-    daemon_factory: Factory, model_factory: Factory
+@pytest.mark.parametrize("how", ["request", "SIGINT", "SIGTERM"])
+def test_stopping_fails_in_flight_requests_and_cleans_up(
+    daemon_factory: Factory, model_factory: Factory, how: str
 ) -> None:
     model = model_factory("llama", **dict(ggufgen.TINY, context_length=32768))
     d = daemon_factory()
@@ -153,9 +154,16 @@ def test_shutdown_request_fails_in_flight_requests(
     gen = streamer.generate(str(model), "a", max_tokens=30000, n_ctx=32768, temperature=0)
     it = iter(gen)
     assert next(it)  # generating now
-    assert d.client().shutdown() == {"stopping": True}
-    with pytest.raises(ShuttingDownError):
+    runners = _children(d.proc.pid)
+    if how == "request":
+        assert d.client().shutdown() == {"stopping": True}
+    else:
+        d.proc.send_signal(getattr(signal, how))
+    with pytest.raises(ShuttingDownError) as info:
         for _ in it:
             pass
+    assert "shutting down" in info.value.message
     assert d.proc.wait(20) == 0
     assert not d.socket_path.exists()
+    assert not d.socket_path.with_name("modeld.sock.lock").exists()
+    assert _wait_gone(runners) == []

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ggufgen
 import pytest
-from daemonutil import loaded_names, rows, until
 
+import ggufgen
+from daemonutil import loaded_names, rows, until
 from modeld.errors import ContextExceededError, InsufficientMemoryError
 
 pytestmark = pytest.mark.slow
@@ -67,12 +67,12 @@ def test_lru_order_under_a_measured_budget(
     c.load(str(b), n_ctx=512)
     c.generate(str(a), "touch a", max_tokens=2, n_ctx=512).text()  # a is now more recent than b
     c.load(str(third), n_ctx=512)
-    assert until(lambda: loaded_names(c) == {a.name, third.name}, what="b evicted")
+    until(lambda: loaded_names(c) == {a.name, third.name}, what="b evicted", show=lambda: (c.stats()["evictions"], d.log_text()))
     stats = c.stats()
     assert stats["evictions"]["memory"] == 1
     assert stats["used_bytes"] <= stats["budget_bytes"] == cap
     c.generate(str(b), "b again", max_tokens=2, n_ctx=512).text()  # now a is the LRU one
-    assert until(lambda: loaded_names(c) == {third.name, b.name}, what="a evicted")
+    until(lambda: loaded_names(c) == {third.name, b.name}, what="a evicted", show=c.ps)
     assert c.stats()["evictions"]["memory"] == 2
 
 
@@ -241,3 +241,22 @@ def test_model_larger_than_the_whole_budget_is_refused_at_once(
     assert info.value.details["budget_bytes"] == 8 * 1024 * 1024
     assert "MiB" in info.value.message
     assert c.ps() == []
+
+
+def test_show_pin_and_unload(daemon_factory: Factory, three_models: list[Path]) -> None:
+    d = daemon_factory("--max-models", "2")
+    c = d.client()
+    a, b, third = three_models
+    shown = c.show(str(a))
+    assert shown["fits"] is True and shown["would_evict"] == [] and shown["loaded"] is None
+    assert shown["n_ctx"] % 256 == 0 and shown["estimate"]["kv_cache"] > 0
+    pinned = c.load(str(a), pinned=True)
+    assert pinned["pinned"] is True and pinned["state"] == "ready"
+    c.load(str(b))
+    c.load(str(third))  # b goes: a is pinned
+    until(lambda: loaded_names(c) == {a.name, third.name}, what="b evicted, a kept")
+    assert c.show(str(b))["would_evict"] == [third.stem]
+    assert c.unload(str(a)) == {"unloaded": [a.stem], "unloading_when_idle": []}
+    assert c.unload(all=True)["unloaded"] == [third.stem]
+    until(lambda: c.ps() == [], what="everything unloaded")
+    assert c.stats()["evictions"]["explicit"] == 2

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import ggufgen
 import pytest
 import zmq
-from daemonutil import rows, until
 
+import ggufgen
+from daemonutil import rows, until
 from modeld.client import Client
 from modeld.errors import (
     CancelledError,
@@ -137,7 +137,7 @@ def test_malformed_input_gets_errors_and_never_crashes(daemon_factory: Factory) 
                             "type": "generate",
                             "prompt": "x",
                             "options": {"max_tokens": "many"},
-                        }  # fmt: skip
+                        }
                     ).encode()
                 ],
                 "invalid_request",

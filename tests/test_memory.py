@@ -209,11 +209,32 @@ def test_no_flash_attention_costs_more_and_is_approximate(gemma: ModelInfo) -> N
 
 def test_embed_mode_and_synonym(gemma: ModelInfo) -> None:
     a = memory.estimate(gemma, 2048, mode="embed")
-    b = memory.estimate(gemma, 2048, embedding=True)
-    assert a == b
-    assert a.output > memory.estimate(gemma, 2048).output
-    assert a.approximate
+    assert a == memory.estimate(gemma, 2048, embedding=True)
     assert memory.estimate(gemma, 2048, embedding=False) == memory.estimate(gemma, 2048)
+
+
+def test_embed_with_lm_head_pays_logits_for_every_token(gemma: ModelInfo) -> None:
+    # runner: n_batch = n_ubatch = n_ctx; llama-cpp-python's embed() asks for every output
+    e = memory.estimate(gemma, 2048, mode="embed")
+    logits = 2048 * gemma.vocab_size * 4
+    assert e.output == 2048 * 4 * (gemma.embedding_length + gemma.vocab_size)
+    assert e.compute > logits
+    assert e.total > 2 * logits
+    assert not e.approximate  # calibrated (docs/benchmarks.md)
+
+
+def test_embed_for_pooled_encoder_has_no_logits() -> None:
+    bert = make_info(architecture="bert", pooling_type=1)
+    e = memory.estimate(bert, 512, mode="embed")
+    assert e.output == 512 * 4 * bert.embedding_length
+    assert e.compute == memory.compute_bytes(bert, 512, n_ubatch=512)
+    assert e.approximate and any("pooled" in n for n in e.notes)
+
+
+def test_explicit_batch_sizes_win(gemma: ModelInfo) -> None:
+    small = memory.estimate(gemma, 4096, mode="embed", n_batch=512, n_ubatch=512)
+    assert small.total < memory.estimate(gemma, 4096, mode="embed").total
+    assert memory.estimate(gemma, 4096, n_ubatch=128).compute < memory.estimate(gemma, 4096).compute
 
 
 def test_recurrent_is_flagged_approximate() -> None:

@@ -135,6 +135,33 @@ def test_cpu_threads_respects_quota_and_affinity(tmp_path: Path) -> None:
     assert probe.cpu_threads(tmp_path, "/") == affinity
 
 
+@pytest.mark.parametrize(
+    ("machine", "flags", "expected"),
+    [
+        ("x86_64", "fpu sse2 avx avx2 fma", True),
+        ("x86_64", "fpu sse2 avx", False),
+        ("aarch64", None, True),
+        ("riscv64", None, False),
+        ("x86_64", None, True),  # unreadable cpuinfo: assume the larger estimate
+    ],
+)
+def test_cpu_supports_repack(
+    tmp_path: Path, machine: str, flags: str | None, expected: bool
+) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    if flags is not None:
+        write(cpuinfo, f"processor\t: 0\nflags\t\t: {flags}\n")
+    assert probe.cpu_supports_repack(cpuinfo, machine) is expected
+
+
+def test_this_machine_repacks() -> None:
+    # this machine class logs "CPU_REPACK model buffer size" when loading Q4_K models
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists() or " avx2" not in cpuinfo.read_text():
+        pytest.skip("not an AVX2 x86-64 Linux machine")
+    assert probe.cpu_supports_repack() is True
+
+
 # --- per-process measurement --------------------------------------------------------------
 
 _CHILD = textwrap.dedent(

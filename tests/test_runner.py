@@ -7,6 +7,7 @@ llama.cpp abort fails a test instead of killing pytest.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -338,6 +339,23 @@ def test_cancel_queued_before_generation_starts(harness: Harness, tiny_model: Pa
     assert done["type"] == "done"
 
 
+def test_requests_sent_back_to_back_are_served_in_order(harness: Harness, tiny_model: Path) -> None:
+    """The daemon should wait for done, but a runner must not lose or mix early requests; a
+    memory query during a generation is answered at once, between tokens."""
+    harness.loaded(tiny_model)
+    harness.send(rp.generate("q1", prompt="first", raw=True, max_tokens=200, temperature=0.0))
+    harness.send(rp.memory_request())
+    harness.send(rp.generate("q2", prompt="second", raw=True, max_tokens=3, temperature=0.0))
+    order: list[tuple[str, str | None]] = []
+    while len([o for o in order if o[0] == "done"]) < 2:
+        msg = harness.recv()
+        if msg["type"] != "chunk":
+            order.append((msg["type"], msg.get("rid")))
+    assert order.index(("done", "q1")) < order.index(("done", "q2"))
+    assert ("memory", None) in order
+    assert order.index(("memory", None)) < order.index(("done", "q2"))
+
+
 # --------------------------------------------------------------------------- embeddings
 
 
@@ -358,6 +376,45 @@ def test_embed_mode_returns_one_normalized_vector_per_input(
     assert reply["usage"]["prompt_tokens"] > 3
     _, gen = harness.generate("v2", prompt="x", raw=True, max_tokens=2)
     assert gen["type"] == "error" and gen["code"] == "invalid_request"
+
+
+def test_chunked_embedding_matches_a_single_pass(harness: Harness, tiny_model: Path) -> None:
+    """Models without pooling are embedded in chunks with the KV cache carrying the prefix (to
+    bound llama.cpp's per-token logits buffer); the result must equal one Llama.embed pass,
+    computed here in a separate process."""
+    text = "the quick brown fox jumps over the lazy dog " * 8  # several 64-token chunks
+    harness.loaded(tiny_model, n_ctx=512, mode="embed")
+    harness.send(rp.embed("w1", [text]))
+    reply = harness.recv()
+    assert reply["type"] == "done", reply
+    assert reply["usage"]["prompt_tokens"] > 2 * 64
+    script = textwrap.dedent(
+        f"""
+        import json, math, llama_cpp
+        llm = llama_cpp.Llama({str(tiny_model)!r}, n_ctx=512, n_batch=512, n_ubatch=512,
+                              embedding=True, flash_attn=True, swa_full=False, seed=1,
+                              verbose=False)
+        rows = llm.embed({text!r}, truncate=False)
+        mean = [sum(c) / len(rows) for c in zip(*rows)]
+        norm = math.sqrt(sum(x * x for x in mean))
+        print(json.dumps([x / norm for x in mean]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    single_pass = json.loads(out.stdout.strip().splitlines()[-1])
+    assert reply["embeddings"][0] == pytest.approx(single_pass, abs=1e-4)
+
+
+def test_embedding_input_longer_than_the_context_is_an_error(
+    harness: Harness, tiny_model: Path
+) -> None:
+    harness.loaded(tiny_model, n_ctx=256, mode="embed")
+    harness.send(rp.embed("w2", ["short", "word " * 300]))
+    reply = harness.recv()
+    assert reply["type"] == "error" and reply["code"] == "context_exceeded"
+    assert reply["details"]["n_ctx"] == 256
 
 
 # --------------------------------------------------------------------------- the default model

@@ -240,13 +240,15 @@ def load(
     settings = _settings()
     client = _client(settings, autostart=True)
     with render.status(f"loading {model or 'the default model'}"):
-        row = client.load(
+        reply = client.load(
             _model_ref(model),
             mode="embed" if embedding else "generate",
             n_ctx=ctx,
             keep_alive=keep_alive,
             pinned=pin,
         )
+    # The daemon answers {"model": <ps row>}; accept a bare row too.
+    row = reply["model"] if isinstance(reply.get("model"), dict) else reply
     if json_out:
         render.emit_json("load", {"model": row})
     else:
@@ -279,11 +281,22 @@ def unload(
 
 
 @app.command()
-def ps(json_out: JsonOpt = False) -> None:
-    """Show loaded models: memory, context, requests, keep-alive."""
+def ps(
+    json_out: JsonOpt = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also why each context was chosen, pid, path."),
+    ] = False,
+) -> None:
+    """Show loaded models: memory, context, requests (running/queued), keep-alive."""
     from modeld import render, views
 
-    render.emit("ps", {"models": _client().ps()}, as_json=json_out, text=views.ps_view)
+    render.emit(
+        "ps",
+        {"models": _client().ps()},
+        as_json=json_out,
+        text=lambda data: views.ps_view(data, verbose=verbose),
+    )
 
 
 @app.command()

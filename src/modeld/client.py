@@ -27,6 +27,8 @@ from modeld.errors import (
 )
 
 _UNAVAILABLE_HINT = "start it with modeld serve"
+#: Seconds of silence after which a waiting client checks that the daemon still answers.
+HEARTBEAT_S = 5.0
 
 
 class Generation:
@@ -159,11 +161,20 @@ class Client:
         return rid
 
     def _recv(self, request_id: str, timeout: float | None) -> protocol.Message:
-        """Next reply for ``request_id``; replies to other (abandoned) requests are skipped."""
+        """Next reply for ``request_id``; replies to other (abandoned) requests are skipped.
+
+        During a long silence (a slow load, a long prompt) the daemon is pinged every
+        :data:`HEARTBEAT_S`; a daemon that no longer answers pings is reported as gone
+        instead of making the caller wait for the whole timeout.
+        """
         sock = self._socket()
-        deadline = None if timeout is None else time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        heard = start
+        ping_id: str | None = None
         while True:
-            wait = 500 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            now = time.monotonic()
+            wait = 500 if deadline is None else max(0, int((deadline - now) * 1000))
             if sock.poll(min(wait, 500), zmq.POLLIN):
                 try:
                     msg = protocol.decode(sock.recv_multipart())
@@ -171,18 +182,30 @@ class Client:
                     raise ProtocolMismatchError(exc.message, hint=exc.hint) from None
                 except protocol.ProtocolError:
                     continue
-                if msg.id == request_id and msg.type in protocol.REPLY_TYPES:
+                heard = time.monotonic()
+                if msg.id == ping_id:
+                    ping_id = None
+                elif msg.id == request_id and msg.type in protocol.REPLY_TYPES:
                     return msg
                 continue
+            now = time.monotonic()
             sock_path = paths.ipc_path(self.endpoint)
             if sock_path is not None and not sock_path.exists():
                 raise DaemonUnavailableError(
                     "daemon went away while waiting for a reply", hint=_UNAVAILABLE_HINT
                 )
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and now >= deadline:
                 raise RequestTimeoutError(
                     f"no reply from the daemon within {timeout:g} s",
                     hint="check `modeld ps` and the daemon log, or raise the timeout",
+                )
+            if ping_id is None and now - heard > HEARTBEAT_S:
+                ping_id = self._send("ping")
+                heard = now
+            elif ping_id is not None and now - heard > HEARTBEAT_S:
+                raise DaemonUnavailableError(
+                    f"the daemon stopped answering (no reply to a ping in {HEARTBEAT_S:g} s)",
+                    hint="check the daemon log; restart it with modeld serve",
                 )
 
     def _call(self, type_: str, timeout: float | None = None, **body: Any) -> dict[str, Any]:
@@ -272,10 +295,12 @@ class Client:
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
     ) -> dict[str, Any]:
-        """Load (or touch) a model; the reply describes the entry like one ``ps`` row."""
-        return self._call(
+        """Load (or touch) a model; returns its entry as one ``ps`` row."""
+        reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned
         )
+        row = reply.get("model")
+        return row if isinstance(row, dict) else reply
 
     def unload(
         self, model: str | None = None, *, all: bool = False, mode: str | None = None

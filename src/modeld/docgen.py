@@ -15,6 +15,7 @@ Output is deterministic (no dates, no machine paths) so the files can be committ
 from __future__ import annotations
 
 import enum
+import importlib
 import sys
 import types
 import typing
@@ -58,6 +59,7 @@ class Param:
     required: bool
     hint: str = ""  # MODEL, PATH, or "" (no completion)
     choices: tuple[str, ...] = ()  # suggested values
+    closed: bool = False  # True when ``choices`` are the only valid values (an Enum)
 
     @property
     def is_option(self) -> bool:
@@ -120,20 +122,23 @@ def _param(param: Any, help_text: str | None) -> Param:
     names = tuple(list(param.opts) + list(param.secondary_opts)) if _is_option(param) else ()
     takes_value = bool(names) and not bool(getattr(param, "is_flag", False))
     ann = _annotation(param)
-    hint, choices = "", ()
+    hint, closed = "", False
+    choices: tuple[str, ...] = ()
     if name in MODEL_PARAMS:
         hint = MODEL
     elif isinstance(ann, type) and issubclass(ann, Path):
         hint = PATH
     elif isinstance(ann, type) and issubclass(ann, enum.Enum):
-        choices = tuple(str(m.value) for m in ann)
+        choices, closed = tuple(str(m.value) for m in ann), True
     elif name == "log_level":
         choices = tuple(LOG_LEVELS)
     elif name == "keep_alive":
         choices = KEEP_ALIVE_SUGGESTIONS
     if param.metavar:
         metavar = str(param.metavar)
-    elif hint == MODEL or not names:
+    elif hint == MODEL:
+        metavar = "MODEL"
+    elif not names:
         metavar = name.upper()
     else:
         metavar = _type_metavar(ann)
@@ -147,6 +152,7 @@ def _param(param: Any, help_text: str | None) -> Param:
         required=bool(param.required),
         hint=hint,
         choices=choices,
+        closed=closed,
     )
 
 
@@ -171,7 +177,10 @@ def _command(cmd: Any, ctx: Any, name: str) -> Command:
 
 def command_tree(app: typer.Typer | None = None) -> tuple[Command, list[Command]]:
     """The root command and the visible subcommands, in definition order."""
-    from typer._click.core import Context
+    try:  # typer >= 0.29 vendors click as typer._click; older ones use click itself
+        Context = importlib.import_module("typer._click.core").Context
+    except ImportError:  # pragma: no cover - depends on the typer version
+        Context = importlib.import_module("click").Context
 
     if app is None:
         from modeld.cli import app as cli_app

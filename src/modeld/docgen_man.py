@@ -76,7 +76,10 @@ SETTING_HELP = {
 OTHER_ENV = (
     ("MODELD_CONFIG", "Path of the config file."),
     ("MODELD_RUNTIME_DIR", "Directory for the socket and lock file."),
-    ("MODELD_NO_AUTOSTART", "When 1, true or yes, commands never start a daemon in the background."),
+    (
+        "MODELD_NO_AUTOSTART",
+        "When 1, true or yes, commands never start a daemon in the background.",
+    ),
     ("MODELD_NO_SPINNER", "When set, no progress spinner is drawn on a terminal."),
     ("NO_COLOR", "When set, output is not coloured."),
 )
@@ -161,8 +164,8 @@ def _tag(p: Param) -> str:
 
 def _param_help(p: Param) -> str:
     text = p.help or ""
-    if p.choices and not p.hint:
-        text += f" Values: {', '.join(p.choices)}."
+    if p.closed and not all(c in text for c in p.choices):
+        text += f" One of: {', '.join(p.choices)}."
     return esc(text.strip())
 
 
@@ -172,7 +175,9 @@ def _synopsis(cmd: Command) -> list[str]:
         lines.append(".RI [ OPTIONS ]")
     for a in cmd.arguments:
         dots = " ..." if a.multiple else ""
-        lines.append(f".I {esc(a.metavar)}{dots}" if a.required else f".RI [ {esc(a.metavar)}{dots} ]")
+        lines.append(
+            f".I {esc(a.metavar)}{dots}" if a.required else f".RI [ {esc(a.metavar)}{dots} ]"
+        )
     return lines
 
 
@@ -195,6 +200,18 @@ def _check_examples(subs: list[Command]) -> None:
                 raise ValueError(f"man page example uses unknown option {w}: {line}")
 
 
+def _default_text(setting: str, value: object) -> str:
+    from modeld.errors import format_bytes
+
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int) and setting.endswith("_bytes"):
+        return format_bytes(value).replace(".0 ", " ").replace(" ", "")
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _env_lines() -> list[str]:
     from modeld.config import ENV_VARS, Settings
 
@@ -203,9 +220,8 @@ def _env_lines() -> list[str]:
     seen = set()
     for setting, var in ENV_VARS.items():
         text = SETTING_HELP.get(setting, f"Overrides the {setting} setting.")
-        default = defaults.get(setting)
-        if default is not None and setting in defaults:
-            text += f" Default: {str(default).lower() if isinstance(default, bool) else default}."
+        if defaults.get(setting) is not None:
+            text += f" Default: {_default_text(setting, defaults[setting])}."
         lines += [".TP", f".B {esc(var)}", esc(f"{text} (Setting {setting}.)")]
         seen.add(var)
     for var, text in OTHER_ENV:

@@ -51,15 +51,20 @@ _modeld_models() {
         done
     fi
     compopt -o filenames 2>/dev/null
-    COMPREPLY+=($(compgen -W "${names[*]}" -- "$cur"))
-    COMPREPLY+=($(compgen -d -- "$cur"))
-    COMPREPLY+=($(compgen -f -X '!*.gguf' -- "$cur"))
+    while IFS= read -r f; do
+        COMPREPLY+=("$f")
+    done < <(
+        compgen -W "${names[*]}" -- "$cur"
+        compgen -d -- "$cur"
+        compgen -f -X '!*.gguf' -- "$cur"
+    )
 }
 """
 
 _BASH_MAIN = r"""
 _modeld() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev="" cmd="" w i=1 npos=0 value_opts opts hint
+    local _modeld_variadic=0
     local -a positional=()
     COMPREPLY=()
     if ((COMP_CWORD > 0)); then prev=${COMP_WORDS[COMP_CWORD-1]}; fi
@@ -74,16 +79,16 @@ _modeld() {
         w=${COMP_WORDS[i]}
         if [[ $w == -* ]]; then
             if [[ " $value_opts " == *" $w "* ]]; then
-                ((i++))
-                [[ ${COMP_WORDS[i]} == "=" ]] && ((i++))
+                i=$((i + 1))
+                [[ ${COMP_WORDS[i]} == "=" ]] && i=$((i + 1))
             fi
         elif [[ -z $cmd ]]; then
             cmd=$w
             _modeld_spec "$cmd" || return 0
         else
-            ((npos++))
+            npos=$((npos + 1))
         fi
-        ((i++))
+        i=$((i + 1))
     done
     if [[ $prev == -* && " $value_opts " == *" $prev "* ]]; then
         _modeld_value "$cmd" "$prev"
@@ -141,7 +146,11 @@ def _bash_spec(cmds: list[Command]) -> list[str]:
 
 
 def _bash_value(cmds: list[Command]) -> list[str]:
-    lines = ["_modeld_value() {", "    # complete the value of option $2 of command $1", "    case $1:$2 in"]
+    lines = [
+        "_modeld_value() {",
+        "    # complete the value of option $2 of command $1",
+        "    case $1:$2 in",
+    ]
     for c in cmds:
         for p in c.options:
             if not p.takes_value or not (p.hint or p.choices):
@@ -205,7 +214,9 @@ def _zsh_specs(c: Command) -> list[str]:
         if a.multiple:
             specs.append(_zq(f"*:{msg}:{_zaction(a)}"))
         else:
-            specs.append(_zq(f"{i}:{msg}:{_zaction(a)}" if a.required else f"{i}::{msg}:{_zaction(a)}"))
+            specs.append(
+                _zq(f"{i}:{msg}:{_zaction(a)}" if a.required else f"{i}::{msg}:{_zaction(a)}")
+            )
     return specs
 
 
@@ -214,7 +225,7 @@ _modeld_models() {
   # default, model names in the models directory, and .gguf files
   local dir=${MODELD_MODELS:-${XDG_DATA_HOME:-$HOME/.local/share}/modeld/models}
   local -a names
-  names=($dir/(*/|)(*/|)*.gguf(N-.:t:r))
+  names=($dir/*.gguf(N-.:t:r) $dir/*/*.gguf(N-.:t:r) $dir/*/*/*.gguf(N-.:t:r))
   names=(default ${${names:#*-<2->-of-<->}%-00001-of-<->})
   _alternative 'models:model name:compadd -a names' 'files:model file:_files -g "*.gguf(-.)"'
 }
@@ -240,9 +251,14 @@ def render_zsh(root: Command, subs: list[Command]) -> str:
         "_modeld() {",
         "  local curcontext=$curcontext state state_descr line ret=1",
         "  typeset -A opt_args",
-        "  _arguments -C -s" + sep + sep.join(_zsh_specs(root))
-        + sep + "'1: :_modeld_commands'" + sep + "'*:: :->args' && ret=0",
-        '  if [[ $state == args ]]; then',
+        "  _arguments -C -s"
+        + sep
+        + sep.join(_zsh_specs(root))
+        + sep
+        + "'1: :_modeld_commands'"
+        + sep
+        + "'*:: :->args' && ret=0",
+        "  if [[ $state == args ]]; then",
         "    curcontext=${curcontext%:*:*}:modeld-$words[1]:",
         "    case $words[1] in",
     ]
@@ -257,7 +273,7 @@ def render_zsh(root: Command, subs: list[Command]) -> str:
         "  return ret",
         "}",
         "",
-        'if [[ $zsh_eval_context[-1] == loadautofunc || $funcstack[1] == _modeld ]]; then',
+        "if [[ $zsh_eval_context[-1] == loadautofunc || $funcstack[1] == _modeld ]]; then",
         '  _modeld "$@"',
         "else",
         "  compdef _modeld modeld",
@@ -288,7 +304,9 @@ function __modeld_models --description 'modeld model names and .gguf files'
     end
     for f in $dir/*.gguf $dir/*/*.gguf $dir/*/*/*.gguf
         set -l name (string replace -r '^.*/' '' -- $f | string replace -r '\.gguf$' '')
-        string match -qr -- '-\d{5}-of-\d{5}$' $name; and not string match -qr -- '-00001-of-\d{5}$' $name; and continue
+        if string match -qr -- '-\d{5}-of-\d{5}$' $name
+            string match -qr -- '-00001-of-\d{5}$' $name; or continue
+        end
         string replace -r -- '-00001-of-\d{5}$' '' $name
     end
     __fish_complete_suffix .gguf
@@ -346,15 +364,19 @@ def _fish_option(c: Command, p: Param) -> str:
 def render_fish(root: Command, subs: list[Command]) -> str:
     """The fish completion script."""
     out = [_FISH_HEAD.replace("GENERATED", GENERATED).rstrip("\n"), ""]
-    out += ["function __modeld_value_opts --description 'options of a command that take a value'",
-            "    switch \"$argv[1]\""]
+    out += [
+        "function __modeld_value_opts --description 'options of a command that take a value'",
+        '    switch "$argv[1]"',
+    ]
     for c in [root, *subs]:
         out.append(f"        case {_fq(c.name)}")
         if c.value_options():
             out.append(f"            printf '%s\\n' {_words(c.value_options())}")
     out += ["    end", "end", "", "complete -c modeld -f"]
     for c in subs:
-        out.append(f"complete -c modeld -n '__fish_use_subcommand' -a {_word(c.name)} -d {_fq(c.summary)}")
+        out.append(
+            f"complete -c modeld -n '__fish_use_subcommand' -a {_word(c.name)} -d {_fq(c.summary)}"
+        )
     for c in [root, *subs]:
         out += [_fish_option(c, p) for p in c.options]
         for i, a in enumerate(c.arguments):

@@ -20,14 +20,18 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   never produces), but reserved-and-untouched pages cost nothing. Fitted on measurements:
   ``n_ubatch × 4 B × (2.4·n_embd + 3.45·n_ff + 1.3·n_head·key_length)`` plus the attention
   masks for a full context (``cells × n_ubatch × 2 B`` per mask kind with flash attention).
-* **output** — the logits row(s) (``n_vocab × 4 B`` per sequence); embeddings in embed mode.
+  Embed mode (the whole context is one micro-batch) adds logits for every token when the model
+  has an LM head, because llama-cpp-python's ``embed()`` requests every output.
+* **output** — the logits row(s) (``n_vocab × 4 B`` per sequence); in embed mode embeddings
+  and logits for every token of the micro-batch.
 * **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
   43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
 * **runner_baseline** — the runner process itself (Python + llama_cpp imported); *not* part of
   :attr:`MemoryEstimate.total`, because the daemon measures its spare runner and adds that.
 
 Measured error on this machine class is within ±10% (see docs/benchmarks.md). GPU offload,
-recurrent models and non-flash attention are modelled but not calibrated: ``approximate``.
+recurrent models, pooled embedding encoders and non-flash attention are modelled but not
+calibrated: ``approximate``.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ COMPUTE_PER_FF = 3.45  # ... of width n_ff (gate, up, activation, product)
 COMPUTE_PER_Q = 1.3  # ... of width n_head × key_length (Q, attention output)
 MASK_BYTES_FA = 2  # f16 KQ mask per (cell, token) with flash attention
 MASK_BYTES_NO_FA = 4  # f32 mask without it
+EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the logits tensor
 #: a runner process after ``import llama_cpp`` (measured 40 MiB RSS) plus its ZeroMQ socket
 RUNNER_BASELINE = 48 * MiB
 
@@ -238,23 +243,34 @@ def compute_bytes(
     swa_full: bool = False,
     n_ubatch: int = 512,
     n_seq: int = 1,
+    logits_rows: int = 1,
 ) -> int:
-    """Compute-buffer pages a full micro-batch touches (not what llama.cpp reserves)."""
+    """Compute-buffer pages a full micro-batch touches (not what llama.cpp reserves).
+
+    ``logits_rows`` > 1 adds the logits tensor for that many tokens (llama-cpp-python's
+    ``embed()`` asks for every token's output, so a model with an LM head computes them all).
+    """
     ub = max(1, min(n_ubatch, pad_cells(n_ctx)))
     q_width = info.head_count * info.key_length
     ff = info.feed_forward_length or 4 * info.embedding_length
-    acts = (
-        ub
-        * 4
-        * (COMPUTE_PER_EMBD * info.embedding_length + COMPUTE_PER_FF * ff + COMPUTE_PER_Q * q_width)
-    )
-    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    width = COMPUTE_PER_EMBD * info.embedding_length + COMPUTE_PER_FF * ff + COMPUTE_PER_Q * q_width
+    acts = ub * 4 * width
+    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=ub, n_seq=n_seq)
     mask_cells = full + swa
     if flash_attn:
         attn = mask_cells * ub * MASK_BYTES_FA
     else:  # mask plus the KQ matrix and its softmax, per head
         attn = mask_cells * ub * MASK_BYTES_NO_FA + 2 * info.head_count * full * ub * 4
+    if logits_rows > 1:
+        # the logits tensor comes last and partly reuses the freed activation pages
+        logits = min(logits_rows, ub) * info.vocab_size * 4
+        return int(COMPUTE_CONSTANT + attn + logits + EMBED_ACTS_SHARE * acts)
     return int(COMPUTE_CONSTANT + acts + attn)
+
+
+def has_lm_head(info: ModelInfo) -> bool:
+    """Whether the graph ends in vocabulary logits (generative models; not BERT-like encoders)."""
+    return not info.is_embedding_model
 
 
 def estimate(
@@ -267,8 +283,8 @@ def estimate(
     swa_full: bool = False,
     type_k: str = "f16",
     type_v: str = "f16",
-    n_batch: int = 512,
-    n_ubatch: int = 512,
+    n_batch: int | None = None,
+    n_ubatch: int | None = None,
     n_seq: int = 1,
     mmap: bool = True,
     gpu_layers: int = 0,
@@ -276,7 +292,11 @@ def estimate(
 ) -> MemoryEstimate:
     """Predict the resident memory of ``info`` loaded with ``n_ctx`` (rounded up to 256).
 
-    ``embedding=True`` is a synonym of ``mode="embed"``. ``repack=False`` models a CPU
+    ``embedding=True`` is a synonym of ``mode="embed"``. Batch sizes default to how modeld's
+    runner loads: 512/512 to generate; the whole context in one micro-batch to embed (encoders
+    need every token in one batch), where a model with an LM head also computes logits for
+    every token (llama-cpp-python's ``embed()``): ``2 × n_ctx × n_vocab × 4 B``, gigabytes for
+    a 262k vocabulary. ``repack=False`` models a CPU
     without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV
     to :attr:`MemoryEstimate.vram` (not calibrated).
     """
@@ -289,7 +309,11 @@ def estimate(
     if not flash_attn and kv_type_bytes(type_v) < 2:
         raise ValueError("a quantized V cache needs flash attention")
     n_ctx = pad_cells(n_ctx)
-    n_ubatch = max(1, min(n_ubatch, n_batch))
+    embed = mode == "embed"
+    n_batch = n_batch if n_batch is not None else (n_ctx if embed else 512)
+    n_ubatch = n_ubatch if n_ubatch is not None else (n_ctx if embed else 512)
+    n_ubatch = max(1, min(n_ubatch, n_batch, n_ctx))
+    logits_rows = n_ubatch if embed and has_lm_head(info) else 1
     notes: list[str] = list(info.notes)
     approximate = False
 
@@ -299,14 +323,23 @@ def estimate(
     )
     full_cells, swa_cells = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
     compute = compute_bytes(
-        info, n_ctx, flash_attn=flash_attn, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq
+        info,
+        n_ctx,
+        flash_attn=flash_attn,
+        swa_full=swa_full,
+        n_ubatch=n_ubatch,
+        n_seq=n_seq,
+        logits_rows=logits_rows,
     )
-    output = info.vocab_size * 4 * max(1, n_seq)
-    if mode == "embed":
-        # embeddings for every token of a micro-batch (pooling happens after)
-        output += info.embedding_length * 4 * n_ubatch
+    if embed:  # embeddings (and logits, with an LM head) for every token of the micro-batch
+        output = (
+            n_ubatch * 4 * (info.embedding_length + (info.vocab_size if logits_rows > 1 else 0))
+        )
+    else:
+        output = info.vocab_size * 4 * max(1, n_seq)
+    if embed and not has_lm_head(info):
         approximate = True
-        notes.append("approximate: embed mode is not calibrated")
+        notes.append("approximate: pooled embedding models are not calibrated")
     overhead = CONTEXT_OVERHEAD + VOCAB_BYTES_PER_TOKEN * info.vocab_size + CODE_PAGES
 
     if info.recurrent:

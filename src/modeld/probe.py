@@ -202,6 +202,28 @@ def cpu_threads(root: Path = CGROUP_ROOT, cgroup: str | None = None) -> int:
     return max(1, cpus)
 
 
+def cpu_supports_repack(cpuinfo: Path = PROC_ROOT / "cpuinfo", machine: str | None = None) -> bool:
+    """Whether ggml's CPU backend will repack quantized weights here (x86 AVX2, or ARM NEON).
+
+    Feeds ``memory.estimate(repack=...)``: repacked matrices cost a second, anonymous copy.
+    Unknown (unreadable cpuinfo on x86) counts as True, the larger and safer estimate.
+    """
+    import platform
+
+    arch = (machine or platform.machine()).lower()
+    if arch in ("aarch64", "arm64"):
+        return True
+    if arch not in ("x86_64", "amd64", "i386", "i686"):
+        return False
+    text = _read(cpuinfo)
+    if text is None:
+        return True
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return "avx2" in line.split(":", 1)[-1].split()
+    return True
+
+
 # ----------------------------------------------------------------------------- GPUs
 
 

@@ -65,8 +65,14 @@ def grid_table(headers: Sequence[str], rows: Iterable[Sequence[str]], title: str
 
 
 def print_renderables(*renderables: Any) -> None:
-    out = console()
+    """Print rich renderables; plain strings are written as they are (no markup, no wrapping)."""
+    out: Console | None = None
     for item in renderables:
+        if isinstance(item, str):
+            sys.stdout.write(item if item.endswith("\n") else item + "\n")
+            sys.stdout.flush()
+            continue
+        out = out or console()
         out.print(item)
 
 

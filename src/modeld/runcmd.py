@@ -7,6 +7,7 @@ generated text; everything else (spinner, timings, hints) goes to stderr.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -91,7 +92,10 @@ def run_command(
     opts: RunOptions,
     connect: Callable[[], Client],
 ) -> None:
+    from modeld.registry import normalize_ref
+
     model, prompt = split_model_and_prompt(settings, first, second)
+    model = normalize_ref(model)  # ./m.gguf means the caller's cwd, not the daemon's
     piped = read_stdin_prompt()
     if prompt and piped:
         prompt = f"{prompt}\n\n{piped}"
@@ -107,7 +111,10 @@ def run_command(
     client = connect()
     messages = _messages(opts.system, [("user", prompt)])
     gen = _start(client, model, prompt, messages, opts)
-    text = _stream(gen, echo=not opts.json_out)
+    try:
+        text = _stream(gen, echo=not opts.json_out)
+    except BrokenPipeError:
+        return  # the reader went away (`| head`): the generation is cancelled, exit quietly
     if opts.json_out:
         render.emit_json("run", {"model": model or "default", "text": text, "done": gen.done or {}})
     elif sys.stdout.isatty() and not text.endswith("\n"):
@@ -144,8 +151,13 @@ def _stream(gen: Generation, *, echo: bool) -> str:
             spinner.stop()
             parts.append(chunk)
             if echo:
-                sys.stdout.write(chunk)
-                sys.stdout.flush()
+                try:
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    gen.close()  # cancel now rather than when the daemon notices we are gone
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                    raise
     return "".join(parts)
 
 

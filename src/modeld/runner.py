@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import logging
 import os
 import signal
@@ -30,12 +31,13 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import chat, probe
 from modeld import runner_protocol as rp
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import ContextExceededError, ErrorCode, InvalidRequestError, ModeldError
 from modeld.runner_server import Interrupted, RunnerServer, connect
 from modeld.textstream import TextStream, pool_and_normalize
 
 log = logging.getLogger("modeld.runner")
 
+EMBED_CHUNK = 64  # tokens per decode when embedding with a model that has no pooling
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 _WARMUP_TEXT = b"Hello"
 
@@ -164,24 +166,16 @@ class Runner(RunnerServer):
                 )
             )
             return
-        embedding = spec.mode == "embed"
-        n_batch = spec.n_ctx if embedding else min(spec.n_batch, spec.n_ctx)
         t0 = time.perf_counter()
         try:
-            llm = CountingLlama(
-                model_path=spec.path,
-                n_ctx=spec.n_ctx,
-                n_batch=n_batch,
-                n_ubatch=n_batch if embedding else min(512, n_batch),
-                n_threads=spec.n_threads,
-                n_threads_batch=spec.n_threads,
-                seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
-                flash_attn=True,
-                swa_full=False,
-                logits_all=False,
-                embedding=embedding,
-                verbose=False,
-            )
+            llm = _open_llama(spec, min(spec.n_batch, spec.n_ctx))
+            pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
+            if spec.mode == "embed" and pooled and llm.n_batch < spec.n_ctx:
+                # A pooling (embedding) model embeds an input in one batch, and non-causal
+                # encoders need it in one ubatch: reopen with batch = context. Decoders keep
+                # small batches (see _embed_one).
+                llm.close()
+                llm = _open_llama(spec, spec.n_ctx)
         except (ValueError, RuntimeError, OSError) as exc:
             log.warning("load of %s failed: %s", spec.path, exc)
             self.send(
@@ -240,7 +234,7 @@ class Runner(RunnerServer):
         """One short evaluation so the first real request does not pay first-use costs."""
         assert self.llm is not None
         if self.mode == "embed":
-            self.llm.embed(_WARMUP_TEXT.decode())
+            self._embed_one(self.llm, _WARMUP_TEXT.decode(), "warm-up")
             return
         tokens = self.llm.tokenize(_WARMUP_TEXT, add_bos=True, special=False)
         self.llm.eval(tokens[:8])
@@ -363,7 +357,8 @@ class Runner(RunnerServer):
     def handle_embed(self, msg: dict[str, Any]) -> None:
         spec = rp.parse_embed(msg)
         llm = self._require("embed")
-        limit = min(llm.n_ctx(), llm.n_batch)
+        pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
+        limit = min(llm.n_ctx(), llm.n_batch) if pooled else llm.n_ctx()
         t0 = time.perf_counter()
         vectors: list[list[float]] = []
         total = 0
@@ -376,21 +371,68 @@ class Runner(RunnerServer):
                 if n > limit:
                     raise _context_exceeded(n, limit)
                 total += n
-                vectors.append(pool_and_normalize(llm.embed(text, truncate=False)))
+                vectors.append(self._embed_one(llm, text, spec.rid))
         except Interrupted as exc:
             self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
             return
         elapsed = time.perf_counter() - t0
         self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=measure_memory()))
 
+    def _embed_one(self, llm: CountingLlama, text: str, rid: str) -> list[float]:
+        """One input's embedding: the model's pooled vector, or the mean of its per-token
+        hidden states when the model has no pooling (decoders such as Gemma).
+
+        In embedding mode llama.cpp makes every token an output and computes its logits too:
+        n_tokens x n_vocab floats, over 1 GiB for 1000 tokens of Gemma's 262k vocabulary when
+        done in one batch (Llama.embed). Decoding in small chunks, with the KV cache carrying
+        the prefix, gives the same states with that buffer bounded to EMBED_CHUNK rows.
+        """
+        if llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            return pool_and_normalize(llm.embed(text, truncate=False))
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        n_embd = llm.n_embd()
+        total = [0.0] * n_embd
+        llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        try:
+            for start in range(0, len(tokens), EMBED_CHUNK):
+                if start:
+                    self.check_interrupt(rid)
+                part = tokens[start : start + EMBED_CHUNK]
+                llm._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llm._ctx.decode(llm._batch)
+                rows = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
+                for r in range(len(part)):
+                    row = rows[r * n_embd : (r + 1) * n_embd]
+                    total = [a + b for a, b in zip(total, row, strict=True)]
+        finally:
+            llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+            llm.n_tokens = 0
+        return pool_and_normalize([x / len(tokens) for x in total])
+
     def handle_memory(self) -> None:
         memory = measure_memory(gpu=True)
         self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
 
 
-def _context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
-    from modeld.errors import ContextExceededError
+def _open_llama(spec: rp.LoadSpec, n_batch: int) -> CountingLlama:
+    """The one place a Llama is created: flash attention on, SWA caches at window size."""
+    return CountingLlama(
+        model_path=spec.path,
+        n_ctx=spec.n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_batch if spec.mode == "embed" else min(512, n_batch),
+        n_threads=spec.n_threads,
+        n_threads_batch=spec.n_threads,
+        seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
+        flash_attn=True,
+        swa_full=False,
+        logits_all=False,
+        embedding=spec.mode == "embed",
+        verbose=False,
+    )
 
+
+def _context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
     return ContextExceededError(
         f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
         hint="load the model with a larger n_ctx, or shorten the prompt",
@@ -403,7 +445,7 @@ def render_template(
 ) -> str:
     """Render a GGUF chat template with llama-cpp-python's sandboxed Jinja formatter (the same
     HF-style environment its own chat handler uses); template errors are request errors."""
-    formatter = Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
+    formatter = _formatter(template, eos_token, bos_token)
     try:
         chat_messages: Any = [dict(m) for m in messages]
         result = formatter(messages=chat_messages)
@@ -413,6 +455,12 @@ def render_template(
             hint="check the roles and their order, or send a raw prompt",
         ) from exc
     return str(result.prompt)
+
+
+@functools.lru_cache(maxsize=4)
+def _formatter(template: str, eos_token: str, bos_token: str) -> Jinja2ChatFormatter:
+    """Compiled once per model, not per request."""
+    return Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
 
 
 def _token_text(llm: llama_cpp.Llama, token: int) -> str:

@@ -128,16 +128,25 @@ class SchedulerCore:
         if plan.action == "refuse":
             self._fail_context_jobs(jobs, plan.error())
             return
+        reason = plan.reason
         if plan.action == "evict":
-            for victim in plan.victims:
-                self.evict(victim, plan.victim_reason(victim))
+            # Memory of models already on their way out is charged until their runners exit;
+            # when it is enough, wait for it instead of evicting more models.
+            unloading = sum(
+                e.accounted_bytes for e in self.cache.entries() if e.state is EntryState.UNLOADING
+            )
+            for_slots = any(plan.victim_reason(v) is EvictionReason.SLOTS for v in plan.victims)
+            if for_slots or plan.available_bytes + unloading < size.need_bytes:
+                for victim in plan.victims:
+                    self.evict(victim, plan.victim_reason(victim))
             plan = self.cache.plan(key, size.need_bytes)
+            reason = f"{reason}; waiting for unloading models to exit"
         if plan.action != "admit":
             if waiting is None:
                 waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
                 self.waiting[key] = waiting
-                log.info("%s waits for room: %s", name, plan.reason)
-            waiting.reason = plan.reason
+                log.info("%s waits for room: %s", name, reason)
+            waiting.reason = reason if plan.action == "evict" else plan.reason
             return
         self.waiting.pop(key, None)
         self._start_load(key, name, jobs, info, size, any(j.pinned for j in jobs))

@@ -62,6 +62,13 @@ def _estimate(info: ModelInfo, n_ctx: int, mode: str) -> int:
     return int(memory.estimate(info, n_ctx, mode="embed" if mode == "embed" else "generate").total)
 
 
+def breakdown(info: ModelInfo, n_ctx: int, mode: str) -> dict[str, object]:
+    """The estimate's components (weights, KV cache, compute, ...) for ``show``."""
+    from modeld import memory
+
+    return memory.estimate(info, n_ctx, mode="embed" if mode == "embed" else "generate").to_dict()
+
+
 def _choose(
     info: ModelInfo, mode: str, budget: int, requested: int | None, settings: Settings
 ) -> tuple[int, int, str]:

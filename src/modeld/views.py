@@ -66,53 +66,84 @@ def show_view(data: dict[str, Any]) -> list[Any]:
     return out
 
 
-def ps_view(data: dict[str, Any]) -> list[Any]:
-    rows = []
-    now = time.time()
-    for m in data.get("models", []):
-        measured = m.get("measured_bytes")
-        mem = f"{fmt_bytes(measured)} / {fmt_bytes(m.get('estimate_bytes'))}"
-        if m.get("pinned"):
-            until = "pinned"
-        elif m.get("forever"):
-            until = "until memory is needed"
-        else:
-            until = fmt_duration(m.get("keep_alive_left_s"))
-        last = m.get("last_used")
-        ago = fmt_duration(now - float(last)) + " ago" if last else "-"
-        rows.append(
-            (
-                str(m.get("name")),
-                str(m.get("mode")),
-                str(m.get("state")),
-                mem,
-                f"{m.get('n_ctx')} ({m.get('ctx_reason')})",
-                f"{m.get('in_flight', 0)}/{m.get('queued', 0)}",
-                until,
-                ago,
-            )
-        )
-    if not rows:
-        return ["no models loaded"]
-    headers = ("MODEL", "MODE", "STATE", "MEMORY (measured/est.)", "CONTEXT", "RUN/QUEUE")
-    return [grid_table((*headers, "UNTIL", "LAST USED"), rows)]
+def ps_view(data: dict[str, Any], verbose: bool = False) -> list[Any]:
+    """``modeld ps`` (and ``load``) for people: :func:`modeld.pstable.text` at terminal width."""
+    import shutil
+
+    from modeld import pstable
+
+    width = shutil.get_terminal_size((80, 24)).columns
+    return [pstable.text(list(data.get("models", [])), time.time(), width=width, verbose=verbose)]
+
+
+def _label(key: str) -> str:
+    for suffix in ("_bytes", "_s"):
+        if key.endswith(suffix) and key != suffix:
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def _number(key: str, value: float) -> str:
+    if key.endswith("_bytes"):
+        return fmt_bytes(value)
+    if key.endswith("_s"):
+        return f"{value:.2f}s" if value < 120 else fmt_duration(value)
+    if key.endswith("_rate") or key.endswith("_fraction"):
+        return f"{value * 100:.0f}%"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _stat_value(key: str, value: Any) -> str:
+    """One stats value as text: dicts as ``a 1, b 2`` (non-zero only), lists summarised."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return _yes(value)
+    if isinstance(value, (int, float)):
+        return _number(key, value)
+    if isinstance(value, dict):
+        parts = [f"{k} {_stat_value(str(k), v)}" for k, v in value.items() if v not in (0, None)]
+        return ", ".join(parts) if parts else "none"
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            mean = sum(value) / len(value)
+            return f"{len(value)} values, mean {mean:.3f}"
+        if all(isinstance(v, dict) for v in value):
+            return "; ".join(_named(v) for v in value)
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _named(item: dict[str, Any]) -> str:
+    """A dict from a stats list (e.g. a model cooling down after a failed load) in one line."""
+    name = str(item.get("name", "?"))
+    rest = [
+        f"{_label(k)} {_stat_value(k, v)}" for k, v in item.items() if k not in ("name", "path")
+    ]
+    return f"{name} ({', '.join(rest)})" if rest else name
 
 
 def stats_view(data: dict[str, Any]) -> list[Any]:
-    skip = {"schema_version", "kind"}
+    """``modeld stats`` as one key/value table; estimate error samples become a mean."""
+    skip = {"schema_version", "kind", "estimate_error_samples"}
     rows = []
     for key, value in data.items():
         if key in skip:
             continue
-        if key.endswith("_bytes") and isinstance(value, (int, float)):
-            text = fmt_bytes(value)
-        elif key.endswith("_s") and isinstance(value, (int, float)):
-            text = f"{value:.2f}s" if value < 120 else fmt_duration(value)
-        elif isinstance(value, float):
-            text = f"{value:.3f}"
-        else:
-            text = str(value)
-        rows.append((key.replace("_", " "), text))
+        if key == "estimate_error_mean" and value is not None:
+            samples = data.get("estimate_error_samples")
+            n = len(samples) if isinstance(samples, list) else 0
+            rows.append(("estimate error mean", f"{float(value) * 100:+.1f}% ({n} loads)"))
+            continue
+        if key == "estimate_abs_error_mean" and value is not None:
+            rows.append(("estimate abs error mean", f"{float(value) * 100:.1f}%"))
+            continue
+        rows.append((_label(key), _stat_value(key, value)))
     return [key_value_table("modeld stats", rows)]
 
 

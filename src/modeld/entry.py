@@ -1,0 +1,378 @@
+"""The ``modeld`` console script: a fast path for ``ps``, ``--version`` and ``--help``.
+
+Why: every shell call pays the CLI's start-up. The Typer app (cli.py) costs about 60 ms of
+imports before it does anything (Typer/click alone ~50 ms; modeld.config ~30 ms; pyzmq's
+Python layer ~25-40 ms, measured with ``python -X importtime``), several times a bare
+``python -c pass``. This module handles the hot read-only commands with the standard library
+only and falls through to :func:`modeld.cli.main` for everything else, and for any case it is
+not sure about (a config file that sets the socket, an error reply, no daemon), so errors are
+always reported by the one real CLI.
+
+``ps`` talks ZeroMQ to the daemon through libzmq itself via ctypes (the libzmq that pyzmq
+ships, or the system one), which skips pyzmq's Python import; if libzmq cannot be found the
+same exchange runs on pyzmq. The wire messages are protocol v1 (docs/protocol.md).
+
+The ``--help`` text is pre-rendered from the Typer app into :mod:`modeld._help` (a test keeps
+it fresh; regenerate with ``python -m modeld.entry --write-help``) and used only when click
+would render it at its full width of 80 columns.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: protocol.PROTOCOL_VERSION (a test checks they agree; protocol.py itself is too costly here)
+PROTOCOL_VERSION = 1
+HELP_WIDTH = 80  # click renders help at min(terminal columns, 80)
+_ZMQ_DEALER, _ZMQ_LINGER, _ZMQ_RCVTIMEO = 5, 17, 27  # zmq.h
+_WAIT_S = 5.0  # then give the request to the full CLI (which waits as long as needed)
+
+
+class _Fallthrough(Exception):
+    """The fast path cannot answer this one; the full CLI will."""
+
+
+# ---------------------------------------------------------------------- endpoint
+
+
+def _endpoint() -> str:
+    """The daemon endpoint exactly as config.load_settings would find it, or _Fallthrough.
+
+    Order: ``MODELD_SOCKET`` > ``socket`` in the config file > the default. A config file that
+    cannot be parsed, or that sets anything the full CLI must validate for the socket, goes to
+    the full CLI so its error message is the one the user sees.
+    """
+    from modeld import paths
+
+    if os.environ.get("MODELD_SOCKET", "").strip():
+        return paths.socket_endpoint()
+    cfg = os.environ.get("MODELD_CONFIG")
+    cfg_path = os.path.expanduser(cfg) if cfg else str(paths.config_file())
+    try:
+        size = os.stat(cfg_path).st_size
+    except OSError:
+        if cfg:  # an explicit config file that is missing is an error in the full CLI
+            raise _Fallthrough from None
+        return paths.socket_endpoint()
+    if size:
+        import tomllib
+
+        try:
+            with open(cfg_path, "rb") as fh:
+                table = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError):
+            raise _Fallthrough from None
+        if "socket" in table:
+            raise _Fallthrough
+    return paths.socket_endpoint()
+
+
+# ---------------------------------------------------------------------- transports
+
+
+def _find_libzmq() -> str | None:
+    """The libzmq that pyzmq's wheel bundles (``site-packages/pyzmq.libs``), if any."""
+    for entry in sys.path:
+        libs = os.path.join(entry or ".", "pyzmq.libs")
+        try:
+            names = os.listdir(libs)
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith("libzmq") and ".so" in name:
+                return os.path.join(libs, name)
+    return None
+
+
+def _request_ctypes(endpoint: str, payload: bytes, rid: str, wait_s: float) -> bytes:
+    """One DEALER request/reply through libzmq's C API; the reply frame for ``rid``."""
+    import ctypes
+
+    path = _find_libzmq()
+    try:
+        lib = ctypes.CDLL(path or "libzmq.so.5")
+    except OSError:
+        raise ImportError("libzmq not found") from None
+    vp, cint = ctypes.c_void_p, ctypes.c_int
+    lib.zmq_ctx_new.restype = vp
+    lib.zmq_socket.restype = vp
+    lib.zmq_socket.argtypes = [vp, cint]
+    lib.zmq_setsockopt.argtypes = [vp, cint, vp, ctypes.c_size_t]
+    lib.zmq_connect.argtypes = [vp, ctypes.c_char_p]
+    lib.zmq_send.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, cint]
+    lib.zmq_msg_init.argtypes = [vp]
+    lib.zmq_msg_recv.argtypes = [vp, vp, cint]
+    lib.zmq_msg_data.restype = vp
+    lib.zmq_msg_data.argtypes = [vp]
+    lib.zmq_msg_size.restype = ctypes.c_size_t
+    lib.zmq_msg_size.argtypes = [vp]
+    lib.zmq_msg_close.argtypes = [vp]
+    lib.zmq_close.argtypes = [vp]
+    lib.zmq_ctx_term.argtypes = [vp]
+    ctx = lib.zmq_ctx_new()
+    sock = lib.zmq_socket(ctx, _ZMQ_DEALER)
+    try:
+        zero, tick = cint(0), cint(250)
+        lib.zmq_setsockopt(sock, _ZMQ_LINGER, ctypes.byref(zero), 4)
+        lib.zmq_setsockopt(sock, _ZMQ_RCVTIMEO, ctypes.byref(tick), 4)
+        if lib.zmq_connect(sock, endpoint.encode()) != 0:
+            raise _Fallthrough
+        if lib.zmq_send(sock, payload, len(payload), 0) < 0:
+            raise _Fallthrough
+        msg = ctypes.create_string_buffer(64)  # zmq_msg_t
+        for _ in range(int(wait_s / 0.25) + 1):
+            lib.zmq_msg_init(msg)
+            n = lib.zmq_msg_recv(msg, sock, 0)
+            if n < 0:  # EAGAIN after RCVTIMEO: is the daemon still there?
+                lib.zmq_msg_close(msg)
+                if not _alive(endpoint):
+                    raise _Fallthrough
+                continue
+            data = ctypes.string_at(lib.zmq_msg_data(msg), lib.zmq_msg_size(msg))
+            lib.zmq_msg_close(msg)
+            if _is_reply(data, rid):
+                return data
+        raise _Fallthrough
+    finally:
+        lib.zmq_close(sock)
+        lib.zmq_ctx_term(ctx)
+
+
+def _request_pyzmq(endpoint: str, payload: bytes, rid: str, wait_s: float) -> bytes:
+    """The same exchange on pyzmq (when libzmq cannot be loaded through ctypes)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    try:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send(payload)
+        for _ in range(int(wait_s / 0.25) + 1):
+            if sock.poll(250, zmq.POLLIN):
+                data: bytes = sock.recv()
+                if _is_reply(data, rid):
+                    return data
+            elif not _alive(endpoint):
+                break
+        raise _Fallthrough
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+
+
+def _is_reply(data: bytes, rid: str) -> bool:
+    """Cheap pre-check that a frame answers ``rid`` (the caller parses it properly)."""
+    return f'"id":"{rid}"'.encode() in data
+
+
+def _alive(endpoint: str) -> bool:
+    return not endpoint.startswith("ipc://") or os.path.exists(endpoint[len("ipc://") :])
+
+
+def request(type_: str, endpoint: str | None = None, wait_s: float = _WAIT_S) -> dict[str, object]:
+    """Send one body-less request (``ps``, ``ping``, ...) and return the ``done`` reply.
+
+    Raises _Fallthrough for anything but a ``done`` reply in time (no daemon, error reply).
+    ``MODELD_FAST_TRANSPORT=pyzmq`` forces the pyzmq transport (used by the benchmarks).
+    """
+    import json
+
+    endpoint = endpoint or _endpoint()
+    if not _alive(endpoint):
+        raise _Fallthrough
+    rid = f"fast-{os.getpid():x}"
+    msg = {"v": PROTOCOL_VERSION, "id": rid, "type": type_}
+    payload = json.dumps(msg, separators=(",", ":")).encode()
+    if os.environ.get("MODELD_FAST_TRANSPORT") == "pyzmq":
+        raw = _request_pyzmq(endpoint, payload, rid, wait_s)
+    else:
+        try:
+            raw = _request_ctypes(endpoint, payload, rid, wait_s)
+        except ImportError:
+            raw = _request_pyzmq(endpoint, payload, rid, wait_s)
+    reply = json.loads(raw)
+    if not isinstance(reply, dict) or reply.get("type") != "done" or reply.get("id") != rid:
+        raise _Fallthrough
+    if reply.get("v") != PROTOCOL_VERSION:
+        raise _Fallthrough
+    return {k: v for k, v in reply.items() if k not in ("v", "id", "type")}
+
+
+# ---------------------------------------------------------------------- ps
+
+
+def _fmt_bytes(n: object) -> str:
+    """errors.format_bytes (a test checks they agree)."""
+    if not isinstance(n, (int, float)):
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def _fmt_duration(seconds: object) -> str:
+    """render.fmt_duration (a test checks they agree)."""
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    if seconds == float("inf"):
+        return "forever"
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    return f"{s // 3600}h {(s % 3600) // 60:02d}m"
+
+
+PS_HEADERS = (
+    "MODEL",
+    "MODE",
+    "STATE",
+    "MEMORY (measured/est.)",
+    "CONTEXT",
+    "RUN/QUEUE",
+    "UNTIL",
+    "LAST USED",
+)
+
+
+def ps_rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
+    """The cells of views.ps_view, as plain strings."""
+    rows = []
+    for m in models:
+        mem = f"{_fmt_bytes(m.get('measured_bytes'))} / {_fmt_bytes(m.get('estimate_bytes'))}"
+        if m.get("pinned"):
+            until = "pinned"
+        elif m.get("forever"):
+            until = "until memory is needed"
+        else:
+            until = _fmt_duration(m.get("keep_alive_left_s"))
+        last = m.get("last_used")
+        ago = _fmt_duration(now - float(last)) + " ago" if isinstance(last, (int, float)) else "-"
+        rows.append(
+            (
+                str(m.get("name")),
+                str(m.get("mode")),
+                str(m.get("state")),
+                mem,
+                f"{m.get('n_ctx')} ({m.get('ctx_reason')})",
+                f"{m.get('in_flight', 0)}/{m.get('queued', 0)}",
+                until,
+                ago,
+            )
+        )
+    return rows
+
+
+def ps_text(models: list[dict[str, object]], now: float) -> str:
+    """The ``ps`` table: modeld.pstable, the one implementation (stdlib only, no rich)."""
+    from modeld import pstable
+
+    return pstable.text(models, now, width=_columns())
+
+
+def _ps(json_out: bool) -> None:
+    import json
+    import time
+
+    reply = request("ps")
+    models = reply.get("models")
+    if not isinstance(models, list):
+        raise _Fallthrough
+    if json_out:  # render.to_json's shape
+        doc = {"schema_version": 1, "kind": "ps", "models": models}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(ps_text(models, time.time()))
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------- help
+
+
+def _columns() -> int:
+    """shutil.get_terminal_size().columns without importing shutil."""
+    try:
+        cols = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        cols = 0
+    if cols > 0:
+        return cols
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+def render_help() -> str:
+    """``modeld --help`` as the Typer app prints it at full width (for :mod:`modeld._help`)."""
+    from typer.testing import CliRunner
+
+    from modeld.cli import app
+
+    result = CliRunner().invoke(app, ["--help"], prog_name="modeld", terminal_width=HELP_WIDTH)
+    return result.output
+
+
+def write_help() -> str:
+    """Regenerate src/modeld/_help.py from the Typer app; returns the file path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_help.py")
+    text = render_help()
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(
+            '"""Pre-rendered ``modeld --help`` (generated by ``python -m modeld.entry '
+            '--write-help``; a test keeps it fresh)."""\n\n'
+            f"HELP = {text!r}\n"
+        )
+    return path
+
+
+# ---------------------------------------------------------------------- main
+
+
+def fast(argv: list[str]) -> bool:
+    """Handle ``argv`` on the fast path; False when the full CLI must handle it."""
+    if os.environ.get("MODELD_NO_FAST"):
+        return False
+    try:
+        if argv == ["--version"]:
+            from modeld import __version__
+
+            sys.stdout.write(f"modeld {__version__}\n")
+            return True
+        if argv in (["--help"], ["-h"]) and _columns() >= HELP_WIDTH:
+            from modeld._help import HELP
+
+            sys.stdout.write(HELP)
+            return True
+        if argv in (["ps"], ["ps", "--json"]):
+            _ps("--json" in argv)
+            return True
+    except _Fallthrough:
+        return False
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: the fast path, else the full Typer CLI."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    if fast(args):
+        return
+    from modeld.cli import main as full_main
+
+    full_main(argv)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write-help"]:
+        print(write_help())
+    else:
+        main()
