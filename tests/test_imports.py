@@ -20,6 +20,7 @@ PURE_MODULES = [
     "modeld.registry",
     "modeld.runner_protocol",
     "modeld.chat",
+    "modeld.textstream",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml")
 
