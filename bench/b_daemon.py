@@ -6,6 +6,7 @@ llama-cpp-python (interleaved, median of rounds) and returns the result document
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -54,10 +55,8 @@ class InProc:
 
     def close(self) -> None:
         if self.proc.poll() is None:
-            try:
+            with contextlib.suppress(RuntimeError, BrokenPipeError):
                 self.cmd(cmd="close")
-            except (RuntimeError, BrokenPipeError):
-                pass
             self.proc.wait(30)
 
 
@@ -238,8 +237,9 @@ def streaming(ctx: Context, d: Daemon, max_tokens: int = 128) -> dict[str, Any]:
 
 
 def _words(rng: random.Random, n: int) -> str:
-    vocab = ("river stone market window garden silver morning letter forest engine harbor "
-             "lantern mountain quiet yellow paper bridge candle orchard thunder").split()
+    vocab = ["river", "stone", "market", "window", "garden", "silver", "morning", "letter",
+             "forest", "engine", "harbor", "lantern", "mountain", "quiet", "yellow", "paper",
+             "bridge", "candle", "orchard", "thunder"]
     return " ".join(rng.choice(vocab) for _ in range(n))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import shutil
@@ -97,7 +98,7 @@ def summary(xs: list[float]) -> dict[str, float | int | None]:
     s = sorted(xs)
 
     def pct(p: float) -> float:
-        return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+        return s[min(len(s), max(1, math.ceil(p / 100 * len(s)))) - 1]  # nearest rank
 
     return {
         "n": len(s),
@@ -115,7 +116,7 @@ def percentile(xs: list[float], p: float) -> float | None:
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(p / 100 * len(s) + 0.5)) - 1))]
+    return s[min(len(s), max(1, math.ceil(p / 100 * len(s)))) - 1]  # nearest rank
 
 
 def interleave(
@@ -283,10 +284,10 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
             if proc.poll() is not None:
                 raise RuntimeError(f"daemon exited at start:\n{handle.log()}")
             if (root / "run" / "modeld.sock").exists():
-                with Client(endpoint, timeout=5.0, connect_timeout=2.0) as c:
-                    with contextlib.suppress(DaemonUnavailableError):
-                        c.ping()
-                        break
+                with (Client(endpoint, timeout=5.0, connect_timeout=2.0) as c,
+                      contextlib.suppress(DaemonUnavailableError)):
+                    c.ping()
+                    break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"daemon did not answer:\n{handle.log()}")
             time.sleep(0.05)

@@ -35,6 +35,8 @@ def rows(client: Any) -> dict[str, dict[str, Any]]:
         if row["state"] == "unloading":
             continue
         name = row["path"].rsplit("/", 1)[-1] + ("#embed" if row["mode"] == "embed" else "")
+        if row["state"] == "waiting" and name in out:
+            continue  # requests waiting for a loaded (draining) model: keep the entry's row
         out[name] = row
     return out
 

@@ -312,6 +312,9 @@ def test_json_show_from_daemon(cli: CliEnv, tiny_model: Path) -> None:
     assert _is_int(doc["estimate_bytes"]) and doc["estimate_bytes"] > 0
     assert isinstance(doc["would_evict"], list)
     assert doc["info"]["architecture"] == "llama"
+    assert doc["estimate"]["total"] == doc["estimate_bytes"]
+    assert _is_int(doc["budget_bytes"]) and doc["budget_bytes"] >= doc["need_bytes"]
+    assert doc["loaded"] is None or doc["loaded"]["path"] == doc["path"]
 
 
 def test_json_embed_one_vector_per_input(cli: CliEnv, tiny_model: Path) -> None:
@@ -495,7 +498,8 @@ def test_autostart_starts_a_daemon_and_says_so(tiny_model: Path) -> None:
         second = fresh.run("run", str(tiny_model), "hi there", *GREEDY, "--max-tokens", "4")
         assert second.returncode == 0 and "started the daemon" not in second.stderr
         assert second.stdout == out.stdout
-        assert fresh.run("stop").returncode == 0
+        stopped = fresh.json("stop")
+        assert stopped["kind"] == "stop" and stopped["stopped"] is True
         until(lambda: not pid_alive(pid), timeout=30, what="the autostarted daemon to exit")
         assert not fresh.socket_path.exists()
     finally:

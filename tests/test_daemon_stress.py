@@ -8,15 +8,17 @@ show up as a mismatch.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 import ggufgen
-from daemonutil import rows
+from daemonutil import rows, until
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +100,105 @@ def test_concurrent_clients_get_complete_correct_replies(
     assert stats["requests"] == len(expected) + CLIENTS * REQUESTS
     assert stats["loads"] == 2 and stats["evictions_total"] == 0
     assert d.proc.poll() is None
+
+
+def test_a_waiting_model_is_not_starved_by_busy_ones(
+    daemon_factory: Factory, tmp_path: Path
+) -> None:
+    """Three models, a budget for two. Models 0 and 1 each get a client that keeps eight
+    requests outstanding at all times (so their queues never run dry) until model 2 has been
+    served; model 2 must get its turn while they are still busy. Without draining, it would
+    wait until those clients give up. Replies are correct; memory stays within the budget."""
+    models = [
+        ggufgen.make_llama_model(tmp_path / f"f{i}.gguf", **dict(ggufgen.TINY, seed=20 + i))
+        for i in range(3)
+    ]
+    probe = daemon_factory()
+    c = probe.client()
+    options = dict(max_tokens=32, temperature=0, seed=3, n_ctx=512)
+    expected = {str(m): c.generate(str(m), PROMPTS[0], **options).text() for m in models}
+    sizes = [max(r["estimate_bytes"], r["measured_bytes"]) for r in rows(c).values()]
+    probe.stop()
+    cap = 2 * max(sizes) + min(sizes) // 2
+
+    d = daemon_factory("--memory-cap", str(cap), "--threads", "1", "--queue-timeout", "60")
+    failures: list[str] = []
+    over_budget: list[int] = []
+    served = threading.Event()  # model 2 answered
+    hit_cap: list[int] = []
+    stop = threading.Event()
+
+    def pipelined_client(index: int) -> None:
+        model = str(models[index])
+        ctx: zmq.Context[Any] = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(d.endpoint)
+        texts: dict[str, list[str]] = {}
+        sent = 0
+
+        def send() -> None:
+            nonlocal sent
+            sent += 1
+            rid = f"p{index}-{sent}"
+            body = {"v": 1, "id": rid, "type": "generate", "model": model,
+                    "prompt": PROMPTS[0], "options": options}  # fmt: skip
+            sock.send(json.dumps(body).encode())
+            texts[rid] = []
+
+        for _ in range(8):
+            send()
+        while texts:
+            if not sock.poll(60_000):
+                failures.append(f"model {index}: no reply")
+                break
+            msg = json.loads(sock.recv())
+            if msg["type"] == "chunk":
+                texts[msg["id"]].append(msg["text"])
+                continue
+            text = "".join(texts.pop(msg["id"]))
+            if msg["type"] != "done" or text != expected[model]:
+                failures.append(f"model {index}: {msg!r} {text!r}")
+            if served.is_set():
+                continue
+            if sent < 300:  # a count, not a time: only reached if model 2 starves
+                send()
+            elif not texts:
+                hit_cap.append(index)
+        sock.close(0)
+        ctx.term()
+
+    def watch() -> None:
+        watcher = d.client()
+        while not stop.is_set():
+            stats = watcher.stats()
+            if stats["used_bytes"] > stats["budget_bytes"]:
+                over_budget.append(stats["used_bytes"])
+            stop.wait(0.02)
+
+    watcher_thread = threading.Thread(target=watch)
+    watcher_thread.start()
+    busy = [threading.Thread(target=pipelined_client, args=(i,)) for i in range(2)]
+    for t in busy:
+        t.start()
+    watcher = d.client()
+    until(
+        lambda: [r["state"] for r in watcher.ps()] == ["ready", "ready"],
+        what="models 0 and 1 loaded",
+    )
+    waiter = d.client()
+    for _ in range(3):
+        assert (
+            waiter.generate(str(models[2]), PROMPTS[0], **options).text()
+            == expected[str(models[2])]
+        )
+        served.set()
+    for t in busy:
+        t.join(300)
+    stop.set()
+    watcher_thread.join(30)
+
+    assert failures == []
+    assert hit_cap == [], "model 2 waited until the busy models' clients ran out of work"
+    assert over_budget == []
+    assert d.client().stats()["evictions"]["memory"] >= 1

@@ -33,6 +33,7 @@ from modeld.cache_types import (
     parse_keep_alive,
 )
 from modeld.errors import InsufficientMemoryError, ModeldError, format_bytes
+from modeld.eviction import EvictionScorer
 
 __all__ = [
     "DEFAULT_FAILURE_COOLDOWN_S",
@@ -60,6 +61,7 @@ class CachePolicy:
         clock: Callable[[], float],
         failure_cooldown_s: float = DEFAULT_FAILURE_COOLDOWN_S,
         default_keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+        eviction: str = "lru",
     ) -> None:
         if budget_bytes < 0:
             raise ValueError("budget_bytes must be >= 0")
@@ -75,6 +77,7 @@ class CachePolicy:
         self._failures: dict[ModelKey, FailureRecord] = {}
         self._seq = 0
         self._stats = CacheStats(started_at=clock())
+        self._scorer = EvictionScorer(eviction)  # victim order: "lru" or "cost" (eviction.py)
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -117,6 +120,10 @@ class CachePolicy:
         return sorted(
             (e for e in self._entries.values() if e.evictable), key=lambda e: (e.last_used, e.seq)
         )
+
+    def victim_order(self) -> list[Entry]:
+        """Evictable entries, first victim first, by the eviction policy (LRU or cost-aware)."""
+        return self._scorer.order(e for e in self._entries.values() if e.evictable)
 
     def budget_available_for(self, key: ModelKey) -> int:
         """Bytes a (re)load of ``key`` may plan with: free + every evictable entry.
@@ -232,7 +239,7 @@ class CachePolicy:
             reasons.append(EvictionReason.RELOAD)
             room += own.accounted_bytes
             slots_free += 1
-        for cand in self.lru_order():
+        for cand in self.victim_order():
             if room >= need and slots_free >= 1:
                 break
             if cand is own:
@@ -276,7 +283,7 @@ class CachePolicy:
             return None
         victims: list[Entry] = []
         freed = 0
-        for cand in self.lru_order():
+        for cand in self.victim_order():
             if freed >= over:
                 break
             victims.append(cand)
@@ -360,6 +367,7 @@ class CachePolicy:
             entry.expires_at = now + entry.keep_alive_s
         self._stats.loads += 1
         self._stats.load_seconds_total += load_seconds
+        self._scorer.record_load(key, load_seconds)
         self._failures.pop(key, None)
         return entry
 
@@ -395,6 +403,7 @@ class CachePolicy:
         entry = self._require(key)
         entry.in_flight += 1
         entry.use_count += 1
+        self._scorer.record_use(key)
         entry.last_used = self._clock()
         entry.expires_at = None
         return entry
@@ -521,6 +530,7 @@ class CachePolicy:
             "budget_bytes": self.budget_bytes,
             "used_bytes": self.used_bytes(),
             "max_models": self.max_models,
+            "eviction_policy": self._scorer.policy,
             "models_loaded": self.slots_used(),
             "cooling_down": [
                 {"name": k.name, "path": k.path, "reason": f.reason, "count": f.count,

@@ -45,6 +45,7 @@ class Settings:
     threads: int | None = None  # runner threads; None → from the CPU quota
     failure_cooldown_s: float = 30.0  # first back-off after a failed load (doubles, ≤ 10 min)
     max_queue: int = 64  # requests waiting per daemon before new ones are refused
+    eviction: str = "cost"  # victim order: "cost" (popularity x reload cost / size) or "lru"
 
     @property
     def keep_alive_s(self) -> float:
@@ -81,6 +82,7 @@ ENV_VARS: dict[str, str] = {
     "threads": "MODELD_THREADS",
     "failure_cooldown_s": "MODELD_FAILURE_COOLDOWN",
     "max_queue": "MODELD_MAX_QUEUE",
+    "eviction": "MODELD_EVICTION",
 }
 CONFIG_ENV = "MODELD_CONFIG"
 
@@ -200,6 +202,15 @@ def _parse_log_level(value: object) -> str:
     return text
 
 
+def _parse_eviction(value: object) -> str:
+    from modeld.eviction import POLICIES
+
+    text = str(value).strip().lower()
+    if text not in POLICIES:
+        raise ValueError(f"eviction must be one of {', '.join(POLICIES)}")
+    return text
+
+
 _PARSERS: dict[str, Callable[[object], Any]] = {
     "socket": _parse_socket,
     "models_dir": _parse_path,
@@ -219,6 +230,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "threads": _parse_optional_int,
     "failure_cooldown_s": _parse_float,
     "max_queue": _parse_int,
+    "eviction": _parse_eviction,
 }
 
 # Friendlier spellings accepted in the config file and CLI overrides.

@@ -127,6 +127,7 @@ class Daemon:
             time.monotonic,
             failure_cooldown_s=self.settings.failure_cooldown_s,
             default_keep_alive_s=self.settings.keep_alive_s,
+            eviction=self.settings.eviction,
         )
         self.sched = Scheduler(self.settings, cache, self.sup, self._send_job)
         self.sched.ensure_spare()
@@ -472,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--load-timeout", type=float)
     p.add_argument("--threads", type=int)
     p.add_argument("--no-spare", action="store_true", help="do not pre-start a spare runner")
+    p.add_argument("--eviction", choices=("cost", "lru"), help="victim order (default cost)")
     p.add_argument("--log-level")
     p.add_argument("--config", help="config file (TOML)")
     a = p.parse_args(argv)
@@ -489,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": a.threads,
         "log_level": a.log_level,
         "spare_runner": False if a.no_spare else None,
+        "eviction": a.eviction,
     }
     try:
         settings, _ = load_settings(

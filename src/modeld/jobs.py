@@ -54,17 +54,20 @@ class Slot:
     retire: EvictionReason | None = None  # evict once idle (file changed, explicit unload)
     load_started: float = field(default_factory=time.monotonic)
     runner_pid: int | None = None
+    draining: bool = False  # yielding to an older waiting load: new requests wait, not queue
 
 
 @dataclass(eq=False)
 class Waiting:
-    """Requests for a model that is not loaded yet and has no room yet."""
+    """Requests for a model that is not loaded yet and has no room yet (or whose loaded
+    model is draining to make room for an older waiting load)."""
 
     key: ModelKey
     name: str
     jobs: list[Job]
     deadline: float
     reason: str = ""
+    need_bytes: int = 0  # what the last admission attempt needed
 
 
 Send = Callable[[Job, protocol.Message], bool]

@@ -15,15 +15,16 @@ GAP = "  "
 
 
 def fmt_bytes(n: object) -> str:
-    """Binary size like errors.format_bytes (``54.2 MiB``); ``-`` when unknown."""
+    """Binary size with three significant digits (``5.2 MiB``, ``54.2 MiB``, ``418 MiB``)."""
     if not isinstance(n, (int, float)) or isinstance(n, bool):
         return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+    value, units = float(n), ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while abs(value) >= 999.5 and i < len(units) - 1:  # 999.5 would print as "1000"
         value /= 1024
-    return f"{value:.1f} TiB"
+        i += 1
+    unit = units[i]
+    return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 100 else f"{value:.1f} {unit}"
 
 
 def mem_pair(measured: object, estimate: object) -> str:

@@ -146,7 +146,7 @@ def _start(
 def _stream(gen: Generation, *, echo: bool) -> str:
     """Write chunks to stdout as they arrive; a spinner on stderr until the first one."""
     parts: list[str] = []
-    with render.status("loading model…") as spinner:
+    with render.status("waiting for the model…") as spinner:
         for chunk in gen:
             spinner.stop()
             parts.append(chunk)

@@ -179,6 +179,10 @@ class Scheduler(SchedulerCore):
         """A runner process ended: free its memory; fail or re-route its requests."""
         if self.spare == runner.id:
             self.spare = None
+            # A spare that dies before saying hello (broken install): back off, do not loop.
+            self._spare_failures = 0 if runner.ready else self._spare_failures + 1
+            self._spare_retry_at = self._clock() + min(60.0, 0.5 * 2**self._spare_failures)
+            log.warning("spare runner %s exited with code %s", runner.id, runner.exit_code)
         self.cache.unload_finished(runner.id)
         slot = self._slot_of(runner.id)
         if slot is not None:
@@ -266,8 +270,60 @@ class Scheduler(SchedulerCore):
                 self.evict(entry.key, EvictionReason.KEEP_ALIVE)
 
     def retry_waiting(self) -> None:
+        """Admit waiting loads in arrival order, after choosing which busy models drain."""
+        self._choose_draining()
         for waiting in list(self.waiting.values()):
-            if self.waiting.get(waiting.key) is waiting and waiting.jobs:
-                self._admit(waiting.key, waiting.name, waiting.jobs, waiting)
-            elif not waiting.jobs:
+            if self.waiting.get(waiting.key) is not waiting:
+                continue
+            if not waiting.jobs:
                 self.waiting.pop(waiting.key, None)
+                continue
+            slot = self.slots.get(waiting.key)
+            if slot is not None:  # its model is resident and no longer draining: rejoin it
+                if slot.draining:
+                    continue
+                self.waiting.pop(waiting.key, None)
+                for job in waiting.jobs:
+                    slot.queue.append(job)
+                    self.cache.enqueue(slot.key)
+                self._pump(slot)
+                continue
+            self._admit(waiting.key, waiting.name, waiting.jobs, waiting)
+
+    def _choose_draining(self) -> None:
+        """Fairness: the oldest waiting load may claim busy models' memory.
+
+        Without this, a model that stays busy (a steady stream of requests) would starve a
+        waiting one until its queue timeout. The least recently used busy, unpinned models
+        whose memory the oldest waiting load needs stop taking new requests (those wait
+        behind it); once their queued requests are done they are idle and get evicted.
+        """
+        was = {key for key, slot in self.slots.items() if slot.draining}
+        for slot in self.slots.values():
+            slot.draining = False
+        oldest = next((w for w in self.waiting.values() if w.key not in self.slots), None)
+        if oldest is None or oldest.need_bytes <= 0:
+            return
+        cache = self.cache
+        entries = cache.entries()
+        room = cache.budget_bytes - sum(
+            e.accounted_bytes for e in entries if e.state is not EntryState.UNLOADING
+        )
+        room += sum(e.accounted_bytes for e in cache.lru_order())
+        slots_free = cache.max_models - cache.slots_used() + len(cache.lru_order())
+        busy = sorted(  # models already draining first (sticky), then least recently used
+            (e for e in entries if e.state is EntryState.READY and e.busy and not e.pinned),
+            key=lambda e: (e.key not in was, e.last_used),
+        )
+        drain: list[Slot] = []
+        for entry in busy:
+            if room >= oldest.need_bytes and slots_free >= 1:
+                break
+            victim = self.slots.get(entry.key)
+            if victim is not None:
+                drain.append(victim)
+                room += entry.accounted_bytes
+                slots_free += 1
+        if room >= oldest.need_bytes and slots_free >= 1:
+            for victim in drain:
+                victim.draining = True

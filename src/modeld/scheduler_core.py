@@ -31,6 +31,10 @@ from modeld.supervisor import Runner, Supervisor
 
 log = logging.getLogger("modeld.daemon")
 
+#: A model used less than this long ago is not evicted yet (its client may be about to send
+#: the next request): swaps then group requests by model instead of thrashing per request.
+SWAP_GRACE_S = 0.25
+
 #: Used for a runner's memory before any runner has said hello (replaced by measurements).
 DEFAULT_RUNNER_BASELINE = memory.RUNNER_BASELINE
 
@@ -60,6 +64,8 @@ class SchedulerCore:
         self.stopping = False
         self._seq = 0
         self._last_file_check = 0.0
+        self._spare_failures = 0
+        self._spare_retry_at = 0.0
 
     # ------------------------------------------------------------------ intake
 
@@ -87,7 +93,7 @@ class SchedulerCore:
 
     def _route(self, job: Job) -> None:
         slot = self.slots.get(job.key)
-        if slot is not None:
+        if slot is not None and not slot.draining:
             entry = self.cache.get(job.key)
             if entry is not None and entry.state is EntryState.READY:
                 self.cache.record_hit()
@@ -103,6 +109,11 @@ class SchedulerCore:
         waiting = self.waiting.get(job.key)
         if waiting is not None:
             waiting.jobs.append(job)
+            return
+        if slot is not None:  # draining: queue behind the older load it yields to
+            deadline = self._clock() + self.settings.queue_timeout_s
+            reason = "yielding memory to a model that has waited longer"
+            self.waiting[job.key] = Waiting(job.key, job.name, [job], deadline, reason)
             return
         self._admit(job.key, job.name, [job], None)
 
@@ -122,11 +133,11 @@ class SchedulerCore:
                 info, key.mode, self.cache, key, self.baseline, requested, self.settings
             )
         except ModeldError as exc:
-            self._fail_context_jobs(jobs, exc)
+            self._fail_admission(key, jobs, exc)
             return
         plan = self.cache.plan(key, size.need_bytes)
         if plan.action == "refuse":
-            self._fail_context_jobs(jobs, plan.error())
+            self._fail_admission(key, jobs, plan.error())
             return
         reason = plan.reason
         if plan.action == "evict":
@@ -136,24 +147,35 @@ class SchedulerCore:
                 e.accounted_bytes for e in self.cache.entries() if e.state is EntryState.UNLOADING
             )
             for_slots = any(plan.victim_reason(v) is EvictionReason.SLOTS for v in plan.victims)
-            if for_slots or plan.available_bytes + unloading < size.need_bytes:
+            now = self._clock()
+            recent = any(
+                now - e.last_used < SWAP_GRACE_S
+                for e in (self.cache.get(v) for v in plan.victims)
+                if e is not None
+            )
+            if recent:
+                reason = f"{reason}; giving just-used models a moment for follow-up requests"
+            elif for_slots or plan.available_bytes + unloading < size.need_bytes:
                 for victim in plan.victims:
                     self.evict(victim, plan.victim_reason(victim))
             plan = self.cache.plan(key, size.need_bytes)
-            reason = f"{reason}; waiting for unloading models to exit"
+            if not recent:
+                reason = f"{reason}; waiting for unloading models to exit"
         if plan.action != "admit":
             if waiting is None:
                 waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
                 self.waiting[key] = waiting
                 log.info("%s waits for room: %s", name, reason)
             waiting.reason = reason if plan.action == "evict" else plan.reason
+            waiting.need_bytes = size.need_bytes
             return
         self.waiting.pop(key, None)
         self._start_load(key, name, jobs, info, size, any(j.pinned for j in jobs))
 
-    def _fail_context_jobs(self, jobs: list[Job], exc: ModeldError) -> None:
+    def _fail_admission(self, key: ModelKey, jobs: list[Job], exc: ModeldError) -> None:
         """Fail jobs whose admission failed; a context-grown retry fails with context_exceeded."""
-        for job in jobs:
+        self.waiting.pop(key, None)
+        for job in list(jobs):
             err = exc
             if job.ctx_retries and not isinstance(exc, ContextExceededError):
                 err = ContextExceededError(
@@ -215,7 +237,13 @@ class SchedulerCore:
         return self.sup.spawn()
 
     def ensure_spare(self) -> None:
-        if self.settings.spare_runner and self.spare is None and not self.stopping:
+        """Keep one idle runner started (llama_cpp imported) so a cold load skips that cost."""
+        if (
+            self.settings.spare_runner
+            and self.spare is None
+            and not self.stopping
+            and self._clock() >= self._spare_retry_at
+        ):
             self.spare = self.sup.spawn().id
 
     # ------------------------------------------------------------------ dispatch

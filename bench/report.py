@@ -1,0 +1,273 @@
+"""Render docs/benchmarks.md from bench/results/*.json (the numbers are never typed by hand).
+
+The calibration section reuses bench/calibrate.py's table and markers, so either script can
+refresh it. The prose under "What the profiles showed" is the analysis written after the runs
+(NOTES below); everything in tables comes from the JSON files.
+
+    .venv/bin/python bench/report.py                 # bench/results -> docs/benchmarks.md
+    .venv/bin/python bench/report.py --results DIR --doc OUT.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import RESULTS, ROOT, MiB
+
+DOC = ROOT / "docs" / "benchmarks.md"
+ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
+         "cli_startup", "concurrency")  # fmt: skip
+
+#: Analysis of the runs (profiles, causes, fixes): kept here so the report regenerates whole.
+NOTES: dict[str, str] = {}
+
+
+def _f(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _ms(x: Any) -> str:
+    return "-" if x is None else f"{x * 1000:.1f} ms"
+
+
+def _med(d: Any) -> Any:
+    return d.get("median") if isinstance(d, dict) else None
+
+
+def load(results: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name in (*ORDER, "calibration"):
+        p = results / f"{name}.json"
+        if p.exists():
+            out[name] = json.loads(p.read_text())
+    return out
+
+
+def _targets(data: dict[str, dict[str, Any]]) -> list[str]:
+    lines = ["| benchmark | target | measured | met |", "|---|---|---:|---|"]
+    for name in ORDER:
+        doc = data.get(name)
+        if doc is None:
+            lines.append(f"| {name} | (not run) | - | - |")
+            continue
+        if doc.get("error"):
+            lines.append(f"| {doc.get('title', name)} | (failed: {doc['error'][:80]}) | - | no |")
+            continue
+        for t in doc.get("targets", []):
+            lines.append(f"| {doc.get('title', name)} | {t['name']} {t['op']} {t['limit']} | "
+                         f"{_f(t['value'])} | {'**met**' if t['met'] else '**not met**'} |")
+    return lines
+
+
+def _section(name: str, doc: dict[str, Any]) -> list[str]:
+    out = [f"## {doc.get('title', name)}", "", doc.get("what", ""), ""]
+    if doc.get("error"):
+        return [*out, f"Failed: `{doc['error']}`", ""]
+    out.append(f"Rounds {doc.get('rounds')}; load average {doc.get('loadavg_start')} -> "
+               f"{doc.get('loadavg_end')}; {doc.get('duration_s')} s.")
+    out.append("")
+    render = _RENDER.get(name)
+    if render is not None:
+        out.extend(render(doc))
+        out.append("")
+    if NOTES.get(name):
+        out.extend([NOTES[name], ""])
+    return out
+
+
+def _pair(doc: dict[str, Any], a: str, b: str, la: str, lb: str, unit: str) -> list[str]:
+    fa, fb = (_ms if unit == "s" else _f), (_ms if unit == "s" else _f)
+    return [
+        f"| | {la} | {lb} | ratio |",
+        "|---|---:|---:|---:|",
+        f"| median | {fa(_med(doc[a]))} | {fb(_med(doc[b]))} | {_f(doc.get('ratio'))} |",
+        f"| p10 / p90 | {fa(doc[a].get('p10'))} / {fa(doc[a].get('p90'))} | "
+        f"{fb(doc[b].get('p10'))} / {fb(doc[b].get('p90'))} | |",
+    ]
+
+
+def _warm(doc: dict[str, Any]) -> list[str]:
+    return _pair(doc, "modeld_run_s", "standalone_s", "`modeld run`", "standalone script", "s")
+
+
+def _stream(doc: dict[str, Any]) -> list[str]:
+    rows = _pair(doc, "modeld_tokens_per_s", "inproc_tokens_per_s", "modeld (tokens/s)",
+                 "in-process (tokens/s)", "rate")
+    return [*rows, "", f"n_ctx {doc.get('n_ctx')}, threads {doc.get('threads')}."]
+
+
+def _cold(doc: dict[str, Any]) -> list[str]:
+    rows = _pair(doc, "modeld_s", "inproc_s", "`modeld load`", "in-process load + warm-up", "s")
+    inner = _ms(_med(doc.get("daemon_load_seconds")))
+    return [*rows, "", f"Inside the runner the load took {inner}"
+            f" (median; includes the warm-up); in-process load alone "
+            f"{_ms(_med(doc.get('inproc_load_only_s')))}. n_ctx {doc.get('n_ctx')}."]
+
+
+def _prefix(doc: dict[str, Any]) -> list[str]:
+    return [
+        "| | first request | second request |",
+        "|---|---:|---:|",
+        f"| prompt tokens (median) | {_f(_med(doc.get('prompt_tokens')), 0)} | |",
+        f"| prompt eval (median) | {_ms(_med(doc.get('first_prompt_eval_s')))} | "
+        f"{_ms(_med(doc.get('second_prompt_eval_s')))} |",
+        f"| tokens reused (median) | | {_f(_med(doc.get('second_reused_tokens')), 0)} |",
+        "", f"Ratio second/first (median of rounds): {_f(doc.get('ratio'))}.",
+    ]
+
+
+def _trace(doc: dict[str, Any]) -> list[str]:
+    rows = ["| system | requests run | loads | total (s) | total scaled to trace (s) | "
+            "p50 | p99 |", "|---|---:|---:|---:|---:|---:|---:|",
+            f"| offline optimum (Belady, capacity 2) | | {doc.get('belady_optimum_loads')} | | | "
+            "| |",
+            f"| plain LRU (simulated) | | {doc.get('lru_simulated_loads')} | | | | |"]
+    labels = {"modeld_cost": "modeld, --eviction cost (default)", "modeld_lru":
+              "modeld, --eviction lru", "process_per_request": "(a) a process per request",
+              "llama_cpp_server": "(b) llama_cpp.server (one model at a time)"}
+    for key, label in labels.items():
+        r = doc.get("runs", {}).get(key, {})
+        if "error" in r:
+            rows.append(f"| {label} | failed: {r['error'][:60]} | | | | | |")
+            continue
+        scaled = _f(r.get("scaled_total_s", r.get("total_s")), 1)
+        rows.append(f"| {label} | {r.get('requests')} | {r.get('loads')} | "
+                    f"{_f(r.get('total_s'), 1)} | {scaled}"
+                    f" | {_ms(r.get('p50_s'))} | {_ms(r.get('p99_s'))} |")
+    models = ", ".join(f"{m['path']} ({m['bytes'] / MiB:.0f} MiB)" for m in doc.get("models", []))
+    return [*rows, "", f"Models: {models}; memory cap {doc.get('memory_cap_bytes', 0) / MiB:.0f} "
+            f"MiB ({doc.get('need_bytes_per_model', 0) / MiB:.0f} MiB reserved per model). "
+            f"Requests per model: {doc.get('popularity')}. {doc.get('subset_note', '')}"]
+
+
+def _footprint(doc: dict[str, Any]) -> list[str]:
+    base = doc.get("runner_baseline_bytes")
+    spare = doc.get("spare_runner_smaps") or {}
+    rows = [
+        "| what | RSS |", "|---|---:|",
+        f"| daemon, idle at start | {doc['daemon_idle_start']['rss'] / MiB:.1f} MiB |",
+        f"| daemon, idle after the workload | {doc['daemon_idle_after']['rss'] / MiB:.1f} MiB |",
+        f"| runner baseline (`modeld stats` runner_baseline_bytes) | "
+        f"{(base or 0) / MiB:.1f} MiB |",
+        f"| spare runner measured (smaps_rollup) | {spare.get('rss', 0) / MiB:.1f} MiB |",
+        "", "Estimate vs measured (estimate includes the runner baseline; error = (estimate - "
+        "measured) / measured):", "",
+        "| source | model | n_ctx | estimate | measured | error |", "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in doc.get("loaded", []):
+        rows.append(f"| `modeld ps` after load | {r['model']} | {r['n_ctx']} | "
+                    f"{(r['estimate_bytes'] or 0) / MiB:.0f} MiB | "
+                    f"{(r['measured_bytes'] or 0) / MiB:.0f} MiB | {_pct(r['error'])} |")
+    for r in doc.get("calibration", []):
+        rows.append(f"| calibration.json | {r['model']} | {r['n_ctx']} | "
+                    f"{r['estimate_bytes'] / MiB:.0f} MiB | {r['measured_bytes'] / MiB:.0f} MiB | "
+                    f"{_pct(r['error'])} |")
+    return rows
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def _cli(doc: dict[str, Any]) -> list[str]:
+    rows = ["| command | median | ratio to `python -c pass` |", "|---|---:|---:|"]
+    for k, v in doc.get("median_s", {}).items():
+        rows.append(f"| `{k}` | {_ms(v)} | {_f(doc['ratio_to_python'].get(k), 2)} |")
+    rows += ["", f"Pre-rendered help identical to Typer's: "
+             f"{_f(doc.get('help_identical_to_typer'))}.", "", "`python -X importtime` "
+             "(cumulative, largest entries):", ""]
+    for prof in doc.get("importtime", []):
+        top = ", ".join(f"{t['module']} {t['ms']}" for t in prof["top_cumulative_ms"][:6])
+        rows.append(f"- `{prof['code']}`: {prof['total_ms']} ms — {top}")
+    return rows
+
+
+def _conc(doc: dict[str, Any]) -> list[str]:
+    return [
+        "| | concurrent (8 clients) | sequential (1 client) |", "|---|---:|---:|",
+        f"| wall | {_f(doc.get('wall_s'), 2)} s | {_f(doc.get('sequential_wall_s'), 2)} s |",
+        f"| tokens/s | {_f(doc.get('tokens_per_s'), 1)} | "
+        f"{_f(doc.get('sequential_tokens_per_s'), 1)} |",
+        f"| requests/s | {_f(doc.get('requests_per_s'), 2)} | |",
+        f"| latency p50 / p99 | {_ms(doc.get('latency_p50_s'))} / "
+        f"{_ms(doc.get('latency_p99_s'))} | |",
+        "", f"Requests {doc.get('requests')} of {doc.get('expected_requests')}; replies "
+        f"differing from their reference: {doc.get('mismatch_count')}; errors: "
+        f"{len(doc.get('errors', []))}. Models: {', '.join(doc.get('models', []))}.",
+    ]
+
+
+_RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
+           "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc}
+
+
+def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:
+    import calibrate
+
+    cal = data.get("calibration")
+    out = ["## Memory estimate calibration", "",
+           "From bench/calibrate.py (bench/results/calibration.json): "
+           + (cal or {}).get("protocol", "not run") + ".", ""]
+    if cal:
+        out.append(f"{calibrate.BEGIN}\n{calibrate.markdown_table(cal['cases'])}{calibrate.END}")
+    else:
+        out.append(f"{calibrate.BEGIN}\n(run bench/calibrate.py)\n{calibrate.END}")
+    return [*out, ""]
+
+
+def render(results: Path) -> str:
+    data = load(results)
+    some = next((d for d in data.values() if "machine" in d and d.get("benchmark")), None)
+    m = (some or {}).get("machine", {})
+    lines = [
+        "# Benchmarks", "",
+        "Generated by `scripts/bench.sh` (bench/run.py, then bench/report.py) from "
+        "bench/results/*.json; do not edit the tables by hand.", "",
+        f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+        f"{(m.get('ram_bytes') or 0) / (1 << 30):.1f} GiB RAM, {m.get('platform', '?')}, "
+        f"Python {m.get('python', '?')}, llama-cpp-python {m.get('llama_cpp_python', '?')}, "
+        f"pyzmq {m.get('pyzmq', '?')}.", "",
+        "Method: alternatives run interleaved (A B, then B A, ...) in the same run; medians "
+        "and ratios are what count; absolute times are context only (the machine is shared "
+        "and has 2 cores).", "",
+        "## Targets", "", *_targets(data), "",
+    ]
+    if NOTES.get("_summary"):
+        lines += [NOTES["_summary"], ""]
+    for name in ORDER:
+        if name in data:
+            lines += _section(name, data[name])
+    lines += _calibration(data)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write(results: Path = RESULTS, doc: Path | None = None) -> Path:
+    doc = doc or DOC
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(render(results))
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--doc", type=Path, default=DOC)
+    args = ap.parse_args(argv)
+    print(write(args.results, args.doc))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""Run the benchmark suite and write bench/results/*.json and docs/benchmarks.md.
+
+    .venv/bin/python bench/run.py                 # everything (about 20-25 minutes on 2 cores)
+    .venv/bin/python bench/run.py --rounds 3      # quicker, noisier
+    .venv/bin/python bench/run.py --only cli,trace
+    .venv/bin/python bench/run.py --smoke --out /tmp/x   # tiny models, one round (the test)
+
+scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
+streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness
+from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_result
+
+DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
+                  "concurrency", "footprint")  # fmt: skip
+ALL = (*DAEMON_BENCHES, "trace")
+GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
+
+
+def _selected(only: str | None) -> list[str]:
+    if not only:
+        return list(ALL)
+    out: list[str] = []
+    for name in only.split(","):
+        out.extend(GROUPS.get(name.strip(), (name.strip(),)))
+    unknown = [n for n in out if n not in ALL]
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s): {', '.join(unknown)}; known: {', '.join(ALL)}")
+    return [n for n in ALL if n in out]
+
+
+def _record(ctx: Context, name: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Run one benchmark and write its result (an error is written as a result too)."""
+    started, load0 = time.monotonic(), loadavg()
+    ctx.log(f"== {name} (load average {load0})")
+    try:
+        data = fn(ctx, *args, **kwargs)
+    except Exception as exc:
+        traceback.print_exc()
+        data = {"title": name, "error": f"{type(exc).__name__}: {exc}", "targets": []}
+    path = write_result(ctx, name, data, started, load0)
+    for t in data.get("targets", []):
+        value = t["value"]
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        mark = "MET " if t["met"] else "MISS"
+        ctx.log(f"   {mark} {t['name']}: {shown} ({t['op']} {t['limit']})")
+    ctx.log(f"   -> {path}")
+
+
+def run(ctx: Context, names: list[str], trace_n: int) -> None:
+    import b_cli
+    import b_conc
+    import b_daemon
+    import b_trace
+
+    wanted = [n for n in names if n in DAEMON_BENCHES]
+    if wanted:
+        second = harness.tiny(seed=1) if ctx.smoke else harness.generated(
+            "llama", **b_trace.TRACE_MODEL, seed=101)
+        with daemon("--threads", str(ctx.threads)) as d:
+            time.sleep(0.3)
+            idle_start = smaps_rollup(d.pid)
+            funcs = {
+                "cold_load": (b_daemon.cold_load, ()),
+                "warm_call": (b_daemon.warm_call, ()),
+                "streaming": (b_daemon.streaming, ()),
+                "prefix_reuse": (b_daemon.prefix_reuse, ()),
+                "cli_startup": (b_cli.cli_startup, ()),
+                "concurrency": (b_conc.concurrency, ([ctx.model, second],)),
+                "footprint": (b_cli.footprint, (idle_start,)),
+            }
+            for name in wanted:
+                fn, extra = funcs[name]
+                if name == "prefix_reuse" and ctx.smoke:
+                    _record(ctx, name, fn, d, *extra, prefix_tokens=200)
+                else:
+                    _record(ctx, name, fn, d, *extra)
+    if "trace" in names:
+        if ctx.smoke:
+            _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2)
+        else:
+            _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny generated models, one round")
+    ap.add_argument("--rounds", type=int, help="rounds per comparison (default 10; smoke 1)")
+    ap.add_argument("--out", type=Path, help=f"results directory (default {RESULTS})")
+    ap.add_argument("--only", help=f"comma-separated subset of: {', '.join(ALL)}, cli, daemon")
+    ap.add_argument("--trace-requests", type=int, help="trace length (default 300; smoke 12)")
+    ap.add_argument("--doc", type=Path, help="report path (default docs/benchmarks.md; "
+                    "with --out: <out>/benchmarks.md)")
+    ap.add_argument("--no-report", action="store_true", help="write the JSON results only")
+    args = ap.parse_args(argv)
+
+    from modeld import probe
+
+    out = args.out or RESULTS
+    model = harness.tiny(seed=0) if args.smoke else harness.default_model()
+    ctx = Context(
+        smoke=args.smoke,
+        rounds=args.rounds or (1 if args.smoke else 10),
+        out_dir=out,
+        model=model,
+        threads=max(1, int(probe.cpu_threads())),
+        log=lambda s: print(s, flush=True),
+    )
+    trace_n = args.trace_requests or (12 if args.smoke else 300)
+    t0 = time.monotonic()
+    ctx.log(f"modeld benchmarks: {harness.machine()['cpu']}, threads {ctx.threads}, "
+            f"rounds {ctx.rounds}, results in {out}")
+    run(ctx, _selected(args.only), trace_n)
+    if not args.no_report:
+        import report
+
+        doc = args.doc or (out / "benchmarks.md" if args.out else None)
+        path = report.write(out, doc)
+        ctx.log(f"report: {path}")
+    ctx.log(f"done in {time.monotonic() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The console script's fast path (modeld.entry): same answers as the full CLI, fewer imports.
+
+Everything runs the real ``modeld`` console script in subprocesses against a real daemon; the
+fast path is compared with the full Typer path (``MODELD_NO_FAST=1``) on the same daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modeld import __version__, entry, protocol
+from modeld._help import HELP
+
+MODELD = str(Path(sys.executable).parent / "modeld")
+
+
+def _run(args: list[str], env: dict[str, str], **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [MODELD, *args], env={**env, **extra}, capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+
+
+def test_protocol_version_matches() -> None:
+    assert entry.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
+
+
+def test_prerendered_help_is_fresh() -> None:
+    """If this fails, run: python -m modeld.entry --write-help"""
+    assert entry.render_help() == HELP
+
+
+def test_help_and_version_match_the_full_cli(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "100", "MODELD_CONFIG": str(tmp_path / "none.toml")}
+    fast_help, full_help = _run(["--help"], env), _run(["--help"], env, MODELD_NO_FAST="1")
+    assert fast_help.returncode == full_help.returncode == 0
+    assert fast_help.stdout == full_help.stdout == HELP
+    assert _run(["--version"], env).stdout == f"modeld {__version__}\n"
+    assert _run(["-h"], env).stdout == HELP
+
+
+def test_narrow_terminal_help_goes_to_typer(tmp_path: Path) -> None:
+    env = {**os.environ, "COLUMNS": "60"}
+    fast, full = _run(["--help"], env), _run(["--help"], env, MODELD_NO_FAST="1")
+    assert fast.stdout == full.stdout
+    assert fast.stdout != HELP  # wrapped at 60 columns by click itself
+
+
+def _load_tiny(handle: Any, tiny_model: Path) -> None:
+    c = handle.client()
+    c.load(str(tiny_model))
+
+
+def _stable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    volatile = {"keep_alive_left_s", "last_used"}
+    return [{k: v for k, v in r.items() if k not in volatile} for r in rows]
+
+
+def test_ps_matches_full_cli(daemon_factory: Callable[..., Any], tiny_model: Path) -> None:
+    handle = daemon_factory("--no-spare")
+    env = dict(handle.env, COLUMNS="120")
+    empty_fast, empty_full = _run(["ps"], env), _run(["ps"], env, MODELD_NO_FAST="1")
+    assert empty_fast.returncode == empty_full.returncode == 0
+    assert empty_fast.stdout == empty_full.stdout == "no models loaded\n"
+    _load_tiny(handle, tiny_model)
+    docs = {
+        name: _run(["ps", "--json"], env, **extra)
+        for name, extra in {
+            "ctypes": {},
+            "pyzmq": {"MODELD_FAST_TRANSPORT": "pyzmq"},
+            "full": {"MODELD_NO_FAST": "1"},
+        }.items()
+    }
+    parsed = {}
+    for name, proc in docs.items():
+        assert proc.returncode == 0, (name, proc.stderr)
+        parsed[name] = json.loads(proc.stdout)
+    assert {d["kind"] for d in parsed.values()} == {"ps"}
+    assert {d["schema_version"] for d in parsed.values()} == {1}
+    rows = {name: _stable(d["models"]) for name, d in parsed.items()}
+    assert rows["ctypes"] == rows["pyzmq"] == rows["full"]
+    assert rows["full"][0]["path"] == str(tiny_model.resolve())
+    text = _run(["ps"], env)
+    assert text.returncode == 0
+    assert text.stdout.splitlines()[0].split()[:3] == ["MODEL", "MODE", "STATE"]
+    assert tiny_model.stem in text.stdout
+
+
+def test_no_daemon_falls_through_to_the_full_error(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "MODELD_SOCKET": f"ipc://{tmp_path}/none.sock",
+        "MODELD_CONFIG": str(tmp_path / "none.toml"),
+        "MODELD_NO_AUTOSTART": "1",
+    }
+    fast, full = _run(["ps"], env), _run(["ps"], env, MODELD_NO_FAST="1")
+    assert fast.returncode == full.returncode != 0
+    assert fast.stderr == full.stderr and "daemon" in fast.stderr
+
+
+def test_endpoint_follows_env_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "config.toml"
+    monkeypatch.setenv("MODELD_CONFIG", str(cfg))
+    monkeypatch.setenv("MODELD_SOCKET", f"ipc://{tmp_path}/a.sock")
+    assert entry._endpoint() == f"ipc://{tmp_path}/a.sock"
+    monkeypatch.delenv("MODELD_SOCKET")
+    with pytest.raises(entry._Fallthrough):  # explicit config file missing: full CLI errors
+        entry._endpoint()
+    cfg.write_text('keep_alive = "10m"\n')
+    monkeypatch.setenv("MODELD_RUNTIME_DIR", str(tmp_path / "run"))
+    assert entry._endpoint() == f"ipc://{tmp_path / 'run' / 'modeld.sock'}"
+    cfg.write_text('socket = "ipc:///elsewhere.sock"\n')
+    with pytest.raises(entry._Fallthrough):  # the full CLI parses and validates it
+        entry._endpoint()
+    cfg.write_text("not toml [\n")
+    with pytest.raises(entry._Fallthrough):
+        entry._endpoint()
+
+
+def test_fast_path_imports_neither_typer_nor_pyzmq(
+    daemon_factory: Callable[..., Any], tiny_model: Path
+) -> None:
+    """The point of the fast path: ps and --help load no Typer, click, rich or pyzmq."""
+    handle = daemon_factory("--no-spare")
+    _load_tiny(handle, tiny_model)
+    code = (
+        "import sys, io\n"
+        "from modeld import entry\n"
+        "sys.stdout = io.StringIO()\n"
+        "assert entry.fast(['ps']) and entry.fast(['--help']) and entry.fast(['--version'])\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('typer', 'click', 'rich', 'zmq', 'modeld.config')]\n"
+        "sys.__stdout__.write(repr(heavy))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=dict(handle.env, COLUMNS="100"), capture_output=True,
+        text=True, timeout=60, check=True,
+    )
+    assert out.stdout == "[]", out.stderr

@@ -1,0 +1,121 @@
+"""Text views of ``ps`` and ``stats``: pure formatting of the daemon's JSON data (no daemon)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modeld import pstable, views
+
+NOW = 1_800_000_000.0
+
+
+def row(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "name": "gemma-3-270m-it-q4_k_m",
+        "path": "/models/gemma-3-270m-it-q4_k_m.gguf",
+        "mode": "generate",
+        "state": "ready",
+        "n_ctx": 8192,
+        "ctx_reason": "config ceiling 8192 (training context 32768)",
+        "measured_bytes": 418 * 2**20,
+        "estimate_bytes": 440 * 2**20,
+        "in_flight": 0,
+        "queued": 0,
+        "use_count": 3,
+        "last_used": NOW - 75,
+        "keep_alive_s": 300.0,
+        "keep_alive_left_s": 225.0,
+        "forever": False,
+        "pinned": False,
+        "runner_pid": 4242,
+        "load_seconds": 0.71,
+        "last_unload_reason": None,
+    }
+    base.update(over)
+    return base
+
+
+def test_ps_row_cells() -> None:
+    (cells,) = pstable.rows([row()], NOW)
+    assert cells == (
+        "gemma-3-270m-it-q4_k_m",
+        "gen",
+        "ready",
+        "418/440 MiB",
+        "8192",
+        "0/0",
+        "3m45s",
+        "1m ago",
+    )
+
+
+def test_ps_until_column() -> None:
+    assert pstable.until(row(pinned=True)) == "pinned"
+    assert pstable.until(row(forever=True, keep_alive_left_s=None)) == "forever"
+    assert pstable.until(row(in_flight=1, keep_alive_left_s=None)) == "-"
+    assert pstable.until(row(keep_alive_left_s=7265.0)) == "2h01m"
+
+
+def test_ps_mixed_units_and_unknown_memory() -> None:
+    assert pstable.mem_pair(900 * 2**20, 1.5 * 2**30) == "900 MiB/1.5 GiB"
+    assert pstable.mem_pair(54.2 * 2**20, 5.25 * 2**20) == "54.2/5.2 MiB"
+    assert pstable.mem_pair(1000 * 2**20, 2000) == "1.0 GiB/2.0 KiB"
+    assert pstable.mem_pair(None, 2**30) == "-/1.0 GiB"
+
+
+def test_ps_fits_80_columns_with_a_typical_name() -> None:
+    rows = [row(), row(mode="embed", state="loading", queued=2, name="nomic-embed-text-v1.5")]
+    text = pstable.text(rows, NOW, width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert len(lines) == 4  # header, rule, two rows: nothing folded
+    assert "ctx_reason" not in text and "config ceiling" not in text
+
+
+def test_ps_folds_only_the_name_when_narrow() -> None:
+    long_name = "a-very-long-model-name-that-goes-on-and-on-q8_0"
+    text = pstable.text([row(name=long_name)], NOW, width=80)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "".join(line.split()[0] for line in lines[2:]) == long_name
+    assert "418/440 MiB" in lines[2]  # value cells stay whole on the first line
+
+
+def test_ps_verbose_lists_the_reason_under_the_table() -> None:
+    text = pstable.text([row()], NOW, width=80, verbose=True)
+    assert "  context: config ceiling 8192 (training context 32768)" in text
+    assert "  runner pid: 4242" in text
+
+
+def test_ps_empty() -> None:
+    assert pstable.text([], NOW) == "no models loaded\n"
+
+
+def test_stats_nested_values_read_as_text() -> None:
+    assert views._stat_value("evictions", {"memory": 1, "slots": 0, "keep_alive": 2}) == (
+        "memory 1, keep_alive 2"
+    )
+    assert views._stat_value("evictions", {"memory": 0}) == "none"
+    assert views._stat_value("cooling_down", []) == "none"
+    cooling = [{"name": "bad", "path": "/m/bad.gguf", "reason": "crash", "retry_in_s": 12.0}]
+    assert views._stat_value("cooling_down", cooling) == "bad (reason crash, retry in 12.00s)"
+    assert views._stat_value("hit_rate", 0.5) == "50%"
+    assert views._stat_value("used_bytes", 3 * 2**20) == "3.0 MiB"
+    assert views._stat_value("memory_cap_bytes", None) == "-"
+
+
+def test_stats_view_replaces_samples_by_a_mean() -> None:
+    data = {
+        "schema_version": 1,
+        "kind": "stats",
+        "estimate_error_samples": [0.1, -0.05, 0.04],
+        "estimate_error_mean": 0.03,
+        "estimate_abs_error_mean": 0.0633,
+        "uptime_s": 65.0,
+    }
+    (table,) = views.stats_view(data)
+    cells = list(zip(*(col._cells for col in table.columns), strict=True))
+    assert ("estimate error mean", "+3.0% (3 loads)") in cells
+    assert ("estimate abs error mean", "6.3%") in cells
+    assert ("uptime", "65.00s") in cells
+    assert not any("samples" in label for label, _ in cells)
