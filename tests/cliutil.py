@@ -105,6 +105,20 @@ class CliEnv:
         data: dict[str, Any] = json.loads(out.stdout)
         return data
 
+    def stdout_bytes(self, *args: str, input: str | None = None) -> bytes:
+        """Run ``modeld ARGS``, require exit 0, return stdout exactly (no newline translation)."""
+        out = subprocess.run(
+            [MODELD, *args],
+            input=None if input is None else input.encode(),
+            stdin=subprocess.DEVNULL if input is None else None,
+            capture_output=True,
+            env=self.env,
+            timeout=120,
+            cwd=self.root,
+        )
+        assert out.returncode == 0, (args, out.returncode, out.stderr.decode(errors="replace"))
+        return out.stdout
+
     def popen(self, *args: str, **kw: Any) -> subprocess.Popen[bytes]:
         kw.setdefault("stdin", subprocess.DEVNULL)
         kw.setdefault("cwd", self.root)

@@ -60,14 +60,18 @@ def test_lru_order_under_a_measured_budget(
     assert 3 * smallest > cap, f"models too unequal for this test: {sizes}"
 
     # 2. A budget that holds two of the three: the least recently used one goes.
-    d = daemon_factory("--memory-cap", str(cap))
+    d = daemon_factory("--memory-cap", str(cap), "--eviction", "lru")
     c = d.client()
     a, b, third = three_models
     c.load(str(a), n_ctx=512)
     c.load(str(b), n_ctx=512)
     c.generate(str(a), "touch a", max_tokens=2, n_ctx=512).text()  # a is now more recent than b
     c.load(str(third), n_ctx=512)
-    until(lambda: loaded_names(c) == {a.name, third.name}, what="b evicted", show=lambda: (c.stats()["evictions"], d.log_text()))
+    until(
+        lambda: loaded_names(c) == {a.name, third.name},
+        what="b evicted",
+        show=lambda: (c.stats()["evictions"], d.log_text()),
+    )
     stats = c.stats()
     assert stats["evictions"]["memory"] == 1
     assert stats["used_bytes"] <= stats["budget_bytes"] == cap
@@ -80,16 +84,16 @@ def test_keep_alive_expiry_and_zero(daemon_factory: Factory, three_models: list[
     d = daemon_factory()
     c = d.client()
     short, zero, default = three_models
+    row = c.load(str(short), keep_alive="1s")  # the reply is the entry's ps row
+    assert row["keep_alive_s"] == 1.0 and row["keep_alive_left_s"] <= 1.0
     c.generate(str(short), "x", max_tokens=2, keep_alive="1s").text()
     c.generate(str(default), "x", max_tokens=2).text()
-    row = rows(c)[short.name]
-    assert row["keep_alive_s"] == 1.0 and row["keep_alive_left_s"] <= 1.0
     assert rows(c)[default.name]["keep_alive_s"] == 300.0
     c.generate(str(zero), "x", max_tokens=2, keep_alive=0).text()
     until(lambda: zero.name not in loaded_names(c), timeout=5, what="keep_alive 0 unload")
     until(lambda: short.name not in loaded_names(c), timeout=10, what="1s keep-alive expiry")
     assert loaded_names(c) == {default.name}
-    assert c.stats()["evictions"]["keep_alive"] == 2
+    assert c.stats()["evictions"]["keep_alive"] >= 2  # 3 if the 1 s one expired in between
 
 
 def test_max_models_limit(daemon_factory: Factory, three_models: list[Path]) -> None:

@@ -42,6 +42,7 @@ EXIT_MEANINGS = {
     "INSUFFICIENT_MEMORY": "The model (at that context) does not fit the memory budget.",
     "RUNNER_CRASHED": "The process running the model died.",
     "TIMEOUT": "A request timed out.",
+    "CONTEXT_EXCEEDED": "The prompt is longer than any context the model can get; shorten it.",
     "INTERRUPTED": "Interrupted (Ctrl-C).",
 }
 

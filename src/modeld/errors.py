@@ -38,6 +38,7 @@ class ExitCode(IntEnum):
     INSUFFICIENT_MEMORY = 6
     RUNNER_CRASHED = 7
     TIMEOUT = 8
+    CONTEXT_EXCEEDED = 9
     INTERRUPTED = 130
 
 
@@ -89,8 +90,10 @@ class InvalidRequestError(ModeldError):
 
 
 class ContextExceededError(ModeldError):
+    """The prompt does not fit any context this model can get (training limit or memory)."""
+
     code = ErrorCode.CONTEXT_EXCEEDED
-    exit_code = ExitCode.INSUFFICIENT_MEMORY
+    exit_code = ExitCode.CONTEXT_EXCEEDED
 
 
 class RunnerCrashedError(ModeldError):

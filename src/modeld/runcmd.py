@@ -102,7 +102,7 @@ def run_command(
     elif piped:
         prompt = piped
     if prompt is None:
-        if sys.stdin is not None and sys.stdin.isatty():
+        if sys.stdin is not None and sys.stdin.isatty() and not opts.json_out:
             chat_loop(connect(), model, opts)
             return
         raise InvalidRequestError(

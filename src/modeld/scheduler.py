@@ -305,6 +305,10 @@ class Scheduler(SchedulerCore):
         if oldest is None or oldest.need_bytes <= 0:
             return
         cache = self.cache
+        for key in was:  # drained and now idle: stays put aside until the waiting load takes it
+            entry = cache.get(key)
+            if entry is not None and entry.evictable:
+                self.slots[key].draining = True
         entries = cache.entries()
         room = cache.budget_bytes - sum(
             e.accounted_bytes for e in entries if e.state is not EntryState.UNLOADING
