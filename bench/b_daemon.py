@@ -69,18 +69,8 @@ def loaded_row(d: Daemon, path: Path) -> dict[str, Any]:
 
 
 def _wait_idle_runners(d: Daemon, n: int, timeout: float = 60.0) -> None:
-    """Wait until exactly ``n`` runners exist and all have llama_cpp imported."""
-    from harness import children
-
-    deadline = time.monotonic() + timeout
-    while True:
-        kids = children(d.pid)
-        if len(kids) == n and len(d.runners()) == n:
-            time.sleep(0.1)
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"runners did not settle at {n}: {kids}")
-        time.sleep(0.02)
+    """Wait until exactly ``n`` runners exist, all with llama_cpp imported and idle."""
+    d.wait_runners(n, timeout, exact=True)
 
 
 # ----------------------------------------------------------------------------- 3. cold load
@@ -94,7 +84,6 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
     n_ctx = int(row["n_ctx"])
     c.unload(str(path))
     _wait_idle_runners(d, 1)
-    worker = InProc()
     inner: list[dict[str, Any]] = []
     runner_loads: list[float] = []
 
@@ -108,21 +97,23 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
         return dt
 
     def inproc_load() -> float:
-        out = worker.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads)
+        # A fresh process with llama_cpp imported (as the spare runner is): its first load.
+        worker = InProc()
+        try:
+            out = worker.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads)
+        finally:
+            worker.close()
         inner.append(out)
-        worker.cmd(cmd="unload")
         return float(out["total_s"])
 
-    try:
-        samples = interleave({"modeld": modeld_load, "inproc": inproc_load}, ctx.rounds)
-    finally:
-        worker.close()
+    samples = interleave({"modeld": modeld_load, "inproc": inproc_load}, ctx.rounds)
     m, i = summary(samples["modeld"]), summary(samples["inproc"])
     ratio = m["median"] / i["median"] if m["median"] and i["median"] else None
     return {
         "title": "Cold load",
         "what": "wall time of `modeld load MODEL` (CLI process, daemon running, spare runner "
-        "ready) vs in-process Llama(...) + the runner's warm-up, timed inside a warm Python",
+        "ready) vs Llama(...) + the runner's warm-up timed inside a fresh Python process that "
+        "has already imported llama_cpp (the state of a spare runner)",
         "model": path.name,
         "n_ctx": n_ctx,
         "threads": ctx.threads,

@@ -189,6 +189,22 @@ def has_llama(pid: int) -> bool:
         return False
 
 
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU time of ``pid`` in clock ticks (/proc/<pid>/stat)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return -1
+    return int(fields[11]) + int(fields[12])
+
+
+def settled(pids: list[int], quiet_s: float = 0.25) -> bool:
+    """True when none of ``pids`` used CPU for ``quiet_s`` (a runner done importing, idle)."""
+    before = [cpu_ticks(p) for p in pids]
+    time.sleep(quiet_s)
+    return before == [cpu_ticks(p) for p in pids]
+
+
 def free_port() -> int:
     import socket
 
@@ -221,14 +237,20 @@ class Daemon:
     def runners(self) -> list[int]:
         return [p for p in children(self.pid) if has_llama(p)]
 
-    def wait_runners(self, n: int, timeout: float = 60.0) -> None:
-        """Wait until ``n`` runner processes have imported llama_cpp (spare ready to load)."""
+    def wait_runners(self, n: int, timeout: float = 60.0, exact: bool = False) -> None:
+        """Wait until ``n`` runners have imported llama_cpp and sit idle (a spare is ready).
+
+        With ``exact``, also until no other child process is left (an unloaded runner gone).
+        """
         deadline = time.monotonic() + timeout
-        while len(self.runners()) < n:
+        while True:
+            runners = self.runners()
+            count_ok = len(runners) == n if exact else len(runners) >= n
+            if count_ok and (not exact or len(children(self.pid)) == n) and settled(runners):
+                return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(self.runners())} of {n} runners became ready")
+                raise RuntimeError(f"runners did not settle: {len(runners)} of {n} ready")
             time.sleep(0.02)
-        time.sleep(0.1)  # the runner measures its baseline and says hello after the import
 
     def log(self) -> str:
         p = self.root / "log" / "daemon.stderr"

@@ -29,7 +29,7 @@ def fake_render(template: str, messages: object, bos: str, eos: str) -> str:
 @pytest.mark.parametrize(
     ("arch", "has_template", "override", "expected"),
     [
-        ("gemma3", False, None, chat.GEMMA),  # the default model: no template, not llama-2
+        ("gemma3", False, None, chat.GEMMA),  # an instruction-tuned gemma without template
         ("gemma2", False, None, chat.GEMMA),
         ("gemma3", True, None, chat.TEMPLATE),  # the file's own template wins
         ("qwen2", False, None, chat.CHATML),
@@ -151,3 +151,37 @@ def test_template_errors_become_request_errors() -> None:
             template=STRICT_TEMPLATE,
             render=render_template,
         )
+
+
+@pytest.mark.parametrize(
+    ("meta", "tuned"),
+    [
+        ({"general.name": "Gemma 3 270m"}, False),  # the default model: a base model
+        ({"general.name": "Gemma 3 270m", "general.finetune": "it"}, True),
+        ({"general.name": "Qwen2.5 0.5B Instruct"}, True),
+        ({"general.name": "Llama 3 8B Chat"}, True),
+        ({"general.name": "Mistral 7B"}, False),
+        ({"general.name": "Editor"}, False),  # "it" must be a whole word
+    ],
+)
+def test_is_instruction_tuned(meta: dict[str, str], tuned: bool) -> None:
+    assert chat.is_instruction_tuned(meta) is tuned
+
+
+def test_base_model_of_a_known_arch_gets_question_answer_format() -> None:
+    assert chat.choose_format("gemma3", False, instruction_tuned=False) == chat.QA
+    assert chat.choose_format("gemma3", True, instruction_tuned=False) == chat.TEMPLATE
+    assert chat.choose_format("llama", False, instruction_tuned=False) == chat.PLAIN
+    p = chat.format_messages(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Why is the sky blue?"},
+        ],
+        chat.QA,
+    )
+    assert p.text == (
+        "Be brief.\n\nQuestion: Hi\nAnswer: Hello\nQuestion: Why is the sky blue?\nAnswer:"
+    )
+    assert p.stop == ("\nQuestion:",) and p.add_bos and p.format == chat.QA

@@ -420,18 +420,19 @@ def test_embedding_input_longer_than_the_context_is_an_error(
 # --------------------------------------------------------------------------- the default model
 
 
-def test_default_model_loads_with_its_footprint_and_gemma_format(
+def test_default_model_loads_with_its_footprint_and_qa_format(
     gemma: tuple[Harness, dict[str, Any]],
 ) -> None:
     _, loaded = gemma
-    assert loaded["chat_format"] == chat.GEMMA  # no template in the file: not llama-2
+    # No template in the file (so not llama-2), and a base model (so not Gemma's turn markers).
+    assert loaded["chat_format"] == chat.QA
     assert loaded["n_ctx"] == 1024 and loaded["n_ctx_train"] == 32768
     # Weights are file-backed pages (~241 MiB file); KV and buffers are anonymous.
     assert loaded["footprint"]["file"] > 150 * 2**20
     assert loaded["footprint"]["anon"] > 0
 
 
-def test_default_model_chat_is_gemma_turns_with_system_folded(
+def test_default_model_chat_is_question_answer_with_system_first(
     gemma: tuple[Harness, dict[str, Any]],
 ) -> None:
     h, _ = gemma
@@ -439,17 +440,15 @@ def test_default_model_chat_is_gemma_turns_with_system_folded(
         {"role": "system", "content": "Answer in one word."},
         {"role": "user", "content": "What colour is the sky?"},
     ]
-    expected_prompt = (
-        "<start_of_turn>user\nAnswer in one word.\n\nWhat colour is the sky?<end_of_turn>\n"
-        "<start_of_turn>model\n"
-    )
+    expected_prompt = "Answer in one word.\n\nQuestion: What colour is the sky?\nAnswer:"
     via_chat, chat_done = h.generate("d1", messages=messages, max_tokens=8, temperature=0.0)
     via_raw, raw_done = h.generate(
         "d2", prompt=expected_prompt, raw=True, max_tokens=8, temperature=0.0
     )
     assert chat_done["usage"]["prompt_tokens"] == raw_done["usage"]["prompt_tokens"]
-    assert via_chat == via_raw
-    assert "<end_of_turn>" not in via_chat
+    # Same tokens; chat mode drops the leading space and stops at "\nQuestion:"; raw does not.
+    assert via_chat and via_raw.lstrip().startswith(via_chat)
+    assert "\nQuestion:" not in via_chat
     # Same conversation again: all but the last prompt token come from the KV cache.
     _, again = h.generate("d3", messages=messages, max_tokens=4, temperature=0.0)
     assert again["usage"]["prompt_tokens_reused"] == again["usage"]["prompt_tokens"] - 1

@@ -20,7 +20,11 @@ GEMMA = "gemma"
 CHATML = "chatml"
 LLAMA3 = "llama-3"
 PLAIN = "plain"
-KNOWN_FORMATS = (TEMPLATE, GEMMA, CHATML, LLAMA3, PLAIN)
+QA = "qa"  # "Question: …\nAnswer:" completion, for base (not instruction-tuned) models
+KNOWN_FORMATS = (TEMPLATE, GEMMA, CHATML, LLAMA3, PLAIN, QA)
+
+#: ``general.finetune`` / ``general.name`` words that mark an instruction-tuned model.
+_INSTRUCT_WORDS = ("it", "instruct", "chat", "sft", "dpo", "rlhf")
 
 #: ``render(template, messages, bos_token, eos_token) -> prompt text``
 Renderer = Callable[[str, Sequence[Mapping[str, str]], str, str], str]
@@ -53,8 +57,29 @@ class ChatPrompt:
     format: str
 
 
-def choose_format(architecture: str, has_template: bool, override: str | None = None) -> str:
-    """The chat format to use for a model (see the module docstring for the order)."""
+def is_instruction_tuned(metadata: Mapping[str, object]) -> bool:
+    """Whether GGUF metadata says the model was tuned to follow turns (``general.finetune``
+    or a name like ``…-it``/``…-Instruct``). Base models have neither."""
+    import re
+
+    text = f"{metadata.get('general.finetune', '')} {metadata.get('general.name', '')}".lower()
+    words = set(re.split(r"[^a-z0-9]+", text))
+    return any(word in words for word in _INSTRUCT_WORDS)
+
+
+def choose_format(
+    architecture: str,
+    has_template: bool,
+    override: str | None = None,
+    *,
+    instruction_tuned: bool = True,
+) -> str:
+    """The chat format to use for a model (see the module docstring for the order).
+
+    A base model of an architecture with a known turn format (the default gemma-3-270m is one)
+    never saw those turn markers in training and answers them with noise, so it gets the
+    ``qa`` completion format instead.
+    """
     if override is not None:
         if override not in KNOWN_FORMATS:
             raise InvalidRequestError(
@@ -69,7 +94,10 @@ def choose_format(architecture: str, has_template: bool, override: str | None = 
         return override
     if has_template:
         return TEMPLATE
-    return _ARCH_FORMATS.get(architecture.lower(), PLAIN)
+    known = _ARCH_FORMATS.get(architecture.lower())
+    if known is None:
+        return PLAIN
+    return known if instruction_tuned else QA
 
 
 def format_messages(
@@ -108,6 +136,8 @@ def format_messages(
         return ChatPrompt(body + tail, ("<|eot_id|>",), True, LLAMA3)
     if fmt == PLAIN:
         return _plain(msgs)
+    if fmt == QA:
+        return _qa(msgs)
     raise InvalidRequestError(
         f"unknown chat format {fmt!r}", hint=f"use one of: {', '.join(KNOWN_FORMATS)}"
     )
@@ -140,3 +170,16 @@ def _plain(msgs: list[dict[str, str]]) -> ChatPrompt:
         return ChatPrompt(msgs[0]["content"], (), True, PLAIN)
     lines = [f"{m['role'].capitalize()}: {m['content']}\n" for m in msgs]
     return ChatPrompt("".join(lines) + "Assistant:", ("\nUser:",), True, PLAIN)
+
+
+def _qa(msgs: list[dict[str, str]]) -> ChatPrompt:
+    """A question/answer transcript that base models continue sensibly; system text leads."""
+    system = "\n\n".join(m["content"] for m in msgs if m["role"] == "system")
+    out = [f"{system}\n\n"] if system else []
+    for m in msgs:
+        if m["role"] == "system":
+            continue
+        label = "Answer" if m["role"] in ("assistant", "model") else "Question"
+        out.append(f"{label}: {m['content']}\n")
+    out.append("Answer:")
+    return ChatPrompt("".join(out), ("\nQuestion:",), True, QA)

@@ -85,117 +85,174 @@ def _find_libzmq() -> str | None:
     return None
 
 
-def _request_ctypes(endpoint: str, payload: bytes, rid: str, wait_s: float) -> bytes:
-    """One DEALER request/reply through libzmq's C API; the reply frame for ``rid``."""
-    import ctypes
+class _CtypesConn:
+    """A DEALER socket through libzmq's C API (no pyzmq import)."""
 
-    path = _find_libzmq()
-    try:
-        lib = ctypes.CDLL(path or "libzmq.so.5")
-    except OSError:
-        raise ImportError("libzmq not found") from None
-    vp, cint = ctypes.c_void_p, ctypes.c_int
-    lib.zmq_ctx_new.restype = vp
-    lib.zmq_socket.restype = vp
-    lib.zmq_socket.argtypes = [vp, cint]
-    lib.zmq_setsockopt.argtypes = [vp, cint, vp, ctypes.c_size_t]
-    lib.zmq_connect.argtypes = [vp, ctypes.c_char_p]
-    lib.zmq_send.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, cint]
-    lib.zmq_msg_init.argtypes = [vp]
-    lib.zmq_msg_recv.argtypes = [vp, vp, cint]
-    lib.zmq_msg_data.restype = vp
-    lib.zmq_msg_data.argtypes = [vp]
-    lib.zmq_msg_size.restype = ctypes.c_size_t
-    lib.zmq_msg_size.argtypes = [vp]
-    lib.zmq_msg_close.argtypes = [vp]
-    lib.zmq_close.argtypes = [vp]
-    lib.zmq_ctx_term.argtypes = [vp]
-    ctx = lib.zmq_ctx_new()
-    sock = lib.zmq_socket(ctx, _ZMQ_DEALER)
-    try:
-        zero, tick = cint(0), cint(250)
-        lib.zmq_setsockopt(sock, _ZMQ_LINGER, ctypes.byref(zero), 4)
-        lib.zmq_setsockopt(sock, _ZMQ_RCVTIMEO, ctypes.byref(tick), 4)
-        if lib.zmq_connect(sock, endpoint.encode()) != 0:
+    def __init__(self, endpoint: str) -> None:
+        import ctypes
+
+        try:
+            lib = ctypes.CDLL(_find_libzmq() or "libzmq.so.5")
+        except OSError:
+            raise ImportError("libzmq not found") from None
+        vp, cint = ctypes.c_void_p, ctypes.c_int
+        lib.zmq_ctx_new.restype = vp
+        lib.zmq_socket.restype = vp
+        lib.zmq_socket.argtypes = [vp, cint]
+        lib.zmq_setsockopt.argtypes = [vp, cint, vp, ctypes.c_size_t]
+        lib.zmq_connect.argtypes = [vp, ctypes.c_char_p]
+        lib.zmq_send.argtypes = [vp, ctypes.c_char_p, ctypes.c_size_t, cint]
+        lib.zmq_msg_init.argtypes = [vp]
+        lib.zmq_msg_recv.argtypes = [vp, vp, cint]
+        lib.zmq_msg_data.restype = vp
+        lib.zmq_msg_data.argtypes = [vp]
+        lib.zmq_msg_size.restype = ctypes.c_size_t
+        lib.zmq_msg_size.argtypes = [vp]
+        lib.zmq_msg_close.argtypes = [vp]
+        lib.zmq_close.argtypes = [vp]
+        lib.zmq_ctx_term.argtypes = [vp]
+        self._c, self._lib = ctypes, lib
+        self._ctx = lib.zmq_ctx_new()
+        self._sock = lib.zmq_socket(self._ctx, _ZMQ_DEALER)
+        self._timeout = -2
+        zero = cint(0)
+        lib.zmq_setsockopt(self._sock, _ZMQ_LINGER, ctypes.byref(zero), 4)
+        self._msg = ctypes.create_string_buffer(64)  # zmq_msg_t
+        if lib.zmq_connect(self._sock, endpoint.encode()) != 0:
+            self.close()
             raise _Fallthrough
-        if lib.zmq_send(sock, payload, len(payload), 0) < 0:
+
+    def send(self, data: bytes) -> None:
+        if self._lib.zmq_send(self._sock, data, len(data), 0) < 0:
             raise _Fallthrough
-        msg = ctypes.create_string_buffer(64)  # zmq_msg_t
-        for _ in range(int(wait_s / 0.25) + 1):
-            lib.zmq_msg_init(msg)
-            n = lib.zmq_msg_recv(msg, sock, 0)
-            if n < 0:  # EAGAIN after RCVTIMEO: is the daemon still there?
-                lib.zmq_msg_close(msg)
-                if not _alive(endpoint):
-                    raise _Fallthrough
-                continue
-            data = ctypes.string_at(lib.zmq_msg_data(msg), lib.zmq_msg_size(msg))
-            lib.zmq_msg_close(msg)
-            if _is_reply(data, rid):
-                return data
-        raise _Fallthrough
-    finally:
-        lib.zmq_close(sock)
-        lib.zmq_ctx_term(ctx)
+
+    def recv(self, timeout_ms: int) -> bytes | None:
+        lib, c = self._lib, self._c
+        if timeout_ms != self._timeout:
+            t = c.c_int(timeout_ms)
+            lib.zmq_setsockopt(self._sock, _ZMQ_RCVTIMEO, c.byref(t), 4)
+            self._timeout = timeout_ms
+        lib.zmq_msg_init(self._msg)
+        try:
+            if lib.zmq_msg_recv(self._msg, self._sock, 0) < 0:
+                return None  # EAGAIN after the timeout (or EINTR)
+            return c.string_at(lib.zmq_msg_data(self._msg), lib.zmq_msg_size(self._msg))
+        finally:
+            lib.zmq_msg_close(self._msg)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._lib.zmq_close(self._sock)
+            self._lib.zmq_ctx_term(self._ctx)
+            self._sock = None
 
 
-def _request_pyzmq(endpoint: str, payload: bytes, rid: str, wait_s: float) -> bytes:
-    """The same exchange on pyzmq (when libzmq cannot be loaded through ctypes)."""
-    import zmq
+class _PyzmqConn:
+    """The same on pyzmq (when libzmq cannot be loaded through ctypes)."""
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    try:
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(endpoint)
-        sock.send(payload)
-        for _ in range(int(wait_s / 0.25) + 1):
-            if sock.poll(250, zmq.POLLIN):
-                data: bytes = sock.recv()
-                if _is_reply(data, rid):
-                    return data
-            elif not _alive(endpoint):
-                break
-        raise _Fallthrough
-    finally:
-        sock.close(linger=0)
-        ctx.term()
+    def __init__(self, endpoint: str) -> None:
+        import zmq
 
+        self._zmq = zmq
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
 
-def _is_reply(data: bytes, rid: str) -> bool:
-    """Cheap pre-check that a frame answers ``rid`` (the caller parses it properly)."""
-    return f'"id":"{rid}"'.encode() in data
+    def send(self, data: bytes) -> None:
+        self._sock.send(data)
+
+    def recv(self, timeout_ms: int) -> bytes | None:
+        if self._sock.poll(timeout_ms, self._zmq.POLLIN):
+            data: bytes = self._sock.recv()
+            return data
+        return None
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+        self._ctx.term()
 
 
 def _alive(endpoint: str) -> bool:
     return not endpoint.startswith("ipc://") or os.path.exists(endpoint[len("ipc://") :])
 
 
+class Session:
+    """One connection to the daemon for one command: send requests, read their replies.
+
+    ``MODELD_FAST_TRANSPORT=pyzmq`` forces the pyzmq transport (used by the benchmarks).
+    Raises _Fallthrough when there is no daemon to talk to.
+    """
+
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint or _endpoint()
+        if not _alive(self.endpoint):
+            raise _Fallthrough
+        self._n = 0
+        self.conn: _CtypesConn | _PyzmqConn
+        if os.environ.get("MODELD_FAST_TRANSPORT") == "pyzmq":
+            self.conn = _PyzmqConn(self.endpoint)
+        else:
+            try:
+                self.conn = _CtypesConn(self.endpoint)
+            except ImportError:
+                self.conn = _PyzmqConn(self.endpoint)
+
+    def send(self, type_: str, **body: object) -> str:
+        """Send a request (None values left out, as protocol.request does); its id."""
+        import json
+
+        self._n += 1
+        rid = f"fast-{os.getpid():x}-{self._n}"
+        msg = {k: v for k, v in body.items() if v is not None}
+        msg.update(v=PROTOCOL_VERSION, id=rid, type=type_)
+        self.conn.send(json.dumps(msg, separators=(",", ":"), allow_nan=False).encode())
+        return rid
+
+    def recv(self, rid: str, wait_s: float | None = _WAIT_S) -> dict[str, object]:
+        """The next reply (chunk/done/error) for ``rid``; _Fallthrough when none comes.
+
+        ``wait_s=None`` waits as long as the daemon is there (a generation or a load).
+        """
+        import json
+        import time
+
+        deadline = None if wait_s is None else time.monotonic() + wait_s
+        while True:
+            data = self.conn.recv(250)
+            if data is None:
+                if not _alive(self.endpoint):
+                    raise _Fallthrough
+                if deadline is not None and time.monotonic() > deadline:
+                    raise _Fallthrough
+                continue
+            if f'"id":"{rid}"'.encode() not in data:
+                continue  # a late reply to something else
+            reply = json.loads(data)
+            if (
+                isinstance(reply, dict)
+                and reply.get("id") == rid
+                and reply.get("v") == PROTOCOL_VERSION
+                and reply.get("type") in ("chunk", "done", "error")
+            ):
+                return reply
+            raise _Fallthrough
+
+    def close(self) -> None:
+        self.conn.close()
+
+
 def request(type_: str, endpoint: str | None = None, wait_s: float = _WAIT_S) -> dict[str, object]:
-    """Send one body-less request (``ps``, ``ping``, ...) and return the ``done`` reply.
+    """Send one body-less request (``ps``, ``ping``, ...) and return the ``done`` reply body.
 
     Raises _Fallthrough for anything but a ``done`` reply in time (no daemon, error reply).
-    ``MODELD_FAST_TRANSPORT=pyzmq`` forces the pyzmq transport (used by the benchmarks).
     """
-    import json
-
-    endpoint = endpoint or _endpoint()
-    if not _alive(endpoint):
-        raise _Fallthrough
-    rid = f"fast-{os.getpid():x}"
-    msg = {"v": PROTOCOL_VERSION, "id": rid, "type": type_}
-    payload = json.dumps(msg, separators=(",", ":")).encode()
-    if os.environ.get("MODELD_FAST_TRANSPORT") == "pyzmq":
-        raw = _request_pyzmq(endpoint, payload, rid, wait_s)
-    else:
-        try:
-            raw = _request_ctypes(endpoint, payload, rid, wait_s)
-        except ImportError:
-            raw = _request_pyzmq(endpoint, payload, rid, wait_s)
-    reply = json.loads(raw)
-    if not isinstance(reply, dict) or reply.get("type") != "done" or reply.get("id") != rid:
-        raise _Fallthrough
-    if reply.get("v") != PROTOCOL_VERSION:
+    session = Session(endpoint)
+    try:
+        reply = session.recv(session.send(type_), wait_s)
+    finally:
+        session.close()
+    if reply.get("type") != "done":
         raise _Fallthrough
     return {k: v for k, v in reply.items() if k not in ("v", "id", "type")}
 

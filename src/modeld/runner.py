@@ -195,7 +195,10 @@ class Runner(RunnerServer):
         self.eos_text = _token_text(llm, llm.token_eos())
         try:
             self.chat_format = chat.choose_format(
-                meta.get("general.architecture", ""), self.template is not None, spec.chat_format
+                meta.get("general.architecture", ""),
+                self.template is not None,
+                spec.chat_format,
+                instruction_tuned=chat.is_instruction_tuned(meta),
             )
         except InvalidRequestError as exc:
             self.llm.close()
@@ -287,6 +290,7 @@ class Runner(RunnerServer):
             raise _context_exceeded(len(tokens), n_ctx)
         llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
         stream = TextStream((*spec.stop, *format_stops))
+        strip_lead = not spec.raw and self.chat_format == chat.QA
         vocab = llm._model.vocab
         rid = spec.rid
         llm.between_batches = lambda: self.check_interrupt(rid)
@@ -316,6 +320,9 @@ class Runner(RunnerServer):
                     break
                 completion += 1
                 out = stream.feed(llm.detokenize([token]))
+                if strip_lead and out:  # the reply need not start with the space after "Answer:"
+                    out = out.lstrip()
+                    strip_lead = not out
                 if out:
                     self.send(rp.chunk(rid, out))
                 if stream.stopped:

@@ -125,9 +125,21 @@ class Scheduler(SchedulerCore):
         self.cache.record_tokens(
             int(timings.get("completion_tokens", 0)), int(timings.get("prompt_tokens", 0))
         )
+        self._note_peak_memory(slot, msg.get("memory"))
         self._release(slot, job)
         self._finish(job, protocol.done(job.rid, **body))
         self._after_release(slot)
+        self._rebalance()
+
+    def _note_peak_memory(self, slot: Slot, memory: object) -> None:
+        """Account the runner's peak RSS: a model grows after load (its compute buffers and
+        KV pages are touched by the first full batches), so the load-time figure under-counts."""
+        entry = self.cache.get(slot.key)
+        if entry is None or not isinstance(memory, dict) or not isinstance(memory.get("rss"), int):
+            return
+        peak = max(int(memory["rss"]), entry.measured_bytes or 0)
+        if peak != entry.measured_bytes:
+            self.cache.update_measured(slot.key, peak)
 
     def _on_error(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
         err = error_from_dict(msg)

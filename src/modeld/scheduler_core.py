@@ -237,12 +237,18 @@ class SchedulerCore:
         return self.sup.spawn()
 
     def ensure_spare(self) -> None:
-        """Keep one idle runner started (llama_cpp imported) so a cold load skips that cost."""
+        """Keep one idle runner started (llama_cpp imported) so a cold load skips that cost.
+
+        Not while a model is loading: the new runner's import (about half a second of CPU)
+        would compete with the load and its warm-up. On 2 cores that made a gemma-270m load
+        0.8-2.6 s instead of 0.4 s (bench/b_daemon.py cold_load; docs/benchmarks.md).
+        """
         if (
             self.settings.spare_runner
             and self.spare is None
             and not self.stopping
             and self._clock() >= self._spare_retry_at
+            and not any(e.state is EntryState.LOADING for e in self.cache.entries())
         ):
             self.spare = self.sup.spawn().id
 
