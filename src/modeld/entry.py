@@ -22,6 +22,10 @@ from __future__ import annotations
 import os
 import sys
 
+TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
 #: protocol.PROTOCOL_VERSION (a test checks they agree; protocol.py itself is too costly here)
 PROTOCOL_VERSION = 1
 HELP_WIDTH = 80  # click renders help at min(terminal columns, 80)
@@ -136,7 +140,8 @@ class _CtypesConn:
         try:
             if lib.zmq_msg_recv(self._msg, self._sock, 0) < 0:
                 return None  # EAGAIN after the timeout (or EINTR)
-            return c.string_at(lib.zmq_msg_data(self._msg), lib.zmq_msg_size(self._msg))
+            data: bytes = c.string_at(lib.zmq_msg_data(self._msg), lib.zmq_msg_size(self._msg))
+            return data
         finally:
             lib.zmq_msg_close(self._msg)
 
@@ -209,10 +214,13 @@ class Session:
         self.conn.send(json.dumps(msg, separators=(",", ":"), allow_nan=False).encode())
         return rid
 
-    def recv(self, rid: str, wait_s: float | None = _WAIT_S) -> dict[str, object]:
+    def recv(
+        self, rid: str, wait_s: float | None = _WAIT_S, tick: Callable[[], None] | None = None
+    ) -> dict[str, object]:
         """The next reply (chunk/done/error) for ``rid``; _Fallthrough when none comes.
 
-        ``wait_s=None`` waits as long as the daemon is there (a generation or a load).
+        ``wait_s=None`` waits as long as the daemon is there (a generation or a load);
+        ``tick`` is called about every 250 ms while waiting.
         """
         import json
         import time
@@ -223,6 +231,8 @@ class Session:
             if data is None:
                 if not _alive(self.endpoint):
                     raise _Fallthrough
+                if tick is not None:
+                    tick()
                 if deadline is not None and time.monotonic() > deadline:
                     raise _Fallthrough
                 continue
@@ -280,6 +290,228 @@ def _ps(json_out: bool) -> None:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         sys.stdout.write(ps_text(models, time.time()))
+    sys.stdout.flush()
+
+
+# ---------------------------------------------------------------------- run / load
+
+#: Options the fast ``run`` understands (name -> converter; None = a flag). Anything else
+#: (--json, --verbose, --help, a chat on a terminal, one positional argument) goes to the full CLI.
+_RUN_OPTS: dict[str, Callable[[str], object] | None] = {
+    "--system": str,
+    "--max-tokens": int,
+    "--temperature": float,
+    "--top-p": float,
+    "--top-k": int,
+    "--seed": int,
+    "--stop": str,
+    "--keep-alive": str,
+    "--ctx": int,
+    "--raw": None,
+}
+_LOAD_OPTS: dict[str, Callable[[str], object] | None] = {
+    "--ctx": int,
+    "--keep-alive": str,
+    "--pin": None,
+    "--embed": None,
+    "--json": None,
+}
+
+
+def _parse(
+    args: list[str], spec: Mapping[str, Callable[[str], object] | None]
+) -> tuple[list[str], dict[str, object]]:
+    """Positionals and options like click would parse them; _Fallthrough when unsure."""
+    pos: list[str] = []
+    opts: dict[str, object] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            pos.extend(args[i + 1 :])
+            break
+        if arg.startswith("-") and arg != "-":
+            name, eq, inline = arg.partition("=")
+            if name not in spec:
+                raise _Fallthrough
+            conv = spec[name]
+            if conv is None:
+                if eq:
+                    raise _Fallthrough
+                opts[name] = True
+            else:
+                if eq:
+                    raw = inline
+                elif i + 1 < len(args):
+                    i += 1
+                    raw = args[i]
+                else:
+                    raise _Fallthrough
+                try:
+                    value = conv(raw)
+                except ValueError:
+                    raise _Fallthrough from None
+                if name == "--stop":
+                    stops = opts.setdefault(name, [])
+                    assert isinstance(stops, list)
+                    stops.append(value)
+                else:
+                    opts[name] = value
+        else:
+            pos.append(arg)
+        i += 1
+    return pos, opts
+
+
+def _model_ref(model: str | None) -> str | None:
+    """cli._model_ref: ``default`` is the built-in model; paths become absolute."""
+    if model in (None, "", "default"):
+        return None
+    from modeld.registry import normalize_ref
+
+    return normalize_ref(model)
+
+
+def _fail(reply: dict[str, object], started: bool) -> None:
+    """An error reply: before any output the full CLI redoes and reports it; after, say it."""
+    if not started:
+        raise _Fallthrough
+    from modeld.errors import error_from_dict
+
+    exc = error_from_dict({k: v for k, v in reply.items() if k not in ("v", "id", "type")})
+    hint = f"\n  hint: {exc.hint}" if exc.hint else ""
+    sys.stderr.write(f"modeld: error: {exc.message}{hint}\n")
+    sys.exit(int(exc.exit_code))
+
+
+class _Status:
+    """A status line on a terminal's stderr, shown only if the wait gets noticeable."""
+
+    DELAY_S = 0.25
+
+    def __init__(self, text: str) -> None:
+        import time
+
+        self.text, self.shown, self.done = text, False, False
+        self.since = time.monotonic()
+        self.enabled = sys.stderr.isatty() and not os.environ.get("MODELD_NO_SPINNER")
+
+    def tick(self) -> None:
+        import time
+
+        waited = time.monotonic() - self.since
+        if self.enabled and not self.shown and not self.done and waited >= self.DELAY_S:
+            sys.stderr.write(f"{self.text}\r")
+            sys.stderr.flush()
+            self.shown = True
+
+    def stop(self) -> None:
+        if self.shown and not self.done:
+            sys.stderr.write("\x1b[2K\r")
+            sys.stderr.flush()
+        self.done = True
+
+
+def _wait_streaming(
+    session: Session, rid: str, status: _Status, on_chunk: Callable[[str], None]
+) -> dict[str, object]:
+    """Replies of ``rid`` until done/error (as long as the daemon is there); chunks go to
+    ``on_chunk``; the status line ticks while nothing arrives."""
+    while True:
+        reply = session.recv(rid, None, tick=status.tick)
+        status.stop()
+        if reply.get("type") != "chunk":
+            return reply
+        text = reply.get("text")
+        if isinstance(text, str):
+            on_chunk(text)
+
+
+def _run(args: list[str]) -> None:
+    """``modeld run MODEL PROMPT [options]``: runcmd.run_command's behaviour, fewer imports."""
+    pos, o = _parse(args, _RUN_OPTS)
+    if len(pos) != 2:
+        raise _Fallthrough  # one argument may be a model or a prompt: the full CLI decides
+    from modeld.runcmd import read_stdin_prompt
+
+    model, prompt = _model_ref(pos[0]), pos[1]
+    piped = read_stdin_prompt()
+    if prompt and piped:
+        prompt = f"{prompt}\n\n{piped}"
+    elif piped:
+        prompt = piped
+    if not prompt:
+        raise _Fallthrough
+    options: dict[str, object] = {
+        k: o[f"--{k.replace('_', '-')}"]
+        for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "keep_alive")
+        if f"--{k.replace('_', '-')}" in o
+    }
+    system = o.get("--system")
+    if "--raw" in o:
+        options["raw"] = True
+    if "--ctx" in o:
+        options["n_ctx"] = o["--ctx"]
+    session = Session()
+    if "--raw" in o:
+        text = f"{system}\n\n{prompt}" if system else prompt
+        rid = session.send("generate", model=model, options=options, prompt=text)
+    else:
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": prompt})
+        rid = session.send("generate", model=model, options=options, messages=messages)
+    out: list[str] = []
+
+    def write(chunk: str) -> None:
+        out.append(chunk)
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+
+    try:
+        reply = _wait_streaming(session, rid, _Status("waiting for the model…"), write)
+    except (KeyboardInterrupt, BrokenPipeError):
+        session.send("cancel", target=rid)  # free the model now, not when the daemon notices
+        raise
+    if reply.get("type") == "error":
+        _fail(reply, bool(out))
+    session.close()
+    text = "".join(out)
+    if sys.stdout.isatty() and not text.endswith("\n"):
+        sys.stdout.write("\n")
+
+
+def _load(args: list[str]) -> None:
+    """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed] [--json]``."""
+    import json
+    import time
+
+    pos, o = _parse(args, _LOAD_OPTS)
+    if len(pos) > 1:
+        raise _Fallthrough
+    model = pos[0] if pos else None
+    session = Session()
+    rid = session.send(
+        "load",
+        model=_model_ref(model),
+        mode="embed" if o.get("--embed") else "generate",
+        n_ctx=o.get("--ctx"),
+        keep_alive=o.get("--keep-alive"),
+        pinned=bool(o.get("--pin")),
+    )
+    reply = _wait_streaming(
+        session, rid, _Status(f"loading {model or 'the default model'}"), lambda _c: None
+    )
+    session.close()
+    if reply.get("type") != "done":
+        raise _Fallthrough
+    row = reply["model"] if isinstance(reply.get("model"), dict) else {
+        k: v for k, v in reply.items() if k not in ("v", "id", "type")
+    }
+    if o.get("--json"):  # render.emit_json's shape
+        doc = {"schema_version": 1, "kind": "load", "model": row}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(ps_text([row], time.time()))  # type: ignore[list-item]
     sys.stdout.flush()
 
 
@@ -351,11 +583,19 @@ def fast(argv: list[str]) -> bool:
         if argv in (["ps"], ["ps", "--json"]):
             _ps("--json" in argv)
             return True
+        if argv[:1] == ["run"]:
+            _run(argv[1:])
+            return True
+        if argv[:1] == ["load"]:
+            _load(argv[1:])
+            return True
     except _Fallthrough:
         return False
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return True
+    except KeyboardInterrupt:
+        sys.exit(130)  # ExitCode.INTERRUPTED, as the full CLI
     return False
 
 
