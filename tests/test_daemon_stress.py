@@ -45,7 +45,7 @@ def test_concurrent_clients_get_complete_correct_replies(
 
     # One thread per runner: two runners with ggml's spinning thread pools on two cores
     # would oversubscribe the CPU (correctness is the same, it is only much slower).
-    d = daemon_factory("--memory-cap", str(cap), "--threads", "1")
+    d = daemon_factory("--memory-cap", str(cap))
     first = d.client()
     options = dict(max_tokens=8, temperature=0, seed=7, n_ctx=512)
     expected = {

@@ -203,3 +203,14 @@ def test_pool_and_normalize() -> None:
     # Per-token rows (no pooling in the model) are mean-pooled first.
     assert pool_and_normalize([[1.0, 0.0], [5.0, 8.0]]) == pytest.approx([0.6, 0.8])
     assert pool_and_normalize([0.0, 0.0]) == [0.0, 0.0]
+
+
+def test_per_request_threads_are_optional_and_bounded() -> None:
+    base = {"type": "generate", "rid": "r1", "prompt": "hi"}
+    assert rp.parse_generate(base).n_threads is None
+    assert rp.parse_generate({**base, "n_threads": 3}).n_threads == 3
+    assert rp.parse_embed({"type": "embed", "rid": "e", "inputs": ["a"], "n_threads": 1}).n_threads == 1
+    with pytest.raises(ProtocolError):
+        rp.parse_generate({**base, "n_threads": -1})
+    with pytest.raises(ProtocolError):
+        rp.parse_generate({**base, "n_threads": "two"})

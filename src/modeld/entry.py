@@ -1,16 +1,18 @@
-"""The ``modeld`` console script: a fast path for ``ps``, ``--version`` and ``--help``.
+"""The ``modeld`` console script: fast paths for run, load, ps, --help and --version.
 
-Why: every shell call pays the CLI's start-up. The Typer app (cli.py) costs about 60 ms of
-imports before it does anything (Typer/click alone ~50 ms; modeld.config ~30 ms; pyzmq's
-Python layer ~25-40 ms, measured with ``python -X importtime``), several times a bare
-``python -c pass``. This module handles the hot read-only commands with the standard library
-only and falls through to :func:`modeld.cli.main` for everything else, and for any case it is
-not sure about (a config file that sets the socket, an error reply, no daemon), so errors are
-always reported by the one real CLI.
+Why: every shell call pays the CLI's start-up. The Typer app (cli.py) costs 60-200 ms of imports
+before it does anything (Typer/click ~50 ms, modeld.config ~30 ms, pyzmq's Python layer 25-40
+ms; ``python -X importtime``), several times a bare ``python -c pass`` and, for ``modeld run``
+on a warm model, more than the generation itself. This module serves the hot commands with the
+standard library only and falls through to :func:`modeld.cli.main` for everything else and for
+any case it is not sure about (an option it does not know, one positional argument to ``run``,
+a config file that sets the socket, no daemon, an error before any output), so usage and
+errors are always reported by the one real CLI. docs/benchmarks.md has the measurements.
 
-``ps`` talks ZeroMQ to the daemon through libzmq itself via ctypes (the libzmq that pyzmq
-ships, or the system one), which skips pyzmq's Python import; if libzmq cannot be found the
-same exchange runs on pyzmq. The wire messages are protocol v1 (docs/protocol.md).
+The daemon is reached over ZeroMQ through libzmq itself via ctypes (the libzmq that pyzmq
+ships, or the system one), which skips pyzmq's Python import; if libzmq cannot be loaded the
+same exchange runs on pyzmq. The wire messages are protocol v1 (docs/protocol.md), built as
+client.py builds them.
 
 The ``--help`` text is pre-rendered from the Typer app into :mod:`modeld._help` (a test keeps
 it fresh; regenerate with ``python -m modeld.entry --write-help``) and used only when click

@@ -137,6 +137,7 @@ class Runner(RunnerServer):
         super().__init__(sock, runner_id, parent_pid)
         self.baseline = measure_memory(gpu=True)
         self.llm: CountingLlama | None = None
+        self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
         self.template: str | None = None
@@ -188,7 +189,7 @@ class Runner(RunnerServer):
             )
             return
         load_s = time.perf_counter() - t0
-        self.llm, self.mode = llm, spec.mode
+        self.llm, self.mode, self.threads = llm, spec.mode, spec.n_threads
         meta = llm.metadata
         self.template = meta.get("tokenizer.chat_template") or None
         self.bos_text = _token_text(llm, llm.token_bos())
@@ -281,9 +282,19 @@ class Runner(RunnerServer):
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
         return tokens, stops
 
+    def apply_threads(self, n_threads: int | None) -> None:
+        """Use the thread count the daemon chose for this request: when several runners
+        generate at once they share the cores, and llama.cpp's spinning threads slow everyone
+        down many times over when the cores are oversubscribed."""
+        if self.llm is None or not n_threads or n_threads == self.threads:
+            return
+        self.llm._ctx.set_n_threads(n_threads, n_threads)
+        self.threads = n_threads
+
     def handle_generate(self, msg: dict[str, Any]) -> None:
         spec = rp.parse_generate(msg)
         llm = self._require("generate")
+        self.apply_threads(spec.n_threads)
         tokens, format_stops = self.prompt_tokens(spec)
         n_ctx = llm.n_ctx()
         if len(tokens) >= n_ctx:
@@ -363,6 +374,7 @@ class Runner(RunnerServer):
 
     def handle_embed(self, msg: dict[str, Any]) -> None:
         spec = rp.parse_embed(msg)
+        self.apply_threads(spec.n_threads)
         llm = self._require("embed")
         pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
         limit = min(llm.n_ctx(), llm.n_batch) if pooled else llm.n_ctx()

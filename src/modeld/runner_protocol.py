@@ -296,12 +296,14 @@ class GenerateSpec:
     top_k: int
     seed: int
     stop: tuple[str, ...]
+    n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
 
 
 @dataclass(frozen=True)
 class EmbedSpec:
     rid: str
     inputs: tuple[str, ...]
+    n_threads: int | None = None
 
 
 def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
@@ -367,6 +369,7 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
         top_k=_int(msg, "top_k", 0, 1 << 24, 40),
         seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
         stop=tuple(stop),
+        n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
     )
 
 
@@ -377,7 +380,9 @@ def parse_embed(msg: Mapping[str, Any]) -> EmbedSpec:
         inputs = [inputs]
     if not (isinstance(inputs, list) and inputs and all(isinstance(s, str) for s in inputs)):
         raise ProtocolError("embed: 'inputs' must be a non-empty list of strings")
-    return EmbedSpec(rid=rid, inputs=tuple(inputs))
+    return EmbedSpec(
+        rid=rid, inputs=tuple(inputs), n_threads=_int(msg, "n_threads", 0, 1024, 0) or None
+    )
 
 
 def _str(msg: Mapping[str, Any], key: str) -> str:

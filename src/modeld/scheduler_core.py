@@ -280,9 +280,17 @@ class SchedulerCore:
             slot.current = job
             self._seq += 1
             job.runner_rid = f"q{self._seq}"
-            msg = dict(job.payload, rid=job.runner_rid)
+            msg = dict(job.payload, rid=job.runner_rid, n_threads=self._threads_for_request())
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
+
+    def _threads_for_request(self) -> int:
+        """CPU threads for a request about to start: the configured count, else the usable
+        CPUs shared among the runners generating right now (this one included)."""
+        if self.settings.threads:
+            return self.settings.threads
+        active = max(1, sum(1 for s in self.slots.values() if s.current is not None))
+        return max(1, sizing.default_threads() // active)
 
     def _reload(self, slot: Slot) -> None:
         """Reload an idle entry with a larger context for the job at the head of its queue."""
