@@ -145,3 +145,59 @@ def test_fast_path_imports_neither_typer_nor_pyzmq(
         text=True, timeout=60, check=True,
     )
     assert out.stdout == "[]", out.stderr
+
+
+def _both(args: list[str], env: dict[str, str], stdin: str = "") -> tuple[Any, Any]:
+    def go(**extra: str) -> tuple[int, str, str]:
+        p = subprocess.run(
+            [MODELD, *args], env={**env, **extra}, input=stdin, capture_output=True, text=True,
+            timeout=120, check=False,
+        )
+        return p.returncode, p.stdout, p.stderr
+
+    return go(), go(MODELD_NO_FAST="1")
+
+
+def test_run_and_load_match_full_cli(
+    daemon_factory: Callable[..., Any], tiny_model: Path, tiny_chat_model: Path
+) -> None:
+    """Same stdout, stderr and exit code as the Typer path, for the forms the fast path takes
+    and for those it hands over (one positional argument, --json, an error)."""
+    handle = daemon_factory("--no-spare")
+    env = dict(handle.env, COLUMNS="120")
+    greedy = ["--temperature", "0", "--seed", "1", "--max-tokens", "8"]
+    cases: list[tuple[list[str], str]] = [
+        (["run", str(tiny_model), "hello there", "--raw", *greedy], ""),
+        (["run", str(tiny_chat_model), "hello", "--system", "be brief", *greedy], ""),
+        (["run", str(tiny_chat_model), "hi", "--stop=x", "--stop", "y", "--top-k", "5",
+          "--top-p=0.9", "--keep-alive", "1m", "--ctx", "512", *greedy], ""),
+        (["run", str(tiny_model), "with stdin", "--raw", *greedy], "piped text\n"),
+        (["run", str(tiny_model), "json", "--json", *greedy], ""),
+        (["run", "/no/such/model.gguf", "hi"], ""),
+        (["run", str(tiny_model), "hi", "--max-tokens", "many"], ""),
+        (["load", str(tiny_model)], ""),
+        (["load", "/no/such/model.gguf"], ""),
+    ]
+    for args, stdin in cases:
+        fast, full = _both(args, env, stdin)
+        if "--json" in args:
+            f, g = json.loads(fast[1]), json.loads(full[1])
+            assert f["text"] == g["text"] and fast[0] == full[0] == 0, args
+            continue
+        assert fast == full, args
+    fast, full = _both(["load", str(tiny_model), "--json"], env)
+    rows = [_stable([json.loads(out[1])["model"]]) for out in (fast, full)]
+    assert rows[0] == rows[1] and rows[0][0]["state"] == "ready"
+
+
+def test_run_fast_path_sends_the_same_request(
+    daemon_factory: Callable[..., Any], tiny_model: Path
+) -> None:
+    """The option parsing the fast path does itself: values reach the daemon as typed."""
+    handle = daemon_factory("--no-spare")
+    env = dict(handle.env)
+    args = ["run", str(tiny_model), "count", "--raw", "--temperature", "0", "--max-tokens", "3"]
+    fast, full = _both(args, env)
+    assert fast[0] == 0 and fast[1] == full[1]
+    stats = handle.client().stats()
+    assert stats["tokens_generated"] <= 6  # both requests honoured --max-tokens 3
