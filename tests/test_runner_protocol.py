@@ -209,7 +209,8 @@ def test_per_request_threads_are_optional_and_bounded() -> None:
     base = {"type": "generate", "rid": "r1", "prompt": "hi"}
     assert rp.parse_generate(base).n_threads is None
     assert rp.parse_generate({**base, "n_threads": 3}).n_threads == 3
-    assert rp.parse_embed({"type": "embed", "rid": "e", "inputs": ["a"], "n_threads": 1}).n_threads == 1
+    embed = {"type": "embed", "rid": "e", "inputs": ["a"], "n_threads": 1}
+    assert rp.parse_embed(embed).n_threads == 1
     with pytest.raises(ProtocolError):
         rp.parse_generate({**base, "n_threads": -1})
     with pytest.raises(ProtocolError):

@@ -6,10 +6,10 @@ Every error says what went wrong *and* what to do next (``hint``).
 
 from __future__ import annotations
 
-from enum import Enum, IntEnum
+from enum import IntEnum, StrEnum
 
 
-class ErrorCode(str, Enum):
+class ErrorCode(StrEnum):
     """Stable error codes carried on the wire (protocol ``error`` replies)."""
 
     MODEL_NOT_FOUND = "model_not_found"
