@@ -71,6 +71,8 @@ SETTING_HELP = {
     "failure_cooldown_s": "Seconds before a failed load of the same file is retried (doubles"
     " with each further failure).",
     "max_queue": "Requests that may wait at once; further ones are refused.",
+    "eviction": "Which idle model goes first when room is needed: cost (often used, slow to"
+    " reload and small models stay) or lru.",
 }
 
 # Variables read outside the settings table.
