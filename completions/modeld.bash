@@ -34,63 +34,63 @@ _modeld_spec() {
     _modeld_variadic=0
     case $1 in
         "")
-            opts="--version --install-completion --show-completion -h --help"
+            opts="--version --install-completion --show-completion --help -h"
             value_opts=""
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level -h --help"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --help -h"
             value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level"
             positional=()
             ;;
         "stop")
-            opts="--json -h --help"
+            opts="--json --help -h"
             value_opts=""
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --json --verbose -v -h --help"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --json --verbose -v --help -h"
             value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx"
             positional=(model none)
             ;;
         "embed")
-            opts="--keep-alive -h --help"
+            opts="--keep-alive --help -h"
             value_opts="--keep-alive"
             positional=(model none)
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --json -h --help"
+            opts="--ctx --keep-alive --pin --embed --json --help -h"
             value_opts="--ctx --keep-alive"
             positional=(model)
             ;;
         "unload")
-            opts="--all --json -h --help"
+            opts="--all --json --help -h"
             value_opts=""
             positional=(model)
             ;;
         "ps")
-            opts="--json --verbose -v -h --help"
+            opts="--json --verbose -v --help -h"
             value_opts=""
             positional=()
             ;;
         "stats")
-            opts="--json -h --help"
+            opts="--json --help -h"
             value_opts=""
             positional=()
             ;;
         "show")
-            opts="--ctx --embed --json -h --help"
+            opts="--ctx --embed --json --help -h"
             value_opts="--ctx"
             positional=(model)
             ;;
         "list")
-            opts="--json -h --help"
+            opts="--json --help -h"
             value_opts=""
             positional=()
             ;;
         "config")
-            opts="--json -h --help"
+            opts="--json --help -h"
             value_opts=""
             positional=()
             ;;

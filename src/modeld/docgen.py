@@ -119,7 +119,10 @@ def _param(param: Any, help_text: str | None) -> Param:
     from modeld.config import LOG_LEVELS
 
     name = str(param.name)
-    names = tuple(list(param.opts) + list(param.secondary_opts)) if _is_option(param) else ()
+    # Long names first, then short ones (a stable sort keeps the declared order within each):
+    # click builds the help option's names from a set, so its raw order varies between runs.
+    declared = list(param.opts) + list(param.secondary_opts) if _is_option(param) else []
+    names = tuple(sorted(declared, key=lambda o: not str(o).startswith("--")))
     takes_value = bool(names) and not bool(getattr(param, "is_flag", False))
     ann = _annotation(param)
     hint, closed = "", False
