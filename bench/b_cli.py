@@ -159,6 +159,6 @@ def footprint(ctx: Context, d: Daemon, idle_start: dict[str, int],
             target("idle daemon RSS MiB (after use)", idle_after["rss"] / MiB, 60, "<="),
             target("runner baseline counted (stats)", 1.0 if stats.get("runner_baseline_bytes")
                    else 0.0, 1.0, ">="),
-            target("worst |estimate error| of loaded models", worst, 0.10, "<="),
+            target("worst abs(estimate error) of loaded models", worst, 0.10, "<="),
         ],
     }

@@ -97,88 +97,141 @@ def _lat(xs: list[float]) -> dict[str, Any]:
     return {"p50_s": percentile(xs, 50), "p99_s": percentile(xs, 99), "n": len(xs)}
 
 
-def _run_modeld(ctx: Context, paths: list[Path], trace: list[int], cap: int,
-                policy: str) -> dict[str, Any]:
-    args = ["--memory-cap", str(cap), "--ctx-floor", str(N_CTX), "--ctx-ceiling", str(N_CTX),
-            "--threads", str(ctx.threads), "--eviction", policy, "--keep-alive", "-1"]
-    with daemon(*args) as d:
-        c = d.client()
-        lat: list[float] = []
-        t0 = time.perf_counter()
-        for i, m in enumerate(trace):
-            t = time.perf_counter()
-            c.generate(str(paths[m]), PROMPTS[i % len(PROMPTS)], raw=True,
-                       max_tokens=MAX_TOKENS, temperature=0.0, seed=0).text()
-            lat.append(time.perf_counter() - t)
-        total = time.perf_counter() - t0
-        stats = c.stats()
-    return {"loads": stats["loads"], "evictions": stats.get("evictions"), "total_s": total,
-            **_lat(lat), "requests": len(trace), "policy": policy,
-            "load_seconds_mean": stats.get("load_seconds_mean")}
+class _System:
+    """One system under test, kept running across the trace's segments."""
+
+    name = ""
+
+    def request(self, model: int, prompt: str) -> None:
+        raise NotImplementedError
+
+    def loads(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
 
 
-def _run_process_per_request(ctx: Context, paths: list[Path], trace: list[int]) -> dict[str, Any]:
-    lat = []
-    for i, m in enumerate(trace):
-        dt, _ = run_timed([PY, str(ROOT / "bench" / "inproc.py"), "once", str(paths[m]),
-                           str(N_CTX), str(ctx.threads), str(MAX_TOKENS),
-                           PROMPTS[i % len(PROMPTS)]])
-        lat.append(dt)
-    return {"loads": len(trace), "total_s": sum(lat), **_lat(lat), "requests": len(trace)}
+class _Modeld(_System):
+    def __init__(self, ctx: Context, paths: list[Path], cap: int, policy: str) -> None:
+        self.name, self.paths = f"modeld_{policy}", paths
+        args = ["--memory-cap", str(cap), "--ctx-floor", str(N_CTX), "--ctx-ceiling",
+                str(N_CTX), "--eviction", policy,
+                "--keep-alive", "-1"]
+        self._cm = daemon(*args)
+        self.d = self._cm.__enter__()
+        self.c = self.d.client()
+
+    def request(self, model: int, prompt: str) -> None:
+        self.c.generate(str(self.paths[model]), prompt, raw=True, max_tokens=MAX_TOKENS,
+                        temperature=0.0, seed=0).text()
+
+    def loads(self) -> int:
+        return int(self.c.stats()["loads"])
+
+    def stats(self) -> dict[str, Any]:
+        st = self.c.stats()
+        return {"evictions": st.get("evictions"), "load_seconds_mean": st.get("load_seconds_mean")}
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
 
 
-def _run_server(ctx: Context, paths: list[Path], trace: list[int],
-                workdir: Path) -> dict[str, Any]:
-    port = free_port()
-    config = {
-        "host": "127.0.0.1",
-        "port": port,
-        "models": [
-            {"model": str(p), "model_alias": f"m{i}", "n_ctx": N_CTX, "n_batch": N_CTX,
-             "n_ubatch": N_CTX, "n_threads": ctx.threads, "n_threads_batch": ctx.threads,
-             "flash_attn": True, "seed": 0, "verbose": False}
-            for i, p in enumerate(paths)
-        ],
-    }
-    cfg = workdir / "llama_server.json"
-    cfg.write_text(json.dumps(config))
-    log = open(workdir / "llama_server.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([PY, "-m", "llama_cpp.server", "--config_file", str(cfg)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
+class _Server(_System):
+    """llama-cpp-python's server with all three models configured (one loaded at a time)."""
+
+    name = "llama_cpp_server"
+
+    def __init__(self, ctx: Context, paths: list[Path], workdir: Path) -> None:
+        port = free_port()
+        config = {
+            "host": "127.0.0.1",
+            "port": port,
+            "models": [
+                {"model": str(p), "model_alias": f"m{i}", "n_ctx": N_CTX, "n_batch": N_CTX,
+                 "n_ubatch": N_CTX, "n_threads": ctx.threads, "n_threads_batch": ctx.threads,
+                 "flash_attn": True, "seed": 0, "verbose": False}
+                for i, p in enumerate(paths)
+            ],
+        }
+        cfg = workdir / "llama_server.json"
+        cfg.write_text(json.dumps(config))
+        self.log = open(workdir / "llama_server.log", "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen([PY, "-m", "llama_cpp.server", "--config_file", str(cfg)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        self._loads, self._current = 1, 0  # it starts with the first configured model loaded
         deadline = time.monotonic() + 120
         while True:
             try:
-                urllib.request.urlopen(url + "/v1/models", timeout=2).read()
+                urllib.request.urlopen(self.url + "/v1/models", timeout=2).read()
                 break
             except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.close()
                     raise RuntimeError("llama_cpp.server did not start") from None
                 time.sleep(0.1)
-        lat = []
-        loads, current = 1, 0  # it starts with the first configured model loaded
-        t0 = time.perf_counter()
-        for i, m in enumerate(trace):
-            if m != current:
-                loads, current = loads + 1, m
-            body = json.dumps({"model": f"m{m}", "prompt": PROMPTS[i % len(PROMPTS)],
-                               "max_tokens": MAX_TOKENS, "temperature": 0.0, "seed": 0}).encode()
-            req = urllib.request.Request(url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            t = time.perf_counter()
-            with urllib.request.urlopen(req, timeout=300) as resp:
-                json.loads(resp.read())
-            lat.append(time.perf_counter() - t)
-        total = time.perf_counter() - t0
-    finally:
-        proc.terminate()
+
+    def request(self, model: int, prompt: str) -> None:
+        if model != self._current:
+            self._loads, self._current = self._loads + 1, model
+        body = json.dumps({"model": f"m{model}", "prompt": prompt, "max_tokens": MAX_TOKENS,
+                           "temperature": 0.0, "seed": 0}).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            json.loads(resp.read())
+
+    def loads(self) -> int:
+        return self._loads
+
+    def close(self) -> None:
+        self.proc.terminate()
         try:
-            proc.wait(20)
+            self.proc.wait(20)
         except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
-    return {"loads": loads, "total_s": total, **_lat(lat), "requests": len(trace)}
+            self.proc.kill()
+        self.log.close()
+
+
+class _ProcessPerRequest(_System):
+    name = "process_per_request"
+
+    def __init__(self, ctx: Context, paths: list[Path]) -> None:
+        self.ctx, self.paths, self._loads = ctx, paths, 0
+
+    def request(self, model: int, prompt: str) -> None:
+        self._loads += 1
+        run_timed([PY, str(ROOT / "bench" / "inproc.py"), "once", str(self.paths[model]),
+                   str(N_CTX), str(self.ctx.threads), str(MAX_TOKENS), prompt])
+
+    def loads(self) -> int:
+        return self._loads
+
+
+def _replay(systems: list[_System], trace: list[int], limits: dict[str, int],
+            segments: int) -> dict[str, dict[str, Any]]:
+    """Play the trace in ``segments`` pieces, every system one piece in turn (rotating the
+    order), so machine noise falls on all of them alike; ``limits`` caps a system's requests."""
+    size = -(-len(trace) // segments)
+    lat: dict[str, list[float]] = {s.name: [] for s in systems}
+    for k in range(segments):
+        order = systems[k % len(systems):] + systems[: k % len(systems)]
+        for system in order:
+            quota = -(-limits.get(system.name, len(trace)) // segments)  # spread the sample
+            for i in range(k * size, min(len(trace), k * size + quota, (k + 1) * size)):
+                t = time.perf_counter()
+                system.request(trace[i], PROMPTS[i % len(PROMPTS)])
+                lat[system.name].append(time.perf_counter() - t)
+    out = {}
+    for system in systems:
+        xs = lat[system.name]
+        out[system.name] = {"requests": len(xs), "loads": system.loads(), "total_s": sum(xs),
+                            "scaled_total_s": sum(xs) * len(trace) / len(xs) if xs else None,
+                            **_lat(xs)}
+        if isinstance(system, _Modeld):
+            out[system.name].update(system.stats())
+    return out
 
 
 def _need_bytes(ctx: Context, paths: list[Path]) -> int:
@@ -189,7 +242,7 @@ def _need_bytes(ctx: Context, paths: list[Path]) -> int:
 
 
 def trace_bench(ctx: Context, n: int = 300, seed: int = 0, subset_a: int = 30,
-                subset_b: int | None = None) -> dict[str, Any]:
+                segments: int = 5) -> dict[str, Any]:
     if ctx.smoke:
         paths = [tiny(seed=s) for s in (0, 1, 2)]
     else:
@@ -197,26 +250,29 @@ def trace_bench(ctx: Context, n: int = 300, seed: int = 0, subset_a: int = 30,
     trace = make_trace(seed, n)
     need = _need_bytes(ctx, paths)
     cap = int(need * 2.5)  # two fit, three do not
-    runs: dict[str, Any] = {}
-    for policy in ("cost", "lru"):
-        ctx.log(f"  trace: modeld --eviction {policy}")
-        runs[f"modeld_{policy}"] = _run_modeld(ctx, paths, trace, cap, policy)
-    sub_a = trace[:subset_a]
-    ctx.log(f"  trace: process per request ({len(sub_a)} requests)")
-    a = _run_process_per_request(ctx, paths, sub_a)
-    a["scaled_total_s"] = a["total_s"] * n / len(sub_a)
-    runs["process_per_request"] = a
-    sub_b = trace[: subset_b or n]
-    ctx.log(f"  trace: llama_cpp.server ({len(sub_b)} requests)")
     import tempfile
 
+    systems: list[_System] = []
+    errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="mdb-srv-") as tmp:
         try:
-            b = _run_server(ctx, paths, sub_b, Path(tmp))
-            b["scaled_total_s"] = b["total_s"] * n / len(sub_b)
-        except (RuntimeError, OSError) as exc:
-            b = {"error": str(exc)}
-    runs["llama_cpp_server"] = b
+            for policy in ("cost", "lru"):
+                systems.append(_Modeld(ctx, paths, cap, policy))
+            try:
+                systems.append(_Server(ctx, paths, Path(tmp)))
+            except (RuntimeError, OSError) as exc:
+                errors["llama_cpp_server"] = str(exc)
+            systems.append(_ProcessPerRequest(ctx, paths))
+            ctx.log(f"  trace: {n} requests over {', '.join(s.name for s in systems)}, "
+                    f"interleaved in {segments} segments")
+            runs: dict[str, Any] = _replay(systems, trace, {"process_per_request": subset_a},
+                                           segments)
+        finally:
+            for system in systems:
+                system.close()
+    for name, err in errors.items():
+        runs[name] = {"error": err}
+    b = runs.get("llama_cpp_server", {})
     optimum = belady_loads(trace, 2)
     best = runs["modeld_cost"]
     load_ratio = best["loads"] / optimum
@@ -233,8 +289,9 @@ def trace_bench(ctx: Context, n: int = 300, seed: int = 0, subset_a: int = 30,
         "belady_optimum_loads": optimum,
         "lru_simulated_loads": lru_loads(trace, 2),
         "runs": runs,
-        "subset_note": f"(a) ran the first {len(sub_a)} requests and (b) the first {len(sub_b)}; "
-        "their totals are scaled to the whole trace",
+        "subset_note": f"The systems ran side by side, the trace split in {segments} segments "
+        f"played by each in turn; (a) ran {runs.get('process_per_request', {}).get('requests')}"
+        " requests spread over the segments, its total scaled to the whole trace.",
         "load_ratio": load_ratio,
         "lru_load_ratio": runs["modeld_lru"]["loads"] / optimum,
         "time_ratio_vs_server": time_ratio,

@@ -1,6 +1,6 @@
 """Calibrate modeld.memory.estimate against what llama-cpp-python really uses.
 
-For each case a fresh child Python process (spawned, so a native abort costs one case) does:
+*Generate* cases: a fresh child Python process (spawned, so a native abort costs one case) does:
 
 1. ``import llama_cpp`` and reads ``/proc/self/smaps_rollup``: the runner baseline;
 2. ``Llama(path, n_ctx, flash_attn=True, swa_full=False, verbose=False, seed=0)``;
@@ -8,6 +8,11 @@ For each case a fresh child Python process (spawned, so a native abort costs one
 4. generation B: a prompt of one full micro-batch (min(n_ubatch, n_ctx - 40) tokens), 32 new
    tokens -> snapshot "final". A full micro-batch is what any real prompt of 512+ tokens
    triggers and the compute pages it touches stay resident, so it is the figure to budget for.
+
+*Embed* cases run modeld's own code path, not a copy of it: a real ``python -m modeld.runner``
+process on a ZeroMQ socket (as the daemon drives it) loads the model with mode "embed", then
+embeds a short text ("short") and a text that fills the context ("final"). The runner reports
+its baseline in ``hello`` and its memory in each ``done`` reply (``/proc/<pid>/smaps_rollup``).
 
 footprint = RSS after - RSS at baseline, split into file-backed and anonymous pages. The parent
 compares it with ``estimate()`` and the naive rule of thumb, writes
@@ -22,9 +27,12 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +74,8 @@ FULL_CASES: list[tuple[str, int, str]] = [
     ("gemma3-swa-f16-80M", 2048, "generate"),
     ("gemma3-swa-f16-80M", 16384, "generate"),
     (DEFAULT, 512, "embed"),
+    (DEFAULT, 4096, "embed"),
+    ("gemma3-swa-f16-80M", 4096, "embed"),
     ("llama-f16-170M", 2048, "embed"),
     ("llama-q8_0-90M", 1024, "embed"),
 ]
@@ -91,12 +101,9 @@ def rollup():
 
 import llama_cpp
 base = rollup()
-path, n_ctx, n_ubatch, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-embed = mode == "embed"
-if embed:  # as modeld's runner loads for embeddings: the whole context in one micro-batch
-    n_ubatch = n_ctx
+path, n_ctx, n_ubatch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=n_ubatch, n_ubatch=n_ubatch, flash_attn=True,
-                      swa_full=False, verbose=False, seed=0, embedding=embed)
+                      swa_full=False, verbose=False, seed=0)
 load = rollup()
 nv = llm.n_vocab()
 
@@ -108,20 +115,9 @@ def generate(n):
     out = llm.create_completion(prompt=tokens(n), max_tokens=32, temperature=0.0)
     return out["usage"]["completion_tokens"]
 
-def embed_tokens(n):  # embed() takes text: detokenize, then trim to fit the context
-    text = llm.detokenize(tokens(n)).decode("utf-8", "replace")
-    while len(llm.tokenize(text.encode("utf-8"), add_bos=True)) > n_ctx - 8:
-        text = text[: len(text) * 99 // 100]
-    return len(llm.embed(text))
-
-if embed:
-    embed_tokens(32)
-    short = rollup()
-    embed_tokens(n_ctx)
-else:
-    generate(32)
-    short = rollup()
-    generate(max(32, min(n_ubatch, n_ctx - 40)))
+generate(32)
+short = rollup()
+generate(max(32, min(n_ubatch, n_ctx - 40)))
 final = rollup()
 print(json.dumps({"base": base, "load": load, "short": short, "final": final,
                   "llama_cpp": llama_cpp.__version__}))
@@ -132,8 +128,10 @@ def measure(
     path: Path, n_ctx: int, *, n_ubatch: int = 512, mode: str = "generate", timeout: float = 600
 ) -> dict[str, Any]:
     """Run one case in a child process; its snapshots as dicts of rss/anon/file bytes."""
+    if mode == "embed":
+        return measure_embed(path, n_ctx, timeout=timeout)
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_ubatch), mode],
+        [sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_ubatch)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,6 +146,122 @@ def measure(
     for snap in ("load", "short", "final"):
         data[snap] = {k: data[snap][k] - base[k] for k in ("rss", "anon", "file")}
     return data
+
+
+# ----------------------------------------------------------------------------- embed: the runner
+
+#: threads the runner is given (the daemon gives the cgroup's CPU count; 2 on this machine)
+EMBED_THREADS = max(1, min(2, os.cpu_count() or 1))
+_SHORT_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+class _RunnerLink:
+    """A ROUTER bound on a fresh ipc path and one real ``python -m modeld.runner`` process."""
+
+    def __init__(self, timeout: float) -> None:
+        import zmq
+
+        self.timeout_ms = int(timeout * 1000)
+        self.dir = tempfile.mkdtemp(prefix="mdcal-")
+        endpoint = f"ipc://{self.dir}/runner.sock"
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(endpoint)
+        self.log = Path(self.dir) / "runner.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "modeld.runner", "--endpoint", endpoint, "--id", "cal"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def send(self, msg: dict[str, Any]) -> None:
+        from modeld import runner_protocol as rp
+
+        self.sock.send_multipart([b"cal", *rp.encode(msg)])
+
+    def recv(self) -> dict[str, Any]:
+        from modeld import runner_protocol as rp
+
+        if not self.sock.poll(self.timeout_ms):
+            tail = self.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"no reply from the runner (exit {self.proc.poll()}); log:\n{tail}")
+        _ident, *frames = self.sock.recv_multipart()
+        return rp.decode(frames)
+
+    def close(self) -> None:
+        from modeld import runner_protocol as rp
+
+        if self.proc.poll() is None:
+            self.send(rp.shutdown())
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.sock.close(0)
+        self.ctx.term()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _filler(n_words: int) -> str:
+    """Plain text of ``n_words`` words (varied, so no tokenizer merges it into a few tokens)."""
+    words = ("alpha", "river", "stone", "green", "seven", "window", "market", "quiet", "north",
+             "paper", "silver", "garden", "thunder", "orange", "castle", "winter")  # fmt: skip
+    return " ".join(f"{words[i % len(words)]}{i % 89}" for i in range(n_words))
+
+
+def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, Any]:
+    """Embed as modeld does: a real runner loads ``path`` in embed mode and embeds a short text,
+    then one that fills the context (sized from the runner's own context_exceeded replies);
+    snapshots from the runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
+    from modeld import runner_protocol as rp
+
+    link = _RunnerLink(timeout)
+    try:
+        hello = link.recv()
+        base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
+        link.send(rp.load(path, mode="embed", n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0))
+        loaded = link.recv()
+        if loaded.get("type") != "loaded":
+            raise RuntimeError(f"runner could not load {path} n_ctx={n_ctx}: {loaded}")
+
+        def embed(rid: str, text: str) -> dict[str, Any]:
+            link.send(rp.embed(rid, [text]))
+            return link.recv()
+
+        short = embed("short", _SHORT_TEXT)
+        if short.get("type") != "done":
+            raise RuntimeError(f"short embedding failed: {short}")
+        n_words, reply = 2 * n_ctx, {}
+        for attempt in range(12):
+            reply = embed(f"fill{attempt}", _filler(n_words))
+            if reply.get("type") == "done":
+                tokens = int(reply["usage"]["prompt_tokens"])
+                if tokens >= n_ctx - 64:
+                    break
+                n_words = max(n_words + 1, n_words * (n_ctx - 16) // tokens)
+            elif reply.get("code") == "context_exceeded":
+                fits, got = int(reply["details"]["n_ctx"]), int(reply["details"]["prompt_tokens"])
+                n_words = min(n_words - 1, n_words * (fits - 16) // got)
+            else:
+                raise RuntimeError(f"embedding failed: {reply}")
+        else:
+            raise RuntimeError(f"could not fill n_ctx={n_ctx}: last reply {reply}")
+        snaps = {"load": loaded["memory"], "short": short["memory"], "final": reply["memory"]}
+        data: dict[str, Any] = {
+            "base": base,
+            "llama_cpp": hello.get("llama_cpp_version", "?"),
+            "tokens": int(reply["usage"]["prompt_tokens"]),
+            "via": "modeld.runner",
+        }
+        for name, snap in snaps.items():
+            data[name] = {k: int(snap[k]) - base[k] for k in ("rss", "anon", "file")}
+        return data
+    finally:
+        link.close()
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -177,6 +291,7 @@ def run_case(
     info = read_model_info(path)
     if mode == "embed":  # the estimate's own defaults are the runner's embed batch sizes
         est = memory.estimate(info, n_ctx, mode="embed")
+        n_ubatch = n_ctx if info.is_embedding_model else min(memory.EMBED_N_BATCH, n_ctx)
     else:
         est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch)
     naive = memory.naive_estimate(info, n_ctx)
@@ -188,7 +303,10 @@ def run_case(
         "file_size": info.file_size,
         "n_ctx": n_ctx,
         "mode": mode,
-        "n_ubatch": n_ctx if mode == "embed" else n_ubatch,
+        "n_ubatch": n_ubatch,
+        "embed_chunk": memory.EMBED_CHUNK if mode == "embed" and memory.has_lm_head(info) else None,
+        "embed_tokens": m.get("tokens"),
+        "via": m.get("via", "llama_cpp.Llama"),
         "baseline": m["base"],
         "measured": m["final"],
         "measured_after_load": m["load"],
@@ -268,8 +386,9 @@ def main(argv: list[str] | None = None) -> int:
                 "python": platform.python_version(),
             },
             "protocol": "footprint = RSS after load + 32-token and full-ubatch generations "
-            "(embed: a short and a context-filling embedding) minus RSS after import llama_cpp "
-            "(smaps_rollup)",
+            "minus RSS after import llama_cpp (smaps_rollup); embed cases run a real modeld "
+            "runner process (mode embed) and take its own measurements: a short and a "
+            "context-filling embedding, minus its hello baseline",
             "tolerance": TOLERANCE,
             "cases": results,
         }

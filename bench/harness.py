@@ -270,6 +270,17 @@ class Daemon:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+_XDG_HOMES = ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME")
+
+
+def compile_bytecode() -> None:
+    """Compile modeld's bytecode as ``pip install`` does (this environment may set
+    PYTHONDONTWRITEBYTECODE, which would make every CLI call compile modeld from source)."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "src" / "modeld"), quiet=1)
+
+
 @contextlib.contextmanager
 def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) -> Iterator[Daemon]:
     """Start a daemon (``args`` are ``python -m modeld.daemon`` flags) and wait for it."""
@@ -278,21 +289,23 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
 
     root = Path(tempfile.mkdtemp(prefix="mdb-", dir="/tmp"))
     (root / "log").mkdir()
-    (root / "models").mkdir()
-    config = root / "config.toml"
-    config.touch()
-    endpoint = f"ipc://{root / 'run' / 'modeld.sock'}"
-    full_env = dict(
-        os.environ,
-        MODELD_SOCKET=endpoint,
-        MODELD_RUNTIME_DIR=str(root / "run"),
-        MODELD_LOG_DIR=str(root / "log"),
-        MODELD_CONFIG=str(config),
-        MODELD_MODELS=str(root / "models"),
+    run_dir = root / "xdg-run"
+    run_dir.mkdir(mode=0o700)
+    # Private dirs through the XDG variables, not MODELD_*: every CLI call then resolves its
+    # paths the way it does for a user with no configuration (platformdirs, default socket).
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith("MODELD_") and k not in _XDG_HOMES}
+    full_env.update(
+        XDG_RUNTIME_DIR=str(run_dir),
+        XDG_CONFIG_HOME=str(root / "config"),
+        XDG_STATE_HOME=str(root / "state"),
+        XDG_DATA_HOME=str(root / "data"),
         MODELD_NO_AUTOSTART="1",
         MODELD_NO_SPINNER="1",
     )
     full_env.update(env or {})
+    sock_path = run_dir / "modeld" / "modeld.sock"
+    endpoint = f"ipc://{sock_path}"
     cmd = [PY, "-m", "modeld.daemon", *args]
     if not spare:
         cmd.append("--no-spare")
@@ -305,7 +318,7 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"daemon exited at start:\n{handle.log()}")
-            if (root / "run" / "modeld.sock").exists():
+            if sock_path.exists():
                 with (Client(endpoint, timeout=5.0, connect_timeout=2.0) as c,
                       contextlib.suppress(DaemonUnavailableError)):
                     c.ping()

@@ -69,7 +69,9 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
     if wanted:
         second = harness.tiny(seed=1) if ctx.smoke else harness.generated(
             "llama", **b_trace.TRACE_MODEL, seed=101)
-        with daemon("--threads", str(ctx.threads)) as d:
+        # Default threads (the usable CPUs, shared among runners generating at once); the
+        # in-process baselines use the same count (ctx.threads).
+        with daemon() as d:
             time.sleep(0.3)
             idle_start = smaps_rollup(d.pid)
             funcs = {
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     trace_n = args.trace_requests or (12 if args.smoke else 300)
     t0 = time.monotonic()
+    harness.compile_bytecode()
     ctx.log(f"modeld benchmarks: {harness.machine()['cpu']}, threads {ctx.threads}, "
             f"rounds {ctx.rounds}, results in {out}")
     run(ctx, _selected(args.only), trace_n)

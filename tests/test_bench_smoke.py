@@ -7,6 +7,7 @@ than at the end of a 25-minute run. The trace arithmetic (Belady, LRU) is checke
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -38,7 +39,7 @@ def test_trace_is_seeded_skewed_and_bursty() -> None:
     assert a == b and len(a) == 300 and b_trace.make_trace(1, 300) != a
     counts = [a.count(i) for i in range(3)]
     assert counts[0] > counts[1] > counts[2] > 0  # Zipf: the first model is the most popular
-    switches = sum(1 for x, y in zip(a, a[1:], strict=False) if x != y)
+    switches = sum(1 for x, y in itertools.pairwise(a) if x != y)
     assert switches < 150  # bursts: far fewer switches than an uncorrelated trace (~170)
     for cap in (1, 2):
         assert b_trace.belady_loads(a, cap) <= b_trace.lru_loads(a, cap)
@@ -84,7 +85,8 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
     assert docs["prefix_reuse"]["second_reused_tokens"]["median"] > 0
     assert docs["cli_startup"]["help_identical_to_typer"] is True
     conc = docs["concurrency"]
-    assert conc["requests"] == conc["expected_requests"] and conc["mismatch_count"] == 0
+    assert conc["requests"] == conc["expected_requests"] and not conc["errors"]
+    assert conc["unexplained_count"] == 0  # every reply is one a single client can get
     assert docs["footprint"]["runner_baseline_bytes"] > 0
     trace = docs["trace"]
     runs = trace["runs"]

@@ -137,7 +137,7 @@ def test_fast_path_imports_neither_typer_nor_pyzmq(
         "sys.stdout = io.StringIO()\n"
         "assert entry.fast(['ps']) and entry.fast(['--help']) and entry.fast(['--version'])\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
-        "('typer', 'click', 'rich', 'zmq', 'modeld.config')]\n"
+        "('typer', 'click', 'rich', 'zmq', 'json', 'platformdirs') or m == 'modeld.config']\n"
         "sys.__stdout__.write(repr(heavy))\n"
     )
     out = subprocess.run(
@@ -201,3 +201,94 @@ def test_run_fast_path_sends_the_same_request(
     assert fast[0] == 0 and fast[1] == full[1]
     stats = handle.client().stats()
     assert stats["tokens_generated"] <= 6  # both requests honoured --max-tokens 3
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"XDG_CONFIG_HOME": "/tmp/xdg-config"},
+        {"XDG_CONFIG_HOME": "relative/ignored"},
+        {"XDG_CONFIG_HOME": ""},
+        {"HOME": "/tmp/some-home"},
+        {"HOME": "/tmp/some-home", "XDG_CONFIG_HOME": "/tmp/xdg2"},
+    ],
+)
+def test_default_config_file_matches_paths(
+    env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path's platformdirs-free rule gives the file modeld.paths would."""
+    from modeld import paths
+
+    monkeypatch.delenv("MODELD_CONFIG", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert entry._default_config_file() == str(paths.config_file())
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"v": 1, "id": "fast-1-2", "type": "ps"},
+        {"a": [1, -2.5, 1e-7, 10**30, None, True, False], "b": {"c": "d"}},
+        {"messages": [{"role": "user", "content": 'héllo "q" \\ \t\n\u2603 \U0001f600'}]},
+        [],
+        "",
+    ],
+)
+def test_json_helpers_agree_with_json(value: object) -> None:
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    assert entry.dumps(value) == text
+    assert entry.loads(text.encode()) == json.loads(text)
+    assert entry.loads(json.dumps(value, indent=2).encode()) == value
+
+
+@pytest.mark.parametrize("bad", [b'{"x": NaN}', b'{"x": 1} junk', b"", b"{", b"\xff"])
+def test_json_loads_refuses_what_json_refuses(bad: bytes) -> None:
+    with pytest.raises(ValueError):
+        entry.loads(bad)
+    with pytest.raises(ValueError):
+        entry.dumps(float("nan"))
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"MODELD_SOCKET": "tcp://127.0.0.1:5555"},
+        {"MODELD_SOCKET": "ipc:///tmp/x/modeld.sock"},
+        {"MODELD_SOCKET": "/tmp//x/./m.sock"},
+        {"MODELD_SOCKET": "~/m.sock"},
+        {"MODELD_RUNTIME_DIR": "/tmp/rt/"},
+        {"MODELD_RUNTIME_DIR": "~/rt"},
+        {"MODELD_RUNTIME_DIR": "/tmp/a/../b"},
+        {"XDG_RUNTIME_DIR": "{tmp}"},
+        {"XDG_RUNTIME_DIR": "{tmp}/missing"},
+        {},
+    ],
+)
+def test_socket_endpoint_matches_paths(
+    env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path's pathlib-free rule names the same socket modeld.paths does."""
+    from modeld import paths
+
+    for name in ("MODELD_SOCKET", "MODELD_RUNTIME_DIR", "XDG_RUNTIME_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.format(tmp=tmp_path))
+    fast, slow = entry._socket_endpoint(), paths.socket_endpoint()
+    if "://" in fast and not fast.startswith("ipc://"):
+        assert fast == slow
+    else:
+        assert os.path.normpath(fast[len("ipc://"):]) == os.path.normpath(slow[len("ipc://"):])
+
+
+@pytest.mark.parametrize(
+    "ref", ["/a/b.gguf", " /a//b/./c.gguf ", "/x/../y.gguf", "rel/m.gguf", "./m.gguf", "name",
+            "m.gguf", "~/m.gguf", "default", ""],
+)
+def test_model_ref_matches_the_full_cli(ref: str) -> None:
+    from modeld.cli import _model_ref
+
+    assert entry._model_ref(ref) == _model_ref(ref)

@@ -6,6 +6,7 @@ logs when it loads that model ("llama_kv_cache: size = ...", "CPU_REPACK model b
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from modeld.gguf import read_model_info
 from modeld.modelinfo import ModelInfo, TensorInfo
 
 MiB = 1 << 20
+SRC = Path(__file__).resolve().parent.parent / "src" / "modeld"
 
 
 def make_info(**overrides: Any) -> ModelInfo:
@@ -213,14 +215,57 @@ def test_embed_mode_and_synonym(gemma: ModelInfo) -> None:
     assert memory.estimate(gemma, 2048, embedding=False) == memory.estimate(gemma, 2048)
 
 
-def test_embed_with_lm_head_pays_logits_for_every_token(gemma: ModelInfo) -> None:
-    # runner: n_batch = n_ubatch = n_ctx; llama-cpp-python's embed() asks for every output
+def test_embed_with_lm_head_is_chunked_like_the_runner(gemma: ModelInfo) -> None:
+    # runner: n_batch = n_ubatch = min(512, n_ctx), decodes EMBED_CHUNK tokens at a time;
+    # llama-cpp-python: n_seq_max = min(n_batch, 256), output buffer for that many rows
     e = memory.estimate(gemma, 2048, mode="embed")
-    logits = 2048 * gemma.vocab_size * 4
-    assert e.output == 2048 * 4 * (gemma.embedding_length + gemma.vocab_size)
-    assert e.compute > logits
-    assert e.total > 2 * logits
+    rows = memory.embed_seq_max(512)
+    assert rows == 256
+    assert e.output == rows * 4 * (gemma.vocab_size + gemma.embedding_length)
+    chunk = memory.EMBED_CHUNK
+    assert e.compute == memory.compute_bytes(
+        gemma, 2048, n_ubatch=chunk, n_seq=rows, logits_rows=chunk
+    )
+    # the touched compute pages hold one chunk's logits, not the whole context's
+    assert chunk * gemma.vocab_size * 4 < e.compute < (chunk + 8) * gemma.vocab_size * 4
     assert not e.approximate  # calibrated (docs/benchmarks.md)
+
+
+def test_embed_compute_does_not_grow_with_the_context(gemma: ModelInfo) -> None:
+    small, big = (memory.estimate(gemma, n, mode="embed") for n in (512, 8192))
+    assert big.output == small.output
+    assert big.compute - small.compute < 4 * MiB  # only the attention masks grow
+    assert big.total - small.total < big.kv_cache  # the KV cache is what grows
+    # the old whole-context-batch model said 1.3 GiB at 512; the runner needs about 630 MiB
+    assert 560 * MiB < small.total < 700 * MiB
+
+
+def test_embed_context_gives_sliding_layers_the_whole_context(gemma: ModelInfo) -> None:
+    # a unified KV cache for 256 sequences: n_swa x 256 + n_ubatch cells >= n_ctx
+    e = memory.estimate(gemma, 4096, mode="embed")
+    assert e.kv_cells == e.swa_cells == 4096
+    assert e.kv_cache == memory.kv_cache_bytes(gemma, 4096, swa_full=True) == 72 * MiB
+    assert memory.estimate(gemma, 4096).swa_cells == 1024  # generate mode keeps the window
+
+
+def test_embed_seq_max_follows_the_batch(gemma: ModelInfo) -> None:
+    assert [memory.embed_seq_max(n) for n in (1, 64, 256, 512, 4096)] == [1, 64, 256, 256, 256]
+    small = memory.estimate(gemma, 4096, mode="embed", n_batch=128, n_ubatch=128)
+    assert small.output == 128 * 4 * (gemma.vocab_size + gemma.embedding_length)
+    assert small.total < memory.estimate(gemma, 4096, mode="embed").total
+
+
+def test_runner_embeds_with_the_estimates_chunk() -> None:
+    # runner.py imports llama_cpp, so read its source: the constant must come from memory.py
+    tree = ast.parse((SRC / "runner.py").read_text())
+    values = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "EMBED_CHUNK" for t in node.targets)
+    ]
+    assert len(values) == 1
+    assert ast.unparse(values[0]) == "memory.EMBED_CHUNK"
 
 
 def test_embed_for_pooled_encoder_has_no_logits() -> None:
@@ -232,8 +277,9 @@ def test_embed_for_pooled_encoder_has_no_logits() -> None:
 
 
 def test_explicit_batch_sizes_win(gemma: ModelInfo) -> None:
-    small = memory.estimate(gemma, 4096, mode="embed", n_batch=512, n_ubatch=512)
-    assert small.total < memory.estimate(gemma, 4096, mode="embed").total
+    bert = make_info(architecture="bert", pooling_type=1)
+    whole = memory.estimate(bert, 4096, mode="embed")  # pooled: the whole context in one batch
+    assert whole.compute > memory.estimate(bert, 4096, mode="embed", n_batch=512).compute
     assert memory.estimate(gemma, 4096, n_ubatch=128).compute < memory.estimate(gemma, 4096).compute
 
 

@@ -49,18 +49,16 @@ def _endpoint() -> str:
     cannot be parsed, or that sets anything the full CLI must validate for the socket, goes to
     the full CLI so its error message is the one the user sees.
     """
-    from modeld import paths
-
     if os.environ.get("MODELD_SOCKET", "").strip():
-        return paths.socket_endpoint()
+        return _socket_endpoint()
     cfg = os.environ.get("MODELD_CONFIG")
-    cfg_path = os.path.expanduser(cfg) if cfg else str(paths.config_file())
+    cfg_path = os.path.expanduser(cfg) if cfg else _default_config_file()
     try:
         size = os.stat(cfg_path).st_size
     except OSError:
         if cfg:  # an explicit config file that is missing is an error in the full CLI
             raise _Fallthrough from None
-        return paths.socket_endpoint()
+        return _socket_endpoint()
     if size:
         import tomllib
 
@@ -71,7 +69,117 @@ def _endpoint() -> str:
             raise _Fallthrough from None
         if "socket" in table:
             raise _Fallthrough
-    return paths.socket_endpoint()
+    return _socket_endpoint()
+
+
+def _socket_endpoint() -> str:
+    """paths.socket_endpoint() without importing pathlib (~9 ms with the re, fnmatch and
+    urllib it pulls in) in the usual cases; anything unusual asks modeld.paths. A test checks
+    both name the same socket."""
+    override = os.environ.get("MODELD_SOCKET")
+    runtime = os.environ.get("MODELD_RUNTIME_DIR")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if any(v and ".." in v for v in (override, runtime, xdg)):
+        base = None  # Path keeps "..", normpath would fold it: let paths decide
+    elif override:
+        if "://" in override:
+            return override
+        return "ipc://" + os.path.normpath(os.path.expanduser(override))
+    elif runtime:
+        base = os.path.expanduser(runtime)
+    elif xdg and os.path.isdir(xdg):
+        base = os.path.join(xdg, "modeld")
+    else:
+        base = None  # the temp-dir fallback: tempfile is imported there anyway
+    if base is None or not base.startswith("/"):
+        from modeld import paths
+
+        return paths.socket_endpoint()
+    return "ipc://" + os.path.normpath(os.path.join(base, "modeld.sock"))
+
+
+def _default_config_file() -> str:
+    """paths.config_file() without importing platformdirs (~14 ms) where its rule is plain:
+    on Linux with an absolute (or unset) HOME it is ``$XDG_CONFIG_HOME`` (when absolute) or
+    ``~/.config``, then ``modeld/config.toml``. A test checks both agree."""
+    home = os.environ.get("HOME")
+    if sys.platform.startswith("linux") and (home is None or home.startswith("/")):
+        xdg = os.environ.get("XDG_CONFIG_HOME", "")
+        base = xdg if xdg.startswith("/") else os.path.expanduser("~/.config")
+        return os.path.join(base, "modeld", "config.toml")
+    from modeld import paths
+
+    return str(paths.config_file())
+
+
+# ---------------------------------------------------------------------- JSON
+
+# The json package costs ~6 ms to import (json.decoder pulls in re and enum); its C scanner and
+# string encoder alone cost nothing. A test checks these agree with json.dumps/json.loads.
+
+
+class _ScanContext:
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> float:
+        raise ValueError(f"non-finite number {name} in a reply")
+
+
+def loads(data: bytes) -> object:
+    """json.loads for one reply frame."""
+    try:
+        import _json
+    except ImportError:  # pragma: no cover - not CPython
+        import json
+
+        return json.loads(data)
+    text = data.decode("utf-8")
+    start = len(text) - len(text.lstrip())
+    try:
+        value, end = _json.make_scanner(_ScanContext)(text, start)  # type: ignore[arg-type]
+    except StopIteration:
+        raise ValueError("not a JSON value") from None
+    if text[end:].strip():
+        raise ValueError("trailing data after the JSON value")
+    return value
+
+
+def dumps(value: object) -> str:
+    """json.dumps(value, separators=(",", ":"), allow_nan=False) for request bodies."""
+    try:
+        from _json import encode_basestring_ascii as enc
+    except ImportError:  # pragma: no cover - not CPython
+        import json
+
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+    def go(v: object) -> str:
+        if isinstance(v, str):
+            return str(enc(v))
+        if v is None:
+            return "null"
+        if v is True:
+            return "true"
+        if v is False:
+            return "false"
+        if isinstance(v, int):
+            return int.__repr__(v)
+        if isinstance(v, float):
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueError("non-finite float")
+            return float.__repr__(v)
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(go(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{" + ",".join(f"{go(str(k))}:{go(x)}" for k, x in v.items()) + "}"
+        raise TypeError(f"cannot encode {type(v).__name__}")
+
+    return go(value)
 
 
 # ---------------------------------------------------------------------- transports
@@ -207,13 +315,11 @@ class Session:
 
     def send(self, type_: str, **body: object) -> str:
         """Send a request (None values left out, as protocol.request does); its id."""
-        import json
-
         self._n += 1
         rid = f"fast-{os.getpid():x}-{self._n}"
         msg = {k: v for k, v in body.items() if v is not None}
         msg.update(v=PROTOCOL_VERSION, id=rid, type=type_)
-        self.conn.send(json.dumps(msg, separators=(",", ":"), allow_nan=False).encode())
+        self.conn.send(dumps(msg).encode())
         return rid
 
     def recv(
@@ -224,7 +330,6 @@ class Session:
         ``wait_s=None`` waits as long as the daemon is there (a generation or a load);
         ``tick`` is called about every 250 ms while waiting.
         """
-        import json
         import time
 
         deadline = None if wait_s is None else time.monotonic() + wait_s
@@ -240,7 +345,10 @@ class Session:
                 continue
             if f'"id":"{rid}"'.encode() not in data:
                 continue  # a late reply to something else
-            reply = json.loads(data)
+            try:
+                reply = loads(data)
+            except ValueError:
+                raise _Fallthrough from None
             if (
                 isinstance(reply, dict)
                 and reply.get("id") == rid
@@ -280,7 +388,6 @@ def ps_text(models: list[dict[str, object]], now: float) -> str:
 
 
 def _ps(json_out: bool) -> None:
-    import json
     import time
 
     reply = request("ps")
@@ -288,6 +395,8 @@ def _ps(json_out: bool) -> None:
     if not isinstance(models, list):
         raise _Fallthrough
     if json_out:  # render.to_json's shape
+        import json
+
         doc = {"schema_version": 1, "kind": "ps", "models": models}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
@@ -369,6 +478,8 @@ def _model_ref(model: str | None) -> str | None:
     """cli._model_ref: ``default`` is the built-in model; paths become absolute."""
     if model in (None, "", "default"):
         return None
+    if model.strip().startswith("/"):  # what normalize_ref does with it, without its imports
+        return os.path.normpath(model.strip())
     from modeld.registry import normalize_ref
 
     return normalize_ref(model)

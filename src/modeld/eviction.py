@@ -24,6 +24,10 @@ POLICIES: tuple[str, ...] = ("lru", "cost")
 HALF_LIFE_REQUESTS = 100.0  # a request's weight halves after this many later requests
 MAX_TRACKED = 256  # keys remembered (the least popular are forgotten first)
 _MIN_LOAD_S = 0.01
+#: What a reload costs beyond the load itself (evicting, waiting for the memory, dispatch):
+#: measured 0.1-0.3 s per switch (bench trace). Without it, noise in the load time of
+#: fast-loading models (0.04-0.09 s for the same file) outweighed their popularity.
+RELOAD_OVERHEAD_S = 0.25
 _MIB = 1 << 20
 
 
@@ -61,7 +65,8 @@ class EvictionScorer:
         return float(count * 2.0 ** (-(self._n - at) / self.half_life))
 
     def reload_seconds(self, key: ModelKey) -> float:
-        return self._load_s.get(key, _MIN_LOAD_S)
+        """The cost of evicting ``key`` and loading it again (smoothed load time + overhead)."""
+        return RELOAD_OVERHEAD_S + self._load_s.get(key, _MIN_LOAD_S)
 
     def value(self, entry: Entry) -> float:
         """What keeping ``entry`` is worth per byte: requests x reload seconds / MiB held."""

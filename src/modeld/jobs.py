@@ -55,6 +55,7 @@ class Slot:
     load_started: float = field(default_factory=time.monotonic)
     runner_pid: int | None = None
     draining: bool = False  # yielding to an older waiting load: new requests wait, not queue
+    last_client: bytes | None = None  # who sent its latest request (see SWAP_GRACE_S)
 
 
 @dataclass(eq=False)

@@ -20,10 +20,14 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   never produces), but reserved-and-untouched pages cost nothing. Fitted on measurements:
   ``n_ubatch × 4 B × (2.4·n_embd + 3.45·n_ff + 1.3·n_head·key_length)`` plus the attention
   masks for a full context (``cells × n_ubatch × 2 B`` per mask kind with flash attention).
-  Embed mode (the whole context is one micro-batch) adds logits for every token when the model
-  has an LM head, because llama-cpp-python's ``embed()`` requests every output.
-* **output** — the logits row(s) (``n_vocab × 4 B`` per sequence); in embed mode embeddings
-  and logits for every token of the micro-batch.
+  Embed mode follows modeld's runner: a model with an LM head (a decoder without pooling) is
+  decoded ``EMBED_CHUNK`` tokens at a time, so the touched pages are one chunk's activations
+  plus its full-vocabulary logits (llama.cpp computes logits for every token it embeds);
+  a pooled encoder embeds an input as one whole-context micro-batch.
+* **output** — the logits row(s) (``n_vocab × 4 B`` per sequence). An embedding context is
+  created by llama-cpp-python for ``min(n_batch, 256)`` sequences, and llama.cpp reserves and
+  touches logits + embeddings for that many rows at load (257 MiB for a 262k vocabulary);
+  pooled encoders: embeddings for every token of the micro-batch.
 * **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
   43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
 * **runner_baseline** — the runner process itself (Python + llama_cpp imported); *not* part of
@@ -72,6 +76,15 @@ COMPUTE_PER_Q = 1.3  # ... of width n_head × key_length (Q, attention output)
 MASK_BYTES_FA = 2  # f16 KQ mask per (cell, token) with flash attention
 MASK_BYTES_NO_FA = 4  # f32 mask without it
 EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the logits tensor
+#: Tokens per decode when the runner embeds with a model that has no pooling (a decoder with an
+#: LM head): llama.cpp computes full-vocabulary logits for every token of an embedding batch,
+#: so ``modeld.runner`` decodes in chunks of this many tokens (the KV cache carries the prefix)
+#: to bound that buffer. runner.py uses this constant, so the estimate cannot drift from it.
+EMBED_CHUNK = 64
+EMBED_N_BATCH = 512  # the runner's n_batch (= n_ubatch) for chunked embedding, capped at n_ctx
+#: llama.cpp's LLAMA_MAX_SEQ; llama-cpp-python's ``embedding=True`` sets
+#: ``n_seq_max = min(n_batch, this)`` and a unified KV cache
+MAX_PARALLEL_SEQUENCES = 256
 #: a runner process after ``import llama_cpp`` (measured 40 MiB RSS) plus its ZeroMQ socket
 RUNNER_BASELINE = 48 * MiB
 
@@ -247,8 +260,8 @@ def compute_bytes(
 ) -> int:
     """Compute-buffer pages a full micro-batch touches (not what llama.cpp reserves).
 
-    ``logits_rows`` > 1 adds the logits tensor for that many tokens (llama-cpp-python's
-    ``embed()`` asks for every token's output, so a model with an LM head computes them all).
+    ``logits_rows`` > 1 adds the logits tensor for that many tokens (an embedding batch makes
+    every token an output, so a model with an LM head computes logits for all of them).
     """
     ub = max(1, min(n_ubatch, pad_cells(n_ctx)))
     q_width = info.head_count * info.key_length
@@ -266,6 +279,16 @@ def compute_bytes(
         logits = min(logits_rows, ub) * info.vocab_size * 4
         return int(COMPUTE_CONSTANT + attn + logits + EMBED_ACTS_SHARE * acts)
     return int(COMPUTE_CONSTANT + acts + attn)
+
+
+def embed_seq_max(n_batch: int) -> int:
+    """Sequences an embedding context is created for (llama-cpp-python: min(n_batch, 256)).
+
+    It matters: llama.cpp reserves (and touches) the output buffer for that many rows at load
+    (``n_seq × (n_vocab + n_embd) × 4 B``: 257 MiB for gemma-3-270m), and with a unified KV
+    cache sliding-window layers get ``n_swa × n_seq + n_ubatch`` cells, i.e. the whole context.
+    """
+    return max(1, min(n_batch, MAX_PARALLEL_SEQUENCES))
 
 
 def has_lm_head(info: ModelInfo) -> bool:
@@ -293,10 +316,10 @@ def estimate(
     """Predict the resident memory of ``info`` loaded with ``n_ctx`` (rounded up to 256).
 
     ``embedding=True`` is a synonym of ``mode="embed"``. Batch sizes default to how modeld's
-    runner loads: 512/512 to generate; the whole context in one micro-batch to embed (encoders
-    need every token in one batch), where a model with an LM head also computes logits for
-    every token (llama-cpp-python's ``embed()``): ``2 × n_ctx × n_vocab × 4 B``, gigabytes for
-    a 262k vocabulary. ``repack=False`` models a CPU
+    runner loads: 512/512 to generate; to embed with a model that has an LM head,
+    ``min(512, n_ctx)`` for both, with ``EMBED_CHUNK``-token decodes (runner ``_embed_one``);
+    a pooled encoder gets the whole context in one micro-batch (it needs every token of an
+    input in one batch) and is flagged approximate. ``repack=False`` models a CPU
     without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV
     to :attr:`MemoryEstimate.vram` (not calibrated).
     """
@@ -310,10 +333,17 @@ def estimate(
         raise ValueError("a quantized V cache needs flash attention")
     n_ctx = pad_cells(n_ctx)
     embed = mode == "embed"
-    n_batch = n_batch if n_batch is not None else (n_ctx if embed else 512)
-    n_ubatch = n_ubatch if n_ubatch is not None else (n_ctx if embed else 512)
+    chunked = embed and has_lm_head(info)  # the runner decodes EMBED_CHUNK tokens at a time
+    pooled = embed and not chunked  # one input in one whole-context micro-batch
+    default_batch = n_ctx if pooled else min(EMBED_N_BATCH if embed else 512, n_ctx)
+    n_batch = n_batch if n_batch is not None else default_batch
+    n_ubatch = n_ubatch if n_ubatch is not None else (n_batch if embed else 512)
     n_ubatch = max(1, min(n_ubatch, n_batch, n_ctx))
-    logits_rows = n_ubatch if embed and has_lm_head(info) else 1
+    if embed:  # llama-cpp-python: n_seq_max = min(n_batch, 256), one unified KV cache
+        n_seq = max(n_seq, embed_seq_max(n_batch))
+    # the batch whose compute pages get touched: a chunk when chunked, else a full micro-batch
+    run_ubatch = min(EMBED_CHUNK, n_ubatch) if chunked else n_ubatch
+    logits_rows = run_ubatch if chunked else 1
     notes: list[str] = list(info.notes)
     approximate = False
 
@@ -327,17 +357,17 @@ def estimate(
         n_ctx,
         flash_attn=flash_attn,
         swa_full=swa_full,
-        n_ubatch=n_ubatch,
+        n_ubatch=run_ubatch,
         n_seq=n_seq,
         logits_rows=logits_rows,
     )
-    if embed:  # embeddings (and logits, with an LM head) for every token of the micro-batch
-        output = (
-            n_ubatch * 4 * (info.embedding_length + (info.vocab_size if logits_rows > 1 else 0))
-        )
+    if chunked:  # logits + embeddings for n_seq_max rows, reserved and touched at load
+        output = max(n_seq, run_ubatch) * 4 * (info.vocab_size + info.embedding_length)
+    elif pooled:  # embeddings for every token of the micro-batch
+        output = n_ubatch * 4 * info.embedding_length
     else:
         output = info.vocab_size * 4 * max(1, n_seq)
-    if embed and not has_lm_head(info):
+    if pooled:
         approximate = True
         notes.append("approximate: pooled embedding models are not calibrated")
     overhead = CONTEXT_OVERHEAD + VOCAB_BYTES_PER_TOKEN * info.vocab_size + CODE_PAGES

@@ -29,9 +29,11 @@ MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
 MODES = ("generate", "embed")
 #: Types the daemon sends to a runner.
-TO_RUNNER = frozenset({"load", "generate", "embed", "cancel", "memory", "shutdown"})
+TO_RUNNER = frozenset({"load", "generate", "embed", "cancel", "memory", "shutdown", "unload"})
 #: Types a runner sends to the daemon.
-FROM_RUNNER = frozenset({"hello", "loaded", "load_failed", "chunk", "done", "error", "memory"})
+FROM_RUNNER = frozenset(
+    {"hello", "loaded", "load_failed", "chunk", "done", "error", "memory", "unloaded"}
+)
 #: finish_reason values of a generate ``done``.
 FINISH_REASONS = ("stop", "length", "eos")
 
@@ -145,6 +147,16 @@ def shutdown() -> dict[str, Any]:
     return {"type": "shutdown"}
 
 
+def unload() -> dict[str, Any]:
+    """Close the model but keep the process (the daemon may reuse it as the spare runner)."""
+    return {"type": "unload"}
+
+
+def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dict[str, Any]:
+    """After ``unload``: what the process holds now, and above its baseline (``footprint``)."""
+    return {"type": "unloaded", "memory": dict(memory), "footprint": dict(footprint)}
+
+
 def memory_request() -> dict[str, Any]:
     return {"type": "memory"}
 
@@ -153,8 +165,12 @@ def memory_reply(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dic
     return {"type": "memory", "memory": dict(memory), "footprint": dict(footprint)}
 
 
-def chunk(rid: str, text: str) -> dict[str, Any]:
-    return {"type": "chunk", "rid": rid, "text": text}
+def chunk(rid: str, text: str, tokens: int | None = None) -> dict[str, Any]:
+    """Generated text; ``tokens``: completion tokens so far (a chunk may hold several)."""
+    msg: dict[str, Any] = {"type": "chunk", "rid": rid, "text": text}
+    if tokens is not None:
+        msg["tokens"] = tokens
+    return msg
 
 
 def done_generate(

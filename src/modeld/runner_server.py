@@ -59,6 +59,9 @@ class RunnerServer:
     def handle_memory(self) -> None:
         raise NotImplementedError
 
+    def handle_unload(self) -> None:
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- I/O
 
     def send(self, msg: Mapping[str, Any]) -> None:
@@ -137,6 +140,8 @@ class RunnerServer:
                 self.handle_embed(msg)
             elif kind == "memory":
                 self.handle_memory()
+            elif kind == "unload":
+                self.handle_unload()
             elif kind == "shutdown":
                 self.stopping = True
             elif kind == "cancel":

@@ -42,6 +42,12 @@ class Scheduler(SchedulerCore):
         if mtype == "hello":
             self.baseline = int(runner.baseline.get("rss", self.baseline)) or self.baseline
             return
+        if mtype == "unloaded":
+            reusable = self.on_unloaded(runner, msg)
+            self.retry_waiting()  # its memory may be what a waiting load needs (takes the spare)
+            if reusable:
+                self.adopt_spare(runner)  # ... and this runner takes the spare's place
+            return
         slot = self._slot_of(runner.id)
         if slot is None:
             if mtype not in ("memory", "error"):
@@ -189,6 +195,7 @@ class Scheduler(SchedulerCore):
 
     def on_runner_exit(self, runner: Runner) -> None:
         """A runner process ended: free its memory; fail or re-route its requests."""
+        self.recycling.discard(runner.id)
         if self.spare == runner.id:
             self.spare = None
             # A spare that dies before saying hello (broken install): back off, do not loop.

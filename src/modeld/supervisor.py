@@ -69,7 +69,8 @@ class Supervisor:
         log_path = self.log_dir / f"runner-{rid}.log"
         with open(log_path, "ab") as log_file:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "modeld.runner", "--endpoint", self.endpoint, "--id", rid],
+                [sys.executable, "-m", "modeld.runner", "--endpoint", self.endpoint, "--id", rid,
+                 "--parent-pid", str(os.getpid())],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
