@@ -81,7 +81,7 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
                 "prefix_reuse": (b_daemon.prefix_reuse, ()),
                 "cli_startup": (b_cli.cli_startup, ()),
                 "concurrency": (b_conc.concurrency, ([ctx.model, second],)),
-                "footprint": (b_cli.footprint, (idle_start,)),
+                "footprint": (b_cli.footprint, (idle_start, [ctx.model, second])),
             }
             for name in wanted:
                 fn, extra = funcs[name]
