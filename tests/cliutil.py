@@ -15,29 +15,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from daemonutil import until
 
 MODELD = str(Path(sys.executable).parent / "modeld")
-T = TypeVar("T")
-
 # Deterministic, short generations on the generated tiny models.
 GREEDY = ("--temperature", "0", "--seed", "1")
-
-
-def until(fn: Callable[[], T], timeout: float = 20.0, what: str = "condition") -> T:
-    """Poll ``fn`` until it returns something truthy (a bounded wait, not a timing assert)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        time.sleep(0.05)
 
 
 @dataclass

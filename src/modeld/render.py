@@ -104,20 +104,6 @@ def fmt_bytes(n: float | int | None) -> str:
     return format_bytes(n)
 
 
-def fmt_duration(seconds: float | None) -> str:
-    """``4m 12s``-style durations; ``forever`` for infinity, ``-`` for unknown."""
-    if seconds is None:
-        return "-"
-    if seconds == float("inf"):
-        return "forever"
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m {s % 60:02d}s"
-    return f"{s // 3600}h {(s % 3600) // 60:02d}m"
-
-
 class status:
     """A spinner on stderr while something slow runs (only on a terminal)."""
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from modeld.render import fmt_bytes, fmt_duration, grid_table, key_value_table
+from modeld.pstable import compact_duration
+from modeld.render import fmt_bytes, grid_table, key_value_table
 
 
 def _yes(value: object) -> str:
@@ -88,7 +89,7 @@ def _number(key: str, value: float) -> str:
     if key.endswith("_bytes"):
         return fmt_bytes(value)
     if key.endswith("_s"):
-        return f"{value:.2f}s" if value < 120 else fmt_duration(value)
+        return f"{value:.2f}s" if value < 120 else compact_duration(value)
     if key.endswith("_rate") or key.endswith("_fraction"):
         return f"{value * 100:.0f}%"
     if isinstance(value, float):
