@@ -221,8 +221,19 @@ def test_prompt_longer_than_training_context_is_refused(
 def test_prompt_longer_than_the_budget_allows_says_how_many_fit(
     daemon_factory: Factory, long_model: Path
 ) -> None:
+    def measured_baseline(client: Any) -> int:
+        """Wait until the daemon sizes loads with its spare runner's measured baseline."""
+        return int(
+            until(
+                lambda: (b := client.stats()["runner_baseline_bytes"]) != memory.RUNNER_BASELINE
+                and b,
+                what="the spare runner's measured baseline (not the built-in default)",
+            )
+        )
+
     probe = daemon_factory()
     c = probe.client()
+    base1 = measured_baseline(c)
     c.load(str(long_model), n_ctx=1024)
     row = rows(c)[long_model.name]
     probe.stop()
@@ -231,14 +242,12 @@ def test_prompt_longer_than_the_budget_allows_says_how_many_fit(
     cap = _accounted(row) + 4 * 1024 * 1024
     d = daemon_factory("--memory-cap", str(cap), "--ctx-floor", "256")
     c = d.client()
-    until(
-        lambda: c.stats()["runner_baseline_bytes"] != memory.RUNNER_BASELINE,
-        what="the spare runner's measured baseline (not the built-in default)",
-    )
+    base2 = measured_baseline(c)
     with pytest.raises(ContextExceededError) as info:
         c.generate(str(long_model), "a " * 20000, max_tokens=4).text()
     fit = info.value.details["n_ctx_max"]
-    assert isinstance(fit, int) and 1024 <= fit < 20000
+    why = f"row {row}, cap {cap}, baselines {base1} then {base2}"
+    assert isinstance(fit, int) and 1024 <= fit < 20000, why
     assert str(fit) in info.value.message
 
 
