@@ -8,6 +8,7 @@ a user's daemon or settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +113,19 @@ class CliEnv:
         return subprocess.Popen([MODELD, *args], env=self.env, **kw)
 
     # ------------------------------------------------------------------ daemon
+
+    @classmethod
+    @contextlib.contextmanager
+    def served(cls, *args: str) -> Iterator[CliEnv]:
+        """A private environment with ``modeld serve ARGS`` running; stopped (and checked) and
+        removed on exit."""
+        env = cls.create()
+        try:
+            env.serve(*args)
+            yield env
+            env.stop_and_check()
+        finally:
+            env.cleanup()
 
     def serve(self, *args: str) -> subprocess.Popen[bytes]:
         """``modeld serve ARGS`` in the background; returns once ``modeld ps`` answers."""

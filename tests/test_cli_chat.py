@@ -28,13 +28,8 @@ ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07|\r")
 
 @pytest.fixture(scope="module")
 def cli() -> Iterator[CliEnv]:
-    env = CliEnv.create()
-    try:
-        env.serve()
+    with CliEnv.served() as env:
         yield env
-        env.stop_and_check()
-    finally:
-        env.cleanup()
 
 
 def _take_terminal() -> None:

@@ -27,13 +27,23 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux), spelled out for older Pythons
 
 @pytest.fixture(scope="module")
 def cli() -> Iterator[CliEnv]:
-    env = CliEnv.create()
-    try:
-        env.serve()
+    with CliEnv.served() as env:
         yield env
-        env.stop_and_check()
-    finally:
-        env.cleanup()
+
+
+def _start_long_run(cli: CliEnv, model: Path) -> subprocess.Popen[bytes]:
+    """``modeld run`` of a 2000-token greedy generation, stdout and stderr piped."""
+    return cli.popen(
+        "run",
+        str(model),
+        "Write forever",
+        "--raw",
+        *GREEDY,
+        "--max-tokens",
+        "2000",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _stats(cli: CliEnv) -> dict[str, Any]:
@@ -107,17 +117,7 @@ def test_closed_pipe_cancels_the_generation(cli: CliEnv, tiny_model: Path) -> No
     is still running (a buffered reply would arrive only after all 2000 tokens were counted).
     """
     before = _stats(cli)["tokens_generated"]
-    proc = cli.popen(
-        "run",
-        str(tiny_model),
-        "Write forever",
-        "--raw",
-        *GREEDY,
-        "--max-tokens",
-        "2000",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = _start_long_run(cli, tiny_model)
     assert proc.stdout is not None and proc.stderr is not None
     _first_bytes(proc)
     proc.stdout.close()
@@ -413,17 +413,7 @@ def test_exit_insufficient_memory_6(tiny_model: Path) -> None:
 
 def test_ctrl_c_exits_130_and_daemon_stays_healthy(cli: CliEnv, tiny_model: Path) -> None:
     before = _stats(cli)["tokens_generated"]
-    proc = cli.popen(
-        "run",
-        str(tiny_model),
-        "Write forever",
-        "--raw",
-        *GREEDY,
-        "--max-tokens",
-        "2000",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = _start_long_run(cli, tiny_model)
     _first_bytes(proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)

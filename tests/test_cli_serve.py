@@ -8,12 +8,12 @@ from cliutil import CliEnv, until
 
 
 def test_serve_flags_preload_and_defaults(tiny_model: Path, gqa_model: Path) -> None:
-    env = CliEnv.create()
-    try:
-        env.serve(
-            *("--preload", str(tiny_model), "--preload", str(gqa_model)),
-            *("--keep-alive", "-1", "--max-models", "2", "--memory-cap", "2GiB"),
-        )
+    flags = (
+        *("--preload", str(tiny_model), "--preload", str(gqa_model)),
+        *("--keep-alive", "-1", "--max-models", "2", "--memory-cap", "2GiB"),
+    )
+    with CliEnv.served(*flags) as env:
+
         def both_ready() -> list[dict[str, object]]:
             rows = [env.ps_row(tiny_model), env.ps_row(gqa_model)]
             ready = [r for r in rows if r is not None and r["state"] == "ready"]
@@ -26,6 +26,3 @@ def test_serve_flags_preload_and_defaults(tiny_model: Path, gqa_model: Path) -> 
         assert stats["budget_bytes"] <= 2 * 2**30
         config = env.json("config")  # the client's view of settings, not the daemon's
         assert config["sources"]["keep_alive"] == "default"
-        env.stop_and_check()
-    finally:
-        env.cleanup()
