@@ -71,6 +71,8 @@ class SchedulerCore:
         self._last_file_check = 0.0
         self._spare_failures = 0
         self._spare_retry_at = 0.0
+        # Usable CPUs (affinity, cgroup quota): read once, not on every request.
+        self.cpu_threads = sizing.default_threads()
         self.recycling: set[str] = set()  # runners unloading their model to become the spare
 
     # ------------------------------------------------------------------ intake
@@ -233,7 +235,7 @@ class SchedulerCore:
             size.reason,
             format_bytes(size.need_bytes),
         )
-        threads = self.settings.threads or sizing.default_threads()
+        threads = self.settings.threads or self.cpu_threads
         self.sup.send(
             runner.id,
             runner_protocol.load(
@@ -306,7 +308,7 @@ class SchedulerCore:
         if self.settings.threads:
             return self.settings.threads
         active = max(1, sum(1 for s in self.slots.values() if s.current is not None))
-        return max(1, sizing.default_threads() // active)
+        return max(1, self.cpu_threads // active)
 
     def _reload(self, slot: Slot) -> None:
         """Reload an idle entry with a larger context for the job at the head of its queue."""
