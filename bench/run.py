@@ -91,7 +91,7 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
                     _record(ctx, name, fn, d, *extra)
     if "trace" in names:
         if ctx.smoke:
-            _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2)
+            _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
         else:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
 
