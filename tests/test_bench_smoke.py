@@ -93,6 +93,15 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
     assert trace["belady_optimum_loads"] <= runs["modeld_cost"]["loads"]
     assert trace["belady_optimum_loads"] <= runs["modeld_lru"]["loads"]
     assert runs["process_per_request"]["loads"] == runs["process_per_request"]["requests"]
+    for key in ("modeld_cost", "modeld_lru", "process_per_request"):  # one flag per request
+        assert runs[key]["loaded"].count("1") == runs[key]["loads"], key
+    assert trace["belady_loaded"].count("1") == trace["belady_optimum_loads"]
+    assert len(trace["loads_over_seeds"]) == 2
+    for row in trace["loads_over_seeds"]:
+        assert row["belady"] <= min(row["modeld_cost"], row["lfu_known_simulated"])
+    assert docs["prefix_reuse"]["greedy_second_reused_tokens"]["median"] > 0
+    svg = (out / "trace-loads.svg").read_text()
+    assert svg.startswith("<svg") and svg.count("<polyline") == 5
     report = (out / "benchmarks.md").read_text()
     assert "## Targets" in report and "## Memory estimate calibration" in report
     for title in ("Warm call", "Streaming", "Cold load", "Prefix reuse", "Trace", "Footprint",
