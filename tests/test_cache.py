@@ -441,6 +441,19 @@ def test_failed_load_cools_down_with_backoff() -> None:
     assert policy.stats()["load_failures"] == 4
 
 
+def test_failed_load_of_a_live_runner_stays_charged_until_it_exits() -> None:
+    """A timed-out load's runner may still be reading the model: its bytes are not free yet."""
+    policy, _ = make(budget=100)
+    a = key("a")
+    policy.begin_load(a, 60, 2048, "t", "r1")
+    policy.load_failed(a, "took too long", ErrorCode.TIMEOUT.value, runner_alive=True)
+    assert policy.get(a) is None and policy.slots_used() == 0
+    assert policy.used_bytes() == 60
+    assert policy.plan(key("b"), 60).action == "wait"
+    assert policy.unload_finished("r1") is not None
+    assert policy.used_bytes() == 0 and policy.plan(key("b"), 60).action == "admit"
+
+
 # ---- accounting ---------------------------------------------------------------------------
 
 

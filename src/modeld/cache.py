@@ -2,8 +2,9 @@
 
 Pure logic with an injected clock; the daemon's event loop owns one :class:`CachePolicy` and is
 the only caller, so nothing here locks. The policy never starts or stops processes: it tells the
-daemon what to do (:meth:`CachePolicy.plan`) and is told what happened (``begin_load``,
-``load_succeeded``, ``load_failed``, ``acquire``/``release``, ``remove``).
+daemon what to do (:meth:`CachePolicy.plan`, decided in :mod:`modeld.cache_plan`) and is told
+what happened (``begin_load``, ``load_succeeded``, ``load_failed``, ``acquire``/``release``,
+``remove``).
 
 Invariant: the accounted bytes of all entries never exceed the budget through anything the policy
 admits. The only way past it is a measured footprint larger than its estimate; then
@@ -15,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from modeld.cache_plan import Room, plan_load, plan_rebalance, replaceable
 from modeld.cache_types import (
     DEFAULT_FAILURE_COOLDOWN_S,
     DEFAULT_KEEP_ALIVE_S,
@@ -32,7 +34,7 @@ from modeld.cache_types import (
     format_keep_alive,
     parse_keep_alive,
 )
-from modeld.errors import InsufficientMemoryError, ModeldError, format_bytes
+from modeld.errors import InsufficientMemoryError, ModeldError
 from modeld.eviction import EvictionScorer
 
 __all__ = [
@@ -134,7 +136,7 @@ class CachePolicy:
         total = self.budget_bytes - self.used_bytes()
         total += sum(e.accounted_bytes for e in self._unloading.values())
         for entry in self._entries.values():
-            if entry.evictable or (entry.key == key and self._replaceable(entry)):
+            if entry.evictable or (entry.key == key and replaceable(entry)):
                 total += entry.accounted_bytes
         return max(0, total)
 
@@ -172,105 +174,17 @@ class CachePolicy:
         failure = self._failures.get(key)
         return 0.0 if failure is None else max(0.0, failure.until - self._clock())
 
-    # ---- planning ------------------------------------------------------------------------
+    # ---- planning (the decisions themselves are in cache_plan) ---------------------------
 
-    def _replaceable(self, entry: Entry) -> bool:
-        return entry.state is EntryState.READY and entry.in_flight == 0 and entry.queued == 0
+    def _room(self) -> Room:
+        return Room(
+            self.budget_bytes, self.max_models, self._entries,
+            list(self._unloading.values()), self.victim_order,
+        )  # fmt: skip
 
     def plan(self, key: ModelKey, need_bytes: int) -> Plan:
         """Decide how to make room for ``key`` (a new load, or a reload of its idle entry)."""
-        need = int(need_bytes)
-        budget, used = self.budget_bytes, self.used_bytes()
-        free = max(0, budget - used)
-        own = self._entries.get(key)
-        others = [e for e in self._entries.values() if e is not own]
-        pinned_bytes = sum(e.accounted_bytes for e in others if e.pinned)
-        busy_bytes = sum(e.accounted_bytes for e in others if e.busy and not e.pinned)
-        busy_bytes += sum(e.accounted_bytes for e in self._unloading.values())
-        pinned_slots = sum(1 for e in others if e.pinned)
-
-        def make(
-            action: Action,
-            reason: str,
-            victims: list[Entry] | None = None,
-            victim_reasons: list[EvictionReason] | None = None,
-            failure: FailureRecord | None = None,
-        ) -> Plan:
-            chosen = victims or []
-            return Plan(
-                action=action, key=key, need_bytes=need, budget_bytes=budget, used_bytes=used,
-                available_bytes=free, busy_bytes=busy_bytes, pinned_bytes=pinned_bytes,
-                slots_used=len(self._entries), max_models=self.max_models, reason=reason,
-                reclaimable_bytes=sum(v.accounted_bytes for v in chosen),
-                victims=tuple(v.key for v in chosen),
-                victim_reasons=tuple(victim_reasons or ()),
-                failure=failure.reason if failure else None,
-                failure_code=failure.code if failure else None,
-            )
-
-        failure = self._failures.get(key)
-        if failure is not None and self._clock() < failure.until:
-            wait_s = failure.until - self._clock()
-            return make(
-                "refuse",
-                f"{key.name} failed to load {failure.count} time(s), last: {failure.reason}; "
-                f"not retrying for another {wait_s:.0f} s",
-                failure=failure,
-            )
-        if need > budget - pinned_bytes or pinned_slots >= self.max_models:
-            if pinned_slots >= self.max_models:
-                why = f"all {self.max_models} model slots hold pinned models"
-            else:
-                why = (
-                    f"{key.name} needs {format_bytes(need)} but the budget is "
-                    f"{format_bytes(budget)}"
-                    + (f" with {format_bytes(pinned_bytes)} pinned" if pinned_bytes else "")
-                )
-            return make("refuse", why)
-        if own is not None and not self._replaceable(own):
-            return make("wait", f"{key.name} is {own.state.value} or busy; waiting to reload it")
-
-        slots_free = self.max_models - len(self._entries)
-        room = budget - used  # negative after a measured overshoot: that debt is paid first
-        victims: list[Entry] = []
-        reasons: list[EvictionReason] = []
-        if own is not None:  # a reload always replaces the idle entry of the same key
-            victims.append(own)
-            reasons.append(EvictionReason.RELOAD)
-            room += own.accounted_bytes
-            slots_free += 1
-        for cand in self.victim_order():
-            if room >= need and slots_free >= 1:
-                break
-            if cand is own:
-                continue
-            victims.append(cand)
-            reasons.append(EvictionReason.MEMORY if room < need else EvictionReason.SLOTS)
-            room += cand.accounted_bytes
-            slots_free += 1
-        if room >= need and slots_free >= 1:
-            if not victims:
-                return make("admit", f"{format_bytes(need)} fits in {format_bytes(free)} free")
-            reclaim = sum(v.accounted_bytes for v in victims)
-            return make(
-                "evict",
-                f"evicting {len(victims)} idle model(s) to free {format_bytes(reclaim)} "
-                f"for {key.name}",
-                victims=victims, victim_reasons=reasons,
-            )
-        if room + busy_bytes >= need or slots_free < 1:
-            return make(
-                "wait",
-                f"{key.name} needs {format_bytes(need)}; {format_bytes(max(0, room))} can be "
-                "freed now "
-                f"and {format_bytes(busy_bytes)} is held by busy models"
-                + ("" if slots_free >= 1 else f" (all {self.max_models} slots busy)"),
-            )
-        return make(  # pragma: no cover - unreachable: the pinned check above covers it
-            "refuse",
-            f"{key.name} needs {format_bytes(need)} but at most {format_bytes(room + busy_bytes)}"
-            " can ever be freed",
-        )
+        return plan_load(self._room(), key, need_bytes, self._failures.get(key), self._clock())
 
     def rebalance(self) -> Plan | None:
         """Idle victims that bring usage back under the budget after a measured overshoot.
@@ -278,30 +192,7 @@ class CachePolicy:
         Returns None when usage is within budget. The plan's action is ``evict`` when idle
         victims suffice, else ``wait`` (busy entries hold the rest; nothing is evicted).
         """
-        over = self.over_budget_bytes()
-        if over == 0:
-            return None
-        victims: list[Entry] = []
-        freed = 0
-        for cand in self.victim_order():
-            if freed >= over:
-                break
-            victims.append(cand)
-            freed += cand.accounted_bytes
-        used = self.used_bytes()
-        action: Action = "evict" if freed >= over else "wait"
-        key = victims[0].key if victims else next(iter(self._entries), ModelKey("", 0, 0))
-        return Plan(
-            action=action, key=key, need_bytes=over, budget_bytes=self.budget_bytes,
-            used_bytes=used, available_bytes=0, reclaimable_bytes=freed,
-            busy_bytes=sum(e.accounted_bytes for e in self._entries.values() if e.busy),
-            pinned_bytes=sum(e.accounted_bytes for e in self._entries.values() if e.pinned),
-            reason=f"measured usage is {format_bytes(over)} over the budget",
-            victims=tuple(v.key for v in victims) if action == "evict" else (),
-            victim_reasons=tuple(EvictionReason.MEMORY for _ in victims)
-            if action == "evict" else (),
-            slots_used=len(self._entries), max_models=self.max_models,
-        )
+        return plan_rebalance(self._room())
 
     # ---- transitions ---------------------------------------------------------------------
 
@@ -375,14 +266,22 @@ class CachePolicy:
         """A fresh measurement of a ready entry (e.g. after its KV cache filled)."""
         self._require(key).measured_bytes = int(measured_bytes)
 
-    def load_failed(self, key: ModelKey, reason: str, code: str | None = None) -> None:
+    def load_failed(
+        self, key: ModelKey, reason: str, code: str | None = None, runner_alive: bool = False
+    ) -> None:
         """Drop the loading entry and remember the failure so it is not retried in a loop.
 
         The cool-down doubles with each consecutive failure of the same key (capped at
         10 minutes); a failure 10 minutes past its cool-down is forgotten. A changed file is a
-        new key and is tried at once.
+        new key and is tried at once. ``runner_alive``: its runner is still running (a load
+        that timed out may still be reading the model), so the bytes stay charged until
+        :meth:`unload_finished` says it exited, as for an eviction.
         """
-        self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is not None and runner_alive:
+            entry.state = EntryState.UNLOADING
+            entry.expires_at = None
+            self._unloading[entry.runner_id] = entry
         now = self._clock()
         # Forget failures long past their cool-down (bounded memory; the back-off restarts).
         for old_key in [k for k, f in self._failures.items()

@@ -69,6 +69,7 @@ class Waiting:
     deadline: float
     reason: str = ""
     need_bytes: int = 0  # what the last admission attempt needed
+    for_baseline: bool = False  # only waiting for a starting runner's measured baseline
 
 
 Send = Callable[[Job, protocol.Message], bool]

@@ -5,7 +5,8 @@ pure cache policy (:mod:`modeld.cache`) to real runner processes (:mod:`modeld.s
 requests for one model queue FIFO on its slot; different models run in parallel; requests
 for a model that is loading join that load; a model that does not fit waits (bounded) for busy
 ones or is refused at once with the numbers. :class:`SchedulerCore` has intake, admission and
-eviction; this module adds what reacts to events: runner messages and exits, and the timer.
+eviction; this module adds what reacts to events: runner messages and exits, client cancels,
+vanished clients and explicit unloads, and the timer.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from modeld import protocol, sizing
-from modeld.cache import EntryState, EvictionReason
+from modeld import protocol, runner_protocol, sizing
+from modeld.cache import EntryState, EvictionReason, ModelKey
 from modeld.errors import (
     CancelledError,
     ContextExceededError,
@@ -26,7 +27,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.jobs import Job, Slot, done_body
-from modeld.scheduler_core import SchedulerCore
+from modeld.scheduler_core import RECYCLE_SLACK_BYTES, SchedulerCore
 from modeld.supervisor import Runner
 
 log = logging.getLogger("modeld.daemon")
@@ -40,7 +41,13 @@ class Scheduler(SchedulerCore):
     def on_runner_message(self, runner: Runner, msg: dict[str, Any]) -> None:
         mtype = msg["type"]
         if mtype == "hello":
-            self.baseline = int(runner.baseline.get("rss", self.baseline)) or self.baseline
+            rss = runner.baseline.get("rss")
+            if isinstance(rss, int) and rss > 0:
+                self.baseline = rss
+                self.baseline_measured = True
+            log.info("runner %s is ready: baseline %s", runner.id, format_bytes(self.baseline))
+            if self.waiting:
+                self.retry_waiting()  # loads held back to be sized with a measured baseline
             return
         if mtype == "unloaded":
             reusable = self.on_unloaded(runner, msg)
@@ -75,6 +82,33 @@ class Scheduler(SchedulerCore):
             footprint = msg.get("memory")
             if isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
                 self.cache.update_measured(slot.key, int(footprint["rss"]))
+
+    def on_unloaded(self, runner: Runner, msg: dict[str, Any]) -> bool:
+        """A runner closed its model. True (and its memory released) when it gave the memory
+        back and may be reused; otherwise it is stopped and its memory is freed on exit."""
+        self.recycling.discard(runner.id)
+        footprint = msg.get("footprint")
+        held = footprint.get("rss") if isinstance(footprint, dict) else None
+        if (
+            isinstance(held, int)
+            and held <= RECYCLE_SLACK_BYTES
+            and not self.stopping
+            and runner.stopping_since is None
+        ):
+            self.cache.unload_finished(runner.id)
+            return True
+        log.info("runner %s kept %s after unloading; stopping it", runner.id,
+                 format_bytes(held) if isinstance(held, int) else "an unknown amount")
+        self.sup.stop(runner.id)
+        return False
+
+    def adopt_spare(self, runner: Runner) -> None:
+        """An idle, reusable runner: the spare if there is none, else it is not needed."""
+        if self.spare is None and not self.stopping and runner.id in self.sup.runners:
+            self.spare = runner.id
+            log.info("runner %s is reused as the spare", runner.id)
+        else:
+            self.sup.stop(runner.id)
 
     def _slot_of(self, runner_id: str) -> Slot | None:
         for slot in self.slots.values():
@@ -117,7 +151,10 @@ class Scheduler(SchedulerCore):
 
     def _load_failed(self, slot: Slot, err: ModeldError) -> None:
         log.warning("loading %s failed: %s", slot.name, err)
-        self.cache.load_failed(slot.key, err.message, err.code.value)
+        # A runner still running may hold the model's memory until it exits (a timed-out
+        # load goes on reading it): keep that charged so nothing is admitted on it meanwhile.
+        alive = slot.runner_id in self.sup.runners
+        self.cache.load_failed(slot.key, err.message, err.code.value, runner_alive=alive)
         self.slots.pop(slot.key, None)
         self.sup.stop(slot.runner_id)
         for job in slot.queue:
@@ -237,6 +274,63 @@ class Scheduler(SchedulerCore):
                     self._route(job)
         self.retry_waiting()
 
+    # ------------------------------------------------------------------ client events
+
+    def cancel(self, client: bytes, target: str) -> bool:
+        job = self.jobs.get((client, target))
+        if job is None:
+            return False
+        self._cancel_job(job)
+        return True
+
+    def client_gone(self, client: bytes) -> None:
+        """The client vanished: cancel all of its requests quietly."""
+        for job in [j for j in self.jobs.values() if j.client == client]:
+            job.client_gone = True
+            self._cancel_job(job)
+
+    def _cancel_job(self, job: Job) -> None:
+        slot = self.slots.get(job.key)
+        if slot is not None and slot.current is job:
+            if not job.cancel_sent:
+                job.cancel_sent = True
+                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
+            return
+        if slot is not None and job in slot.queue:
+            slot.queue.remove(job)
+            self.cache.dequeue(job.key)
+        waiting = self.waiting.get(job.key)
+        if waiting is not None and job in waiting.jobs:
+            waiting.jobs.remove(job)
+            if not waiting.jobs:
+                del self.waiting[job.key]
+        self._finish(job, CancelledError("request cancelled"))
+
+    def _deliver(self, job: Job, msg: protocol.Message, slot: Slot | None = None) -> None:
+        if job.client_gone:
+            return
+        if not self._send(job, msg):
+            log.info("client of %s went away; cancelling", job.rid)
+            self.client_gone(job.client)
+
+    def unload(self, keys: list[ModelKey]) -> tuple[list[str], list[str]]:
+        """Explicit unload: idle ones now, busy ones when their requests finish."""
+        now_names: list[str] = []
+        later: list[str] = []
+        for key in keys:
+            slot = self.slots.get(key)
+            if slot is None:
+                continue
+            if self.cache.get(key) is not None:
+                self.cache.set_pinned(key, False)
+            if self._idle(slot):
+                self.evict(key, EvictionReason.EXPLICIT)
+                now_names.append(slot.name)
+            else:
+                slot.retire = EvictionReason.EXPLICIT
+                later.append(slot.name)
+        return now_names, later
+
     # ------------------------------------------------------------------ timers
 
     def tick(self) -> None:
@@ -268,7 +362,7 @@ class Scheduler(SchedulerCore):
                     ),
                 )
         for waiting in list(self.waiting.values()):
-            if now >= waiting.deadline:
+            if now >= waiting.deadline and not waiting.for_baseline:
                 self.waiting.pop(waiting.key, None)
                 for job in waiting.jobs:
                     self._finish(

@@ -18,7 +18,6 @@ from modeld import memory, protocol, runner_protocol, sizing
 from modeld.cache import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import (
-    CancelledError,
     ContextExceededError,
     ModeldError,
     RequestTimeoutError,
@@ -43,9 +42,15 @@ SWAP_GRACE_S = 0.25
 #: Used for a runner's memory before any runner has said hello (replaced by measurements).
 DEFAULT_RUNNER_BASELINE = memory.RUNNER_BASELINE
 
+#: How long after the spare runner started a load waits for its ``hello`` when none has reported
+#: a measured baseline yet: a load that arrives right after start would otherwise be sized
+#: (n_ctx, reservation) with the built-in guess. A runner says hello ~0.5 s after start.
+BASELINE_WAIT_S = 5.0
+
 
 class SchedulerCore:
-    """Intake, admission, dispatch, cancellation and eviction; events are in Scheduler."""
+    """Intake, admission, dispatch and eviction; events (runner messages, cancels, explicit
+    unloads, the timer) are in Scheduler."""
 
     def __init__(
         self,
@@ -65,6 +70,7 @@ class SchedulerCore:
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self.spare: str | None = None
         self.baseline = DEFAULT_RUNNER_BASELINE
+        self.baseline_measured = False  # set by the first hello that carries an RSS
         self.infos: dict[ModelKey, ModelInfo] = {}
         self.stopping = False
         self._seq = 0
@@ -134,6 +140,8 @@ class SchedulerCore:
 
     def _admit(self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None) -> None:
         """Start loading ``key`` for ``jobs``, or make them wait, or fail them."""
+        if not self._sized_with_measured_baseline(key, name, jobs, waiting):
+            return
         requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
         try:
             info = self.model_info(key)
@@ -179,6 +187,50 @@ class SchedulerCore:
             return
         self.waiting.pop(key, None)
         self._start_load(key, name, jobs, info, size, any(j.pinned for j in jobs))
+
+    def _sized_with_measured_baseline(
+        self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
+    ) -> bool:
+        """False (``jobs`` now wait, as an event-driven :class:`Waiting`) while the first
+        measured runner baseline is about to arrive; sizing goes on once it has or after
+        :data:`BASELINE_WAIT_S`. The wait does not count against ``queue_timeout_s``."""
+        starting = self._baseline_runner()
+        if starting is not None:
+            if waiting is None:
+                waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
+                self.waiting[key] = waiting
+                log.info("%s waits for runner %s to report its baseline", name, starting.id)
+            waiting.for_baseline = True
+            waiting.reason = f"waiting for runner {starting.id} to start and report its memory"
+            return False
+        if waiting is not None and waiting.for_baseline:
+            waiting.for_baseline = False
+            waiting.deadline = self._clock() + self.settings.queue_timeout_s
+            if not self.baseline_measured:
+                log.warning(
+                    "no runner reported its baseline within %g s; sizing %s with the default %s",
+                    BASELINE_WAIT_S,
+                    name,
+                    format_bytes(self.baseline),
+                )
+        return True
+
+    def _baseline_runner(self) -> Runner | None:
+        """The spare runner, still starting, whose hello will bring the first measured
+        baseline; None when one was measured already, there is no such spare (``spare_runner``
+        off: the load's own runner starts with it) or it has taken over
+        :data:`BASELINE_WAIT_S`."""
+        if self.baseline_measured or self.stopping or self.spare is None:
+            return None
+        runner = self.sup.runners.get(self.spare)
+        if (
+            runner is None
+            or runner.ready
+            or runner.stopping_since is not None
+            or time.monotonic() - runner.started_at >= BASELINE_WAIT_S  # supervisor's clock
+        ):
+            return None
+        return runner
 
     def _moved_on(self, victim: ModelKey, jobs: list[Job]) -> bool:
         """True when the client that used ``victim`` last is the one now asking for another
@@ -239,7 +291,12 @@ class SchedulerCore:
         self.sup.send(
             runner.id,
             runner_protocol.load(
-                key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=threads, seed=0
+                key.path,
+                mode=key.mode,
+                n_ctx=size.n_ctx,
+                n_threads=threads,
+                seed=0,
+                prompt_cache_mib=self.settings.prompt_cache_mib,
             ),
         )
 
@@ -323,45 +380,6 @@ class SchedulerCore:
         else:
             self._admit(slot.key, slot.name, jobs, None)
 
-    # ------------------------------------------------------------------ client events
-
-    def cancel(self, client: bytes, target: str) -> bool:
-        job = self.jobs.get((client, target))
-        if job is None:
-            return False
-        self._cancel_job(job)
-        return True
-
-    def client_gone(self, client: bytes) -> None:
-        """The client vanished: cancel all of its requests quietly."""
-        for job in [j for j in self.jobs.values() if j.client == client]:
-            job.client_gone = True
-            self._cancel_job(job)
-
-    def _cancel_job(self, job: Job) -> None:
-        slot = self.slots.get(job.key)
-        if slot is not None and slot.current is job:
-            if not job.cancel_sent:
-                job.cancel_sent = True
-                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
-            return
-        if slot is not None and job in slot.queue:
-            slot.queue.remove(job)
-            self.cache.dequeue(job.key)
-        waiting = self.waiting.get(job.key)
-        if waiting is not None and job in waiting.jobs:
-            waiting.jobs.remove(job)
-            if not waiting.jobs:
-                del self.waiting[job.key]
-        self._finish(job, CancelledError("request cancelled"))
-
-    def _deliver(self, job: Job, msg: protocol.Message, slot: Slot | None = None) -> None:
-        if job.client_gone:
-            return
-        if not self._send(job, msg):
-            log.info("client of %s went away; cancelling", job.rid)
-            self.client_gone(job.client)
-
     def _finish(self, job: Job, result: ModeldError | protocol.Message) -> None:
         if self.jobs.get((job.client, job.rid)) is job:
             del self.jobs[(job.client, job.rid)]
@@ -422,51 +440,6 @@ class SchedulerCore:
             self.sup.send(runner_id, runner_protocol.unload())
         else:
             self.sup.stop(runner_id)
-
-    def on_unloaded(self, runner: Runner, msg: dict[str, Any]) -> bool:
-        """A runner closed its model. True (and its memory released) when it gave the memory
-        back and may be reused; otherwise it is stopped and its memory is freed on exit."""
-        self.recycling.discard(runner.id)
-        footprint = msg.get("footprint")
-        held = footprint.get("rss") if isinstance(footprint, dict) else None
-        if (
-            isinstance(held, int)
-            and held <= RECYCLE_SLACK_BYTES
-            and not self.stopping
-            and runner.stopping_since is None
-        ):
-            self.cache.unload_finished(runner.id)
-            return True
-        log.info("runner %s kept %s after unloading; stopping it", runner.id,
-                 format_bytes(held) if isinstance(held, int) else "an unknown amount")
-        self.sup.stop(runner.id)
-        return False
-
-    def adopt_spare(self, runner: Runner) -> None:
-        """An idle, reusable runner: the spare if there is none, else it is not needed."""
-        if self.spare is None and not self.stopping and runner.id in self.sup.runners:
-            self.spare = runner.id
-            log.info("runner %s is reused as the spare", runner.id)
-        else:
-            self.sup.stop(runner.id)
-
-    def unload(self, keys: list[ModelKey]) -> tuple[list[str], list[str]]:
-        """Explicit unload: idle ones now, busy ones when their requests finish."""
-        now_names: list[str] = []
-        later: list[str] = []
-        for key in keys:
-            slot = self.slots.get(key)
-            if slot is None:
-                continue
-            if self.cache.get(key) is not None:
-                self.cache.set_pinned(key, False)
-            if self._idle(slot):
-                self.evict(key, EvictionReason.EXPLICIT)
-                now_names.append(slot.name)
-            else:
-                slot.retire = EvictionReason.EXPLICIT
-                later.append(slot.name)
-        return now_names, later
 
     def shutdown(self) -> None:
         """Fail every open request with ``shutting_down`` (runners are stopped by the daemon)."""
