@@ -7,10 +7,9 @@ deterministic). Reported: throughput (completion tokens/s and requests/s over th
 of the concurrent phase), p50/p99 request latency, and the same load run sequentially by one
 client for comparison.
 
-Greedy decoding is not bitwise stable in llama.cpp across batch shapes, and prefix reuse makes
-the batch shape depend on the previous request: one client sending the same prompt after
-different prompts can get different replies. So each reply is also checked against the set of
-replies a single client gets for that prompt after each of the other prompts ("explained").
+Greedy replies must not depend on what ran before on the runner (llama.cpp's logits depend on
+the decode batch split; greedy prompts are evaluated in aligned pieces, generation.py): the
+reference phase also sends each prompt after each other prompt and counts the distinct replies.
 """
 
 from __future__ import annotations
@@ -86,8 +85,6 @@ def concurrency(ctx: Context, d: Daemon, models: list[Path], clients: int = 8,
     flat = [r for rs in results for r in rs]
     mismatches = [f"{m.rsplit('/', 1)[-1]} {p!r}: {text!r} != {reference[(m, p)]!r}"
                   for m, p, text, _, _ in flat if text != reference[(m, p)]]
-    unexplained = [f"{m.rsplit('/', 1)[-1]} {p!r}: {text!r}" for m, p, text, _, _ in flat
-                   if text not in seen[(m, p)] and text != reference[(m, p)]]
     lat = [r[4] for r in flat]
     tokens = sum(r[3] for r in flat)
     expected = clients * per_client
@@ -104,8 +101,6 @@ def concurrency(ctx: Context, d: Daemon, models: list[Path], clients: int = 8,
         "variants_per_prompt": {
             f"{m.rsplit('/', 1)[-1]} {p}": len(v) for (m, p), v in seen.items()
         },
-        "unexplained": unexplained[:20],
-        "unexplained_count": len(unexplained),
         "wall_s": wall,
         "tokens": tokens,
         "tokens_per_s": tokens / wall if wall else None,
@@ -119,8 +114,7 @@ def concurrency(ctx: Context, d: Daemon, models: list[Path], clients: int = 8,
             target("replies correct (all equal their reference)",
                    1.0 if not mismatches and not errors and len(flat) == expected else 0.0,
                    1.0, ">="),
-            target("replies that one client also gets sequentially (after some prompt)",
-                   1.0 if not unexplained and not errors and len(flat) == expected else 0.0,
-                   1.0, ">="),
+            target("distinct greedy replies per prompt, after any other prompt",
+                   max((len(v) for v in seen.values()), default=0), 1, "<="),
         ],
     }

@@ -223,7 +223,12 @@ def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, 
     try:
         hello = link.recv()
         base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
-        link.send(rp.load(path, mode="embed", n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0))
+        link.send(
+            rp.load(
+                path, mode="embed", n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0,
+                prompt_cache_mib=0,  # measured without the prompt cache (estimate: prompt_cache=0)
+            )
+        )  # fmt: skip
         loaded = link.recv()
         if loaded.get("type") != "loaded":
             raise RuntimeError(f"runner could not load {path} n_ctx={n_ctx}: {loaded}")
@@ -289,11 +294,13 @@ def run_case(
 
     path = model_path(label)
     info = read_model_info(path)
+    # prompt_cache=0: the runner's prompt snapshots are a separate, configured component (the
+    # daemon adds prompt_cache_mib); the measured processes keep none.
     if mode == "embed":  # the estimate's own defaults are the runner's embed batch sizes
-        est = memory.estimate(info, n_ctx, mode="embed")
+        est = memory.estimate(info, n_ctx, mode="embed", prompt_cache=0)
         n_ubatch = n_ctx if info.is_embedding_model else min(memory.EMBED_N_BATCH, n_ctx)
     else:
-        est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch)
+        est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch, prompt_cache=0)
     naive = memory.naive_estimate(info, n_ctx)
     m = measure(path, n_ctx, n_ubatch=n_ubatch, mode=mode)
     final, short = m["final"]["rss"], m["short"]["rss"]

@@ -246,6 +246,9 @@ def _conc(doc: dict[str, Any]) -> list[str]:
         "", f"Requests {doc.get('requests')} of {doc.get('expected_requests')}; replies "
         f"differing from their reference: {doc.get('mismatch_count')}; errors: "
         f"{len(doc.get('errors', []))}. Models: {', '.join(doc.get('models', []))}.",
+        "", "Distinct greedy replies per prompt when it follows each other prompt (one "
+        "client): " + ", ".join(f"{k}: {v}" for k, v in
+                                 (doc.get("variants_per_prompt") or {}).items()) + ".",
     ]
 
 

@@ -86,7 +86,8 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
     assert docs["cli_startup"]["help_identical_to_typer"] is True
     conc = docs["concurrency"]
     assert conc["requests"] == conc["expected_requests"] and not conc["errors"]
-    assert conc["unexplained_count"] == 0  # every reply is one a single client can get
+    assert conc["mismatch_count"] == 0  # every reply equals its one-at-a-time reference
+    assert set(conc["variants_per_prompt"].values()) == {1}  # greedy: independent of history
     assert docs["footprint"]["runner_baseline_bytes"] > 0
     trace = docs["trace"]
     runs = trace["runs"]
@@ -101,7 +102,9 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
         assert row["belady"] <= min(row["modeld_cost"], row["lfu_known_simulated"])
     assert docs["prefix_reuse"]["greedy_second_reused_tokens"]["median"] > 0
     svg = (out / "trace-loads.svg").read_text()
-    assert svg.startswith("<svg") and svg.count("<polyline") == 5
+    # one curve per system with load flags; llama_cpp.server only where its extras are installed
+    curves = 4 + bool(runs.get("llama_cpp_server", {}).get("loaded"))
+    assert svg.startswith("<svg") and svg.count("<polyline") == curves
     report = (out / "benchmarks.md").read_text()
     assert "## Targets" in report and "## Memory estimate calibration" in report
     for title in ("Warm call", "Streaming", "Cold load", "Prefix reuse", "Trace", "Footprint",

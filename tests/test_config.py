@@ -74,6 +74,8 @@ def test_precedence_defaults_file_env_cli(tmp_path: Path) -> None:
         ("MODELD_SOCKET", "/tmp/x.sock", "socket", "ipc:///tmp/x.sock"),
         ("MODELD_SOCKET", "tcp://127.0.0.1:5555", "socket", "tcp://127.0.0.1:5555"),
         ("MODELD_MODELS", "/srv/models", "models_dir", Path("/srv/models")),
+        ("MODELD_PROMPT_CACHE_MIB", "0", "prompt_cache_mib", 0),
+        ("MODELD_PROMPT_CACHE_MIB", "64", "prompt_cache_mib", 64),
     ],
 )
 def test_env_values(var: str, raw: str, field: str, expected: object) -> None:
@@ -97,6 +99,8 @@ def test_env_values(var: str, raw: str, field: str, expected: object) -> None:
         ({"MODELD_LOG_LEVEL": "chatty"}, "log_level"),
         ({"MODELD_LOAD_TIMEOUT": "0"}, "load_timeout_s"),
         ({"MODELD_MAX_MESSAGE_BYTES": "100"}, "max_message_bytes"),
+        ({"MODELD_PROMPT_CACHE_MIB": "-1"}, "prompt_cache_mib"),
+        ({"MODELD_PROMPT_CACHE_MIB": "lots"}, "prompt_cache_mib"),
     ],
 )
 def test_invalid_values_name_the_setting_and_source(env: dict[str, str], needle: str) -> None:
@@ -115,6 +119,16 @@ def test_unknown_key_in_config_names_key_and_file(tmp_path: Path) -> None:
     assert "max_model" in err.message and str(cfg) in err.message
     assert "max_models" in err.hint  # close match suggested
     assert err.details["key"] == "max_model"
+
+
+def test_prompt_cache_from_file_and_cli(tmp_path: Path) -> None:
+    cfg = write(tmp_path, "prompt_cache = 8\n")
+    s, src = load_settings(env={}, config_path=cfg)
+    assert s.prompt_cache_mib == 8 and s.prompt_cache_bytes == 8 << 20
+    assert src["prompt_cache_mib"].startswith("config:")
+    s, src = load_settings({"prompt_cache_mib": 0}, env={}, config_path=cfg)
+    assert s.prompt_cache_mib == 0 and src["prompt_cache_mib"] == "cli"
+    assert Settings().prompt_cache_mib == 32
 
 
 def test_unknown_cli_override() -> None:

@@ -16,6 +16,7 @@ import pytest
 import ggufgen
 from daemonutil import rows, until
 from modeld import memory, sizing
+from modeld.config import Settings
 from modeld.errors import ErrorCode, RequestTimeoutError
 
 pytestmark = pytest.mark.slow
@@ -48,7 +49,8 @@ def test_first_load_is_sized_with_the_measured_runner_baseline(
     assert baseline != memory.RUNNER_BASELINE  # the spare's measurement, not the default
     info = sizing.read_info(row["path"])
     estimate = memory.estimate(info, row["n_ctx"], mode="generate").total
-    assert row["estimate_bytes"] == estimate + baseline  # the reservation used the measurement
+    # the reservation used the measurement (plus the runner's prompt cache, default size)
+    assert row["estimate_bytes"] == estimate + baseline + Settings().prompt_cache_bytes
     log = d.log_text()
     assert "waits for runner" in log, f"the load did not arrive before the spare's hello:\n{log}"
     assert c.generate(str(tiny_model), "hi", max_tokens=2).text() is not None

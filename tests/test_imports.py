@@ -21,6 +21,8 @@ PURE_MODULES = [
     "modeld.runner_protocol",
     "modeld.chat",
     "modeld.textstream",
+    "modeld.promptplan",
+    "modeld.promptcache",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml")
 

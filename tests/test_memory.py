@@ -184,6 +184,20 @@ def test_total_is_the_sum_of_components_without_baseline(gemma: ModelInfo) -> No
     assert not e.approximate
 
 
+def test_prompt_cache_is_its_own_component_in_generate_mode(gemma: ModelInfo) -> None:
+    plain = memory.estimate(gemma, 4096)
+    cached = memory.estimate(gemma, 4096, prompt_cache=32 * memory.MiB)
+    assert plain.prompt_cache == 0  # the default: what bench/calibrate.py measures
+    assert cached.prompt_cache == 32 * memory.MiB
+    # kept beside the calibrated total, like the runner baseline
+    assert cached.total == plain.total
+    assert cached.need == cached.total + 32 * memory.MiB + cached.runner_baseline
+    assert cached.to_dict()["prompt_cache"] == 32 * memory.MiB
+    # embedding runners keep no prompt snapshots
+    embed = memory.estimate(gemma, 4096, mode="embed", prompt_cache=32 * memory.MiB)
+    assert embed.prompt_cache == 0
+
+
 def test_n_ctx_is_rounded_up(gemma: ModelInfo) -> None:
     assert memory.estimate(gemma, 1000).n_ctx == 1024
     assert memory.estimate(gemma, 1000) == memory.estimate(gemma, 1024)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import zmq
 
+import ggufgen
 from modeld import chat
 from modeld import runner_protocol as rp
 
@@ -245,20 +246,54 @@ def test_same_seed_gives_same_text(harness: Harness, tiny_model: Path) -> None:
     assert a != c
 
 
-def test_prefix_reuse_is_reported(harness: Harness, tiny_model: Path) -> None:
+def test_greedy_repeat_is_an_exact_prompt_cache_hit(harness: Harness, tiny_model: Path) -> None:
     harness.loaded(tiny_model)
     prompt = "alpha beta gamma delta epsilon zeta eta theta"
-    _, first = harness.generate("p1", prompt=prompt, raw=True, max_tokens=4, temperature=0.0)
+    opts: dict[str, Any] = dict(prompt=prompt, raw=True, max_tokens=8, temperature=0.0)
+    text, first = harness.generate("p1", **opts)
     n = first["usage"]["prompt_tokens"]
-    assert first["usage"]["prompt_tokens_reused"] <= 1  # at most the BOS of a warm cache
-    _, again = harness.generate("p2", prompt=prompt, raw=True, max_tokens=4, temperature=0.0)
+    assert first["usage"]["prompt_tokens_reused"] == 0  # nothing cached after the load
+    again_text, again = harness.generate("p2", **opts)
+    # The state saved after the first evaluation: nothing evaluated, same reply.
+    assert again["usage"]["prompt_tokens_reused"] == n
+    assert again_text == text
+
+
+def test_sampled_requests_reuse_the_longest_prefix(harness: Harness, tiny_model: Path) -> None:
+    harness.loaded(tiny_model, prompt_cache_mib=0)
+    prompt = "alpha beta gamma delta epsilon zeta eta theta"
+    opts: dict[str, Any] = dict(raw=True, max_tokens=4, temperature=1.0, seed=3)
+    _, first = harness.generate("q1", prompt=prompt, **opts)
+    n = first["usage"]["prompt_tokens"]
+    _, again = harness.generate("q2", prompt=prompt, **opts)
     # Everything but the last prompt token is reused (it is re-evaluated to get fresh logits).
     assert again["usage"]["prompt_tokens_reused"] == n - 1
-    _, longer = harness.generate(
-        "p3", prompt=prompt + " iota kappa", raw=True, max_tokens=4, temperature=0.0
-    )
+    _, longer = harness.generate("q3", prompt=prompt + " iota kappa", **opts)
     assert longer["usage"]["prompt_tokens_reused"] >= n - 1
     assert longer["usage"]["prompt_tokens"] > n
+
+
+def test_greedy_requests_reuse_only_aligned_stable_pieces(
+    harness: Harness, tiny_model: Path
+) -> None:
+    from modeld.promptplan import ALIGN
+
+    harness.loaded(tiny_model, prompt_cache_mib=0)
+    base = " ".join(f"w{i}" for i in range(150))
+    opts: dict[str, Any] = dict(raw=True, max_tokens=4, temperature=0.0)
+    text, first = harness.generate("g1", prompt=base, **opts)
+    n = first["usage"]["prompt_tokens"]
+    assert n > 2 * ALIGN
+    # Without the prompt cache a repeat reuses the stable pieces before the last one only.
+    again_text, again = harness.generate("g2", prompt=base, **opts)
+    assert again["usage"]["prompt_tokens_reused"] == ALIGN * ((n - 1) // ALIGN)
+    assert again_text == text
+    # A sampled request after it may reuse more (longest prefix), a greedy one no more.
+    _, sampled = harness.generate("g3", prompt=base, raw=True, max_tokens=2, temperature=1.0)
+    assert sampled["usage"]["prompt_tokens_reused"] == n - 1
+    third_text, third = harness.generate("g4", prompt=base, **opts)
+    assert third["usage"]["prompt_tokens_reused"] == ALIGN * ((n - 1) // ALIGN)
+    assert third_text == text
 
 
 def test_stop_strings_end_generation_without_the_stop_text(
@@ -449,9 +484,9 @@ def test_default_model_chat_is_question_answer_with_system_first(
     # Same tokens; chat mode drops the leading space and stops at "\nQuestion:"; raw does not.
     assert via_chat and via_raw.lstrip().startswith(via_chat)
     assert "\nQuestion:" not in via_chat
-    # Same conversation again: all but the last prompt token come from the KV cache.
+    # Same conversation again: the prompt cache holds its state, nothing is evaluated.
     _, again = h.generate("d3", messages=messages, max_tokens=4, temperature=0.0)
-    assert again["usage"]["prompt_tokens_reused"] == again["usage"]["prompt_tokens"] - 1
+    assert again["usage"]["prompt_tokens_reused"] == again["usage"]["prompt_tokens"]
 
 
 def test_cancel_mid_generation_stops_within_one_token(
@@ -541,3 +576,22 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def test_each_request_frees_its_sampler(model_factory: Any) -> None:
+    """A request's sampler chain holds n_vocab-sized buffers in a reference cycle: left to the
+    garbage collector, a runner grew by megabytes per request (gemma: ~3 MiB each)."""
+    big_vocab = model_factory("llama", **dict(ggufgen.TINY, n_vocab=600_000))
+    h = Harness("s1")
+    try:
+        h.loaded(big_vocab, n_ctx=256, prompt_cache_mib=0)
+        rss = []
+        for i in range(12):
+            _, done = h.generate(f"s{i}", prompt=f"tok{i} tok{i + 1}", raw=True, max_tokens=2)
+            assert done["type"] == "done", done
+            rss.append(done["memory"]["rss"])
+        per_request = 600_000 * 12  # one llama_token_data array, the leak's unit
+        growth = rss[-1] - rss[1]
+        assert growth < 3 * per_request, f"runner grew {growth} bytes over 10 requests: {rss}"
+    finally:
+        h.close()

@@ -123,6 +123,17 @@ def test_parse_load_validates_fields() -> None:
             rp.parse_load(msg)
 
 
+def test_load_carries_the_prompt_cache_size_and_tolerates_its_absence() -> None:
+    assert rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=1)).prompt_cache_mib == 32
+    zero = rp.load("/m.gguf", n_ctx=512, n_threads=1, prompt_cache_mib=0)
+    assert rp.parse_load(zero).prompt_cache_mib == 0
+    older = {k: v for k, v in zero.items() if k != "prompt_cache_mib"}  # an older daemon
+    assert rp.parse_load(older).prompt_cache_mib == 32
+    for bad in (-1, "32", True):
+        with pytest.raises(ProtocolError):
+            rp.parse_load({**zero, "prompt_cache_mib": bad})
+
+
 def test_parse_generate_validates_fields() -> None:
     spec = rp.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
     assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)

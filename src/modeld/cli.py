@@ -122,6 +122,10 @@ def serve(
         list[str] | None, typer.Option("--preload", help="Load this model at start (repeatable).")
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    prompt_cache_mib: Annotated[
+        int | None,
+        typer.Option(help="Prompt-state cache per generating model, in MiB (0: off)."),
+    ] = None,
 ) -> None:
     """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
     from modeld import daemon
@@ -133,6 +137,7 @@ def serve(
         max_models=max_models,
         keep_alive=keep_alive,
         log_level=log_level,
+        prompt_cache_mib=prompt_cache_mib,
     )
     if preload:
         from modeld.autostart import preload_in_background

@@ -18,6 +18,7 @@ from typing import Any
 from modeld import paths
 from modeld.cache import parse_keep_alive
 from modeld.errors import InvalidRequestError
+from modeld.promptcache import PROMPT_CACHE_MIB
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -46,6 +47,12 @@ class Settings:
     failure_cooldown_s: float = 30.0  # first back-off after a failed load (doubles, ≤ 10 min)
     max_queue: int = 64  # requests waiting per daemon before new ones are refused
     eviction: str = "cost"  # victim order: "cost" (popularity x reload cost / size) or "lru"
+    prompt_cache_mib: int = PROMPT_CACHE_MIB  # per generate-mode runner: prompt snapshots; 0 off
+
+    @property
+    def prompt_cache_bytes(self) -> int:
+        """The prompt-state cache of one generate-mode runner, in bytes (part of its estimate)."""
+        return self.prompt_cache_mib * MiB
 
     @property
     def keep_alive_s(self) -> float:
@@ -83,6 +90,7 @@ ENV_VARS: dict[str, str] = {
     "failure_cooldown_s": "MODELD_FAILURE_COOLDOWN",
     "max_queue": "MODELD_MAX_QUEUE",
     "eviction": "MODELD_EVICTION",
+    "prompt_cache_mib": "MODELD_PROMPT_CACHE_MIB",
 }
 CONFIG_ENV = "MODELD_CONFIG"
 
@@ -231,6 +239,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "failure_cooldown_s": _parse_float,
     "max_queue": _parse_int,
     "eviction": _parse_eviction,
+    "prompt_cache_mib": _parse_int,
 }
 
 # Friendlier spellings accepted in the config file and CLI overrides.
@@ -240,6 +249,7 @@ _SYNONYMS = {
     "load_timeout": "load_timeout_s",
     "queue_timeout": "queue_timeout_s",
     "failure_cooldown": "failure_cooldown_s",
+    "prompt_cache": "prompt_cache_mib",
 }
 
 
@@ -310,6 +320,8 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         raise bad("threads", "must be at least 1 (or 0/auto)")
     if s.max_queue < 1:
         raise bad("max_queue", "must be at least 1")
+    if not 0 <= s.prompt_cache_mib <= 1 << 20:
+        raise bad("prompt_cache_mib", "must be between 0 (off) and 1048576")
 
 
 def read_config_file(path: Path) -> dict[str, object]:

@@ -372,38 +372,15 @@ class Daemon:
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
+        from modeld import describe
+
         key, name = self._key(req.model, req.mode)
         sched = self.sched
-        info = sched.model_info(key)
-        out: dict[str, Any] = {
-            "name": name,
-            "path": key.path,
-            "mode": key.mode,
-            "info": info.summary(),
-        }
-        try:
-            size = sizing.size_for(
-                info, key.mode, sched.cache, key, sched.baseline, _ctx(req.n_ctx), self.settings
-            )
-        except ModeldError as exc:
-            out["fits"] = False
-            out["error"] = exc.to_dict()
-            return out
-        plan = sched.cache.plan(key, size.need_bytes)
-        out.update(
-            fits=plan.action != "refuse",
-            n_ctx=size.n_ctx,
-            ctx_reason=size.reason,
-            estimate_bytes=size.estimate_bytes,
-            estimate=sizing.breakdown(info, size.n_ctx, key.mode),
-            need_bytes=size.need_bytes,
-            budget_bytes=sched.cache.budget_bytes,
-            runner_baseline_bytes=sched.baseline,
-            plan=plan.action,
-            plan_reason=plan.reason,
-            would_evict=[v.name for v in plan.victims],
-            loaded=sched.row(key) if key in sched.slots else None,
+        out = describe.show_data(
+            sched.model_info(key), key, name, sched.cache, sched.baseline, self.settings,
+            req.n_ctx,
         )
+        out["loaded"] = sched.row(key) if key in sched.slots else None
         return out
 
     def _stats(self) -> dict[str, Any]:
@@ -471,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-message-bytes", type=int)
     p.add_argument("--queue-timeout", type=float)
     p.add_argument("--load-timeout", type=float)
+    p.add_argument("--max-queue", type=int, help="waiting requests before new ones are refused")
+    p.add_argument("--prompt-cache-mib", type=int, help="prompt snapshots per runner; 0 off")
     p.add_argument("--threads", type=int)
     p.add_argument("--no-spare", action="store_true", help="do not pre-start a spare runner")
     p.add_argument("--eviction", choices=("cost", "lru"), help="victim order (default cost)")
@@ -488,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
         "max_message_bytes": a.max_message_bytes,
         "queue_timeout_s": a.queue_timeout,
         "load_timeout_s": a.load_timeout,
+        "max_queue": a.max_queue,
+        "prompt_cache_mib": a.prompt_cache_mib,
         "threads": a.threads,
         "log_level": a.log_level,
         "spare_runner": False if a.no_spare else None,

@@ -44,14 +44,13 @@ def show_data(
         out["error"] = exc.to_dict()
         return out
     plan = cache.plan(key, size.need_bytes)
-    mode: memory.Mode = "embed" if key.mode == "embed" else "generate"
     out.update(
         fits=plan.action != "refuse",
         n_ctx=size.n_ctx,
         ctx_reason=size.reason,
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
-        estimate=memory.estimate(info, size.n_ctx, mode=mode).to_dict(),
+        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,

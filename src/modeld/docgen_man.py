@@ -73,6 +73,8 @@ SETTING_HELP = {
     "max_queue": "Requests that may wait at once; further ones are refused.",
     "eviction": "Which idle model goes first when room is needed: cost (often used, slow to"
     " reload and small models stay) or lru.",
+    "prompt_cache_mib": "MiB of evaluated-prompt snapshots each generating model keeps (part of"
+    " its memory estimate); 0 turns the prompt cache off.",
 }
 
 # Variables read outside the settings table.

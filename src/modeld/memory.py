@@ -30,6 +30,11 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   pooled encoders: embeddings for every token of the micro-batch.
 * **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
   43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
+* **prompt_cache** — generate mode only: the runner's prompt-state snapshots
+  (:mod:`modeld.promptcache`), bounded by the ``prompt_cache_mib`` setting and counted at that
+  bound (they fill up as prompts are served). Kept out of ``total`` (the calibrated figure:
+  ``bench/calibrate.py`` measures runners with the cache off); the daemon adds it to what it
+  reserves for a load, like the runner baseline.
 * **runner_baseline** — the runner process itself (Python + llama_cpp imported); *not* part of
   :attr:`MemoryEstimate.total`, because the daemon measures its spare runner and adds that.
 
@@ -95,8 +100,10 @@ Mode = Literal["generate", "embed"]
 class MemoryEstimate:
     """Predicted resident bytes of one model in its runner, by component.
 
-    ``total`` is what the daemon accounts for the model (RAM: file-backed + anonymous);
-    ``runner_baseline`` is separate and added once per runner process by the caller.
+    ``total`` is what the model itself adds to a runner (RAM: file-backed + anonymous), the
+    figure bench/calibrate.py measures; ``prompt_cache`` (the runner's prompt snapshots, filled
+    over time up to a configured bound) and ``runner_baseline`` are separate and added by the
+    caller: :attr:`need` is what the daemon reserves for a load.
     """
 
     n_ctx: int
@@ -109,6 +116,7 @@ class MemoryEstimate:
     overhead: int  # vocab tables, graph metadata, native code pages
     runner_baseline: int
     vram: int = 0  # bytes on the GPU (offloaded layers), not part of ``total``
+    prompt_cache: int = 0  # the runner's prompt snapshots at their bound; not in ``total``
     kv_cells: int = 0  # cells of full-attention layers
     swa_cells: int = 0  # cells of sliding-window layers (0 when the model has none)
     approximate: bool = False
@@ -139,6 +147,11 @@ class MemoryEstimate:
         """A whole runner process holding this model."""
         return self.total + self.runner_baseline
 
+    @property
+    def need(self) -> int:
+        """A whole runner process with this model and a full prompt cache."""
+        return self.total + self.prompt_cache + self.runner_baseline
+
     def to_dict(self) -> dict[str, object]:
         """JSON-safe form for ``show``/``ps`` and the benchmark files."""
         return {
@@ -150,6 +163,7 @@ class MemoryEstimate:
             "compute": self.compute,
             "output": self.output,
             "overhead": self.overhead,
+            "prompt_cache": self.prompt_cache,
             "runner_baseline": self.runner_baseline,
             "vram": self.vram,
             "total": self.total,
@@ -312,6 +326,7 @@ def estimate(
     mmap: bool = True,
     gpu_layers: int = 0,
     repack: bool = True,
+    prompt_cache: int = 0,
 ) -> MemoryEstimate:
     """Predict the resident memory of ``info`` loaded with ``n_ctx`` (rounded up to 256).
 
@@ -321,7 +336,8 @@ def estimate(
     a pooled encoder gets the whole context in one micro-batch (it needs every token of an
     input in one batch) and is flagged approximate. ``repack=False`` models a CPU
     without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV
-    to :attr:`MemoryEstimate.vram` (not calibrated).
+    to :attr:`MemoryEstimate.vram` (not calibrated). ``prompt_cache``: bytes of the runner's
+    prompt-state cache (the daemon passes its ``prompt_cache_mib``; ignored in embed mode).
     """
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -401,6 +417,7 @@ def estimate(
         overhead=overhead,
         runner_baseline=RUNNER_BASELINE,
         vram=vram,
+        prompt_cache=0 if embed else max(0, int(prompt_cache)),
         kv_cells=full_cells,
         swa_cells=swa_cells,
         approximate=approximate,

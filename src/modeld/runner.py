@@ -6,7 +6,8 @@ already paid for Python and the import. One process per model because llama.cpp 
 process on bad input, and process exit is the only sure way to give memory back (DESIGN.md §2).
 
 The loop serves one request at a time. During a generation it polls the socket between tokens
-(and between prompt batches) for ``cancel``/``shutdown``, so a cancel stops within one token.
+(and between prompt pieces) for ``cancel``/``shutdown``, so a cancel stops within one token.
+The KV bookkeeping, prompt evaluation and prompt-state cache are in :mod:`modeld.generation`.
 It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never leak.
 """
 
@@ -22,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import llama_cpp
@@ -34,11 +35,14 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from modeld import chat, memory, probe
 from modeld import runner_protocol as rp
 from modeld.errors import ContextExceededError, ErrorCode, InvalidRequestError, ModeldError
+from modeld.generation import PromptState, make_sampler
+from modeld.llamalog import install_llama_logging, llama_logger
 from modeld.runner_server import Interrupted, RunnerServer, connect
 from modeld.textstream import TextStream, pool_and_normalize
 
 log = logging.getLogger("modeld.runner")
 
+MiB = 1 << 20
 EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without pooling (memory.py)
 #: Streamed text is sent at most this often (the first piece at once). Each message wakes the
 #: daemon and the client; on 2 cores one per token cost ~3% of the decode rate because they
@@ -65,74 +69,6 @@ def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: max(0, v - before.get(k, 0)) for k, v in after.items()}
 
 
-# --------------------------------------------------------------------------- llama.cpp logging
-
-# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last message
-_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-_llama_log = logging.getLogger("llama.cpp")
-_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG}
-
-
-@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    """Route llama.cpp/ggml log lines into Python logging (lines arrive in pieces)."""
-    if level != 5:  # 5 = continuation of the previous message
-        _log_state["level"] = _LEVELS.get(level, logging.DEBUG)
-    _log_state["buf"] += text.decode("utf-8", errors="replace")
-    while "\n" in _log_state["buf"]:
-        line, _log_state["buf"] = _log_state["buf"].split("\n", 1)
-        if line.strip():
-            _llama_log.log(_log_state["level"], "%s", line)
-
-
-class _NoSuppress:
-    """Stand-in for llama-cpp-python's stdout/stderr redirection (see install_llama_logging)."""
-
-    def __init__(self, disable: bool = True) -> None:
-        self.disable = disable
-
-    def __enter__(self) -> _NoSuppress:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-
-def install_llama_logging() -> None:
-    """Send llama.cpp's log through logging, and stop llama-cpp-python from pointing fds 1/2 at
-    /dev/null during a load (verbose=False does that): a native abort while loading a bad file
-    then still leaves its message in the runner log."""
-    llama_cpp.llama_log_set(_llama_log_callback, ctypes.c_void_p(0))
-    llama_cpp.llama.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]
-    llama_cpp._internals.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]
-
-
-# --------------------------------------------------------------------------- the model
-
-
-class CountingLlama(llama_cpp.Llama):
-    """A Llama that counts evaluated tokens (to report prompt tokens reused) and calls a hook
-    between batches of a long prompt (so a cancel need not wait for the whole prefill)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.evaluated = 0
-        self.between_batches: Callable[[], None] | None = None
-
-    def eval(self, tokens: Sequence[int]) -> None:
-        tokens = list(tokens)
-        if len(tokens) <= self.n_batch:
-            super().eval(tokens)
-            self.evaluated += len(tokens)
-            return
-        for start in range(0, len(tokens), self.n_batch):
-            if start and self.between_batches is not None:
-                self.between_batches()
-            part = tokens[start : start + self.n_batch]
-            super().eval(part)
-            self.evaluated += len(part)
-
-
 # --------------------------------------------------------------------------- the server
 
 
@@ -142,7 +78,8 @@ class Runner(RunnerServer):
     def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
         super().__init__(sock, runner_id, parent_pid)
         self.baseline = measure_memory(gpu=True)
-        self.llm: CountingLlama | None = None
+        self.llm: llama_cpp.Llama | None = None
+        self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -162,8 +99,7 @@ class Runner(RunnerServer):
         spec = rp.parse_load(msg)
         if self.llm is not None:
             log.info("replacing the loaded model")
-            self.llm.close()
-            self.llm = None
+            self._close()
         if not os.path.isfile(spec.path):
             self.send(
                 rp.load_failed(
@@ -208,10 +144,11 @@ class Runner(RunnerServer):
                 instruction_tuned=chat.is_instruction_tuned(meta),
             )
         except InvalidRequestError as exc:
-            self.llm.close()
-            self.llm = None
+            self._close()
             self.send(rp.load_failed(exc.code, exc.message, exc.hint))
             return
+        if spec.mode == "generate":
+            self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
         t1 = time.perf_counter()
         self.warm_up()
         warmup_s = time.perf_counter() - t1
@@ -249,10 +186,21 @@ class Runner(RunnerServer):
         tokens = self.llm.tokenize(_WARMUP_TEXT, add_bos=True, special=False)
         self.llm.eval(tokens[:8])
         self.llm.reset()  # type: ignore[no-untyped-call]
+        if self.state is not None:
+            self.state.reset()
+
+    def _close(self) -> None:
+        """Close the model and drop its prompt snapshots."""
+        if self.state is not None:
+            self.state.store.clear()
+            self.state = None
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
 
     # ---------------------------------------------------------------- generate
 
-    def _require(self, mode: str) -> CountingLlama:
+    def _require(self, mode: str) -> llama_cpp.Llama:
         if self.llm is None:
             raise InvalidRequestError("this runner has no model loaded", hint="send 'load' first")
         if self.mode != mode:
@@ -300,39 +248,37 @@ class Runner(RunnerServer):
     def handle_generate(self, msg: dict[str, Any]) -> None:
         spec = rp.parse_generate(msg)
         llm = self._require("generate")
+        state = self.state
+        assert state is not None
         self.apply_threads(spec.n_threads)
         tokens, format_stops = self.prompt_tokens(spec)
         n_ctx = llm.n_ctx()
         if len(tokens) >= n_ctx:
             raise _context_exceeded(len(tokens), n_ctx)
         llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
+        sampler = make_sampler(
+            llm, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p
+        )
         stream = TextStream((*spec.stop, *format_stops))
         strip_lead = not spec.raw and self.chat_format == chat.QA
         vocab = llm._model.vocab
         rid = spec.rid
-        llm.between_batches = lambda: self.check_interrupt(rid)
-        evaluated_before = llm.evaluated
-        prompt_evaluated = len(tokens)
-        completion = 0
+        completion, reused = 0, 0
         finish = "length"
         t0 = time.perf_counter()
         t_first: float | None = None
-        gen = llm.generate(
-            tokens,
-            top_k=spec.top_k,
-            top_p=spec.top_p,
-            min_p=0.0,
-            temp=spec.temperature,
-            repeat_penalty=1.0,
-            reset=True,  # 0.3.36: reset=True is what enables longest-prefix reuse
-        )
         unsent, last_send = "", 0.0
         try:
             self.check_interrupt(rid)
-            for token in gen:
+            # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
+            prepared = state.prepare(
+                tokens, spec.temperature == 0.0, lambda: self.check_interrupt(rid)
+            )
+            reused = prepared.reused
+            while True:
+                token = state.sample(sampler)
                 if t_first is None:
                     t_first = time.perf_counter()
-                    prompt_evaluated = llm.evaluated - evaluated_before
                 if llama_cpp.llama_vocab_is_eog(vocab, token):
                     finish = "stop"
                     break
@@ -353,14 +299,14 @@ class Runner(RunnerServer):
                 if completion >= spec.max_tokens or len(tokens) + completion >= n_ctx:
                     break
                 self.check_interrupt(rid)
+                state.decode(token)
         except Interrupted as exc:
             details = {"completion_tokens": completion, "prompt_tokens": len(tokens)}
             message = f"generation stopped: {exc.reason}"
             self.send(rp.error(rid, ErrorCode.CANCELLED, message, details))
             return
-        finally:
-            gen.close()
-            llm.between_batches = None
+        finally:  # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
+            sampler.close()  # type: ignore[no-untyped-call]
         t_end = time.perf_counter()
         tail = unsent + stream.finish()
         if tail:
@@ -373,7 +319,7 @@ class Runner(RunnerServer):
                 rid,
                 finish_reason=finish,
                 prompt_tokens=len(tokens),
-                prompt_tokens_reused=max(0, len(tokens) - prompt_evaluated),
+                prompt_tokens_reused=reused,
                 completion_tokens=completion,
                 prompt_eval_s=first - t0,
                 generation_s=t_end - first,
@@ -408,7 +354,7 @@ class Runner(RunnerServer):
         elapsed = time.perf_counter() - t0
         self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=measure_memory()))
 
-    def _embed_one(self, llm: CountingLlama, text: str, rid: str) -> list[float]:
+    def _embed_one(self, llm: llama_cpp.Llama, text: str, rid: str) -> list[float]:
         """One input's embedding: the model's pooled vector, or the mean of its per-token
         hidden states when the model has no pooling (decoders such as Gemma).
 
@@ -447,9 +393,7 @@ class Runner(RunnerServer):
         """Close the model and hand its memory back, keeping the process (llama_cpp imported)
         so the daemon can reuse it instead of starting a new one; the reply says how much is
         still held above the baseline, and the daemon stops the process if that is too much."""
-        if self.llm is not None:
-            self.llm.close()
-            self.llm = None
+        self._close()
         gc.collect()
         _malloc_trim()
         memory = measure_memory(gpu=True)
@@ -463,9 +407,9 @@ def _malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _open_llama(spec: rp.LoadSpec, n_batch: int) -> CountingLlama:
+def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     """The one place a Llama is created: flash attention on, SWA caches at window size."""
-    return CountingLlama(
+    return llama_cpp.Llama(
         model_path=spec.path,
         n_ctx=spec.n_ctx,
         n_batch=n_batch,
@@ -544,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # llama.cpp's info lines (hundreds per load) only at debug level; warnings always.
     debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
-    _llama_log.setLevel(logging.DEBUG if debug else logging.WARNING)
+    llama_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     install_llama_logging()
     # Given by the daemon: a runner started just as the daemon died would otherwise take its
     # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).

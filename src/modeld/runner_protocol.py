@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeld.errors import ErrorCode
+from modeld.promptcache import PROMPT_CACHE_MIB
 from modeld.protocol import ProtocolError
 
 RUNNER_PROTOCOL_VERSION = 1
@@ -57,8 +58,12 @@ def load(
     n_batch: int = 512,
     seed: int = 0,
     chat_format: str | None = None,
+    prompt_cache_mib: int = PROMPT_CACHE_MIB,
 ) -> dict[str, Any]:
-    """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256)."""
+    """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
+
+    ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
+    """
     msg: dict[str, Any] = {
         "type": "load",
         "path": os.fspath(path),
@@ -67,6 +72,7 @@ def load(
         "n_threads": n_threads,
         "n_batch": n_batch,
         "seed": seed,
+        "prompt_cache_mib": prompt_cache_mib,
     }
     if chat_format is not None:
         msg["chat_format"] = chat_format
@@ -298,6 +304,7 @@ class LoadSpec:
     n_batch: int
     seed: int
     chat_format: str | None
+    prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
 
 
 @dataclass(frozen=True)
@@ -341,6 +348,7 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         n_batch=_int(msg, "n_batch", 1, 1 << 20, 512),
         seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
         chat_format=chat_format,
+        prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
     )
 
 

@@ -2,7 +2,8 @@
 
 Kept apart from the scheduler so the rules for "how big may this load be" sit in one place:
 the budget is ``min(memory_fraction x usable RAM, memory_cap)``; a load reserves the model's
-estimate plus the runner process baseline; n_ctx is planned against what is free plus every
+estimate plus the runner process baseline and, in generate mode, its prompt cache
+(``prompt_cache_mib``); n_ctx is planned against what is free plus every
 evictable entry (:meth:`CachePolicy.budget_available_for`).
 """
 
@@ -20,6 +21,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.modelinfo import ModelInfo
+from modeld.promptcache import PROMPT_CACHE_MIB
 
 STEP = 256
 
@@ -30,7 +32,7 @@ class Sizing:
 
     n_ctx: int
     estimate_bytes: int  # the model in the runner (weights, KV, buffers)
-    need_bytes: int  # estimate + runner baseline: what the cache reserves
+    need_bytes: int  # estimate + prompt cache + runner baseline: what the cache reserves
     reason: str
 
 
@@ -56,17 +58,29 @@ def memory_budget(settings: Settings) -> tuple[int, int]:
     return max(0, budget), usable
 
 
+def _cache_bytes(mode: str, settings: Settings | None) -> int:
+    """The prompt-state cache a runner of this mode keeps (generate mode only)."""
+    if mode == "embed":
+        return 0
+    return settings.prompt_cache_bytes if settings is not None else PROMPT_CACHE_MIB << 20
+
+
 def _estimate(info: ModelInfo, n_ctx: int, mode: str) -> int:
     from modeld import memory
 
     return int(memory.estimate(info, n_ctx, mode="embed" if mode == "embed" else "generate").total)
 
 
-def breakdown(info: ModelInfo, n_ctx: int, mode: str) -> dict[str, object]:
-    """The estimate's components (weights, KV cache, compute, ...) for ``show``."""
+def breakdown(
+    info: ModelInfo, n_ctx: int, mode: str, settings: Settings | None = None
+) -> dict[str, object]:
+    """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
+    without ``settings`` the prompt cache is counted at its default size."""
     from modeld import memory
 
-    return memory.estimate(info, n_ctx, mode="embed" if mode == "embed" else "generate").to_dict()
+    kind: memory.Mode = "embed" if mode == "embed" else "generate"
+    cache = _cache_bytes(mode, settings)
+    return memory.estimate(info, n_ctx, mode=kind, prompt_cache=cache).to_dict()
 
 
 def _choose(
@@ -101,12 +115,13 @@ def size_for(
     but would fit once busy models finish, the smallest is returned (the cache plan then says
     "wait"). Raises InsufficientMemoryError when it can never fit.
     """
-    available = cache.budget_available_for(key) - baseline
+    extra = baseline + _cache_bytes(mode, settings)  # reserved beside the model's estimate
+    available = cache.budget_available_for(key) - extra
     try:
         n_ctx, est, reason = _choose(info, mode, available, requested, settings)
     except InsufficientMemoryError:
         pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
-        whole = cache.budget_bytes - pinned - baseline
+        whole = cache.budget_bytes - pinned - extra
         try:
             n_ctx, est, reason = _choose(info, mode, whole, requested, settings)
         except InsufficientMemoryError as exc:
@@ -120,7 +135,7 @@ def size_for(
         small = round_up(requested) if requested else min(n_ctx, round_up(settings.ctx_floor))
         n_ctx, est = small, _estimate(info, small, mode)
         reason = f"smallest context while waiting for busy models ({reason})"
-    return Sizing(n_ctx, est, est + baseline, reason)
+    return Sizing(n_ctx, est, est + extra, reason)
 
 
 def max_context(
@@ -133,7 +148,7 @@ def max_context(
 ) -> int:
     """The largest n_ctx ``key`` could ever get in this budget (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
-    budget = cache.budget_bytes - pinned - baseline
+    budget = cache.budget_bytes - pinned - baseline - _cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
     lo, hi = 0, limit // STEP
     while lo < hi:  # binary search over multiples of 256

@@ -53,7 +53,7 @@ def show_view(data: dict[str, Any]) -> list[Any]:
         ("context (n_ctx)", f"{data.get('n_ctx')}  ({data.get('ctx_reason')})"),
         ("estimate", fmt_bytes(data.get("estimate_bytes"))),
     ]
-    for part in ("weights_file", "weights_anon", "kv_cache", "compute", "output"):
+    for part in ("weights_file", "weights_anon", "kv_cache", "compute", "output", "prompt_cache"):
         if part in est:
             mem_rows.append((f"  {part.replace('_', ' ')}", fmt_bytes(est[part])))
     mem_rows.append(("runner baseline", fmt_bytes(data.get("runner_baseline_bytes"))))

@@ -1,0 +1,55 @@
+"""llama.cpp's log in Python logging, for the runner process (split from :mod:`modeld.runner`).
+
+llama.cpp and ggml print through a callback; without one their lines go to stderr unformatted,
+and llama-cpp-python's ``verbose=False`` points fds 1/2 at /dev/null during a load, which would
+also hide the message of a native abort. :func:`install_llama_logging` fixes both.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Any
+
+import llama_cpp
+import llama_cpp._internals
+import llama_cpp.llama
+
+# ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last message
+_LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+llama_logger = logging.getLogger("llama.cpp")
+_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG}
+
+
+@llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
+def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """Route llama.cpp/ggml log lines into Python logging (lines arrive in pieces)."""
+    if level != 5:  # 5 = continuation of the previous message
+        _log_state["level"] = _LEVELS.get(level, logging.DEBUG)
+    _log_state["buf"] += text.decode("utf-8", errors="replace")
+    while "\n" in _log_state["buf"]:
+        line, _log_state["buf"] = _log_state["buf"].split("\n", 1)
+        if line.strip():
+            llama_logger.log(_log_state["level"], "%s", line)
+
+
+class _NoSuppress:
+    """Stand-in for llama-cpp-python's stdout/stderr redirection (see install_llama_logging)."""
+
+    def __init__(self, disable: bool = True) -> None:
+        self.disable = disable
+
+    def __enter__(self) -> _NoSuppress:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def install_llama_logging() -> None:
+    """Send llama.cpp's log through logging, and stop llama-cpp-python from pointing fds 1/2 at
+    /dev/null during a load (verbose=False does that): a native abort while loading a bad file
+    then still leaves its message in the runner log."""
+    llama_cpp.llama_log_set(_llama_log_callback, ctypes.c_void_p(0))
+    llama_cpp.llama.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]
+    llama_cpp._internals.suppress_stdout_stderr = _NoSuppress  # type: ignore[attr-defined,assignment]

@@ -1,0 +1,61 @@
+"""The prompt snapshot store (pure): byte budget, LRU order, duplicates, 0 disables."""
+
+from __future__ import annotations
+
+from modeld.promptcache import SNAPSHOT_OVERHEAD, Snapshot, SnapshotStore, snapshot_bytes
+
+
+def snap(tokens: tuple[int, ...], size: int = 1000, logits_stable: bool = True) -> Snapshot:
+    return Snapshot(tokens, b"s" * size, size, b"l" * 400, 400, 0, logits_stable)
+
+
+def test_size_counts_state_logits_tokens_and_overhead() -> None:
+    s = snap((1, 2, 3), 1000)
+    assert s.nbytes == 1000 + 400 + 12 + SNAPSHOT_OVERHEAD == snapshot_bytes(1000, 400, 3)
+
+
+def test_store_stays_within_its_budget_evicting_least_recently_used() -> None:
+    one = snap((1,)).nbytes
+    store = SnapshotStore(3 * one)
+    for i in range(1, 4):
+        assert store.add(snap((i,)))
+    store.use(store.snapshots()[0])  # (1,) becomes the most recent
+    assert store.add(snap((4,)))
+    assert [s.tokens for s in store.snapshots()] == [(3,), (1,), (4,)]
+    assert store.used_bytes == 3 * one <= store.budget_bytes
+    assert store.hits == 1
+
+
+def test_a_snapshot_larger_than_the_budget_is_skipped() -> None:
+    store = SnapshotStore(2000)
+    assert store.add(snap((1,), 500))
+    assert not store.add(snap((2,), 5000))
+    assert len(store) == 1 and store.skipped == 1
+
+
+def test_zero_budget_disables_the_store() -> None:
+    store = SnapshotStore(0)
+    assert not store.enabled
+    assert not store.wants((1,), 1, True)
+    assert not store.add(snap((1,), 1))
+    assert len(store) == 0
+
+
+def test_duplicates_are_skipped_unless_they_bring_stable_logits() -> None:
+    store = SnapshotStore(1 << 20)
+    assert store.add(snap((1, 2), logits_stable=False))
+    assert not store.add(snap((1, 2), logits_stable=False))
+    assert store.add(snap((1, 2), logits_stable=True))  # replaces the unstable one
+    assert not store.add(snap((1, 2), logits_stable=False))
+    assert len(store) == 1 and store.snapshots()[0].logits_stable
+    assert store.used_bytes == store.snapshots()[0].nbytes
+
+
+def test_discard_and_clear_release_bytes() -> None:
+    store = SnapshotStore(1 << 20)
+    store.add(snap((1,)))
+    store.add(snap((2,)))
+    store.discard((1,))
+    assert [s.tokens for s in store] == [(2,)]
+    store.clear()
+    assert len(store) == 0 and store.used_bytes == 0

@@ -1,0 +1,111 @@
+"""Prompt planning (pure): which cached state a request reuses, piece boundaries, stable length."""
+
+from __future__ import annotations
+
+import pytest
+
+from modeld import promptplan as pp
+from modeld.promptplan import Cached, Plan
+
+C = 4  # a small alignment keeps the sequences readable
+
+
+def seq(n: int, start: int = 0) -> list[int]:
+    return list(range(start, start + n))
+
+
+def test_common_prefix() -> None:
+    assert pp.common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert pp.common_prefix([1, 2], [1, 2, 3]) == 2
+    assert pp.common_prefix([], [1]) == 0
+
+
+@pytest.mark.parametrize(
+    ("n", "start"), [(1, 0), (4, 0), (5, 4), (8, 4), (9, 8), (12, 8), (13, 12)]
+)
+def test_last_piece_start_is_the_multiple_below_the_last_token(n: int, start: int) -> None:
+    assert pp.last_piece_start(n, C) == start
+
+
+def test_reproducible_pieces_are_cut_at_absolute_multiples() -> None:
+    assert pp.pieces(0, 10, True, 512, C) == [(0, 4), (4, 8), (8, 10)]
+    assert pp.pieces(4, 9, True, 512, C) == [(4, 8), (8, 9)]
+    assert pp.pieces(6, 6, True, 512, C) == []
+
+
+def test_fast_pieces_are_n_batch_from_the_start() -> None:
+    assert pp.pieces(3, 12, False, 4, C) == [(3, 7), (7, 11), (11, 12)]
+    assert pp.pieces(0, 3, False, 512, C) == [(0, 3)]
+
+
+def test_stable_grows_only_by_whole_aligned_pieces_after_the_stable_prefix() -> None:
+    assert pp.stable_after(0, (0, 4), C) == 4
+    assert pp.stable_after(4, (4, 8), C) == 8
+    assert pp.stable_after(8, (8, 10), C) == 8  # partial piece
+    assert pp.stable_after(8, (10, 11), C) == 8  # a decoded token
+    assert pp.stable_after(0, (0, 8), C) == 0  # an 8-token batch is not two aligned pieces
+    assert pp.stable_after(4, (2, 6), C) == 2  # evaluated after a truncation to 2
+    assert pp.stable_after(2, (2, 6), C) == 2  # not aligned
+    assert pp.stable_after(3, (4, 8), C) == 3  # not contiguous with the stable prefix
+
+
+def test_logits_are_stable_only_after_the_last_aligned_piece_on_a_stable_prefix() -> None:
+    assert pp.logits_stable(8, (8, 10), 10, C)
+    assert pp.logits_stable(0, (0, 3), 3, C)  # one short piece from scratch
+    assert not pp.logits_stable(4, (8, 10), 10, C)  # the prefix was not stable
+    assert not pp.logits_stable(8, (9, 10), 10, C)  # only the last token re-evaluated
+    assert not pp.logits_stable(0, (0, 10), 10, C)  # one big batch
+
+
+def test_reproducible_reuse_is_capped_by_stable_and_the_last_piece() -> None:
+    prompt = seq(10)
+    # whole prompt stable in the cache: reuse stops at the last piece's start (8)
+    assert pp.usable(Cached(seq(10), 8), prompt, True, C) == 8
+    # stable only to 4
+    assert pp.usable(Cached(seq(10), 4), prompt, True, C) == 4
+    # shared prefix of 7 rounds down to 4
+    assert pp.usable(Cached([*seq(7), 99], 8), prompt, True, C) == 4
+    # the same prompt 9 long: last piece starts at 8
+    assert pp.usable(Cached(seq(12), 12), seq(9), True, C) == 8
+    assert pp.usable(Cached(seq(12), 12), seq(8), True, C) == 4
+
+
+def test_fast_reuse_is_the_longest_prefix_leaving_one_token() -> None:
+    prompt = seq(10)
+    assert pp.usable(Cached([*seq(7), 99], 0), prompt, False, C) == 7
+    assert pp.usable(Cached(seq(10), 0), prompt, False, C) == 9
+    assert pp.usable(Cached(seq(20), 0), prompt, False, C) == 9
+
+
+def test_exact_hits_need_logits_and_for_greedy_stable_logits() -> None:
+    prompt = seq(6)
+    plain = Cached(seq(6), 4, logits_stable=False, has_logits=True)
+    stable = Cached(seq(6), 4, logits_stable=True, has_logits=True)
+    live = Cached(seq(6), 4)
+    assert pp.is_exact(plain, prompt, False) and not pp.is_exact(plain, prompt, True)
+    assert pp.is_exact(stable, prompt, True)
+    assert not pp.is_exact(live, prompt, False)  # the live KV's logits are not the prompt's
+    assert not pp.is_exact(stable, seq(7), False)
+
+
+def test_plan_prefers_an_exact_snapshot_then_the_longest_reuse() -> None:
+    prompt = seq(10)
+    live = Cached(seq(3), 0)
+    short = Cached(seq(6), 4, True, True)
+    long = Cached([*seq(9), 50], 8, True, True)
+    exact = Cached(seq(10), 8, True, True)
+    assert pp.plan(prompt, live, [short, long, exact], False, C) == Plan(2, 10, exact=True)
+    assert pp.plan(prompt, live, [short, long], False, C) == Plan(1, 9)
+    assert pp.plan(prompt, live, [short, long], True, C) == Plan(1, 8)
+    # a tie goes to the live KV (no restore needed)
+    assert pp.plan(prompt, Cached(seq(9), 8), [long], True, C) == Plan(-1, 8)
+    assert pp.plan(prompt, live, [], True, C) == Plan(-1, 0)
+    with pytest.raises(ValueError):
+        pp.plan([], live, [], True, C)
+
+
+def test_plan_never_reuses_a_non_stable_snapshot_for_greedy() -> None:
+    prompt = seq(10)
+    unstable = Cached(seq(10), 0, logits_stable=False, has_logits=True)
+    assert pp.plan(prompt, Cached([], 0), [unstable], True, C) == Plan(-1, 0)
+    assert pp.plan(prompt, Cached([], 0), [unstable], False, C) == Plan(0, 10, exact=True)

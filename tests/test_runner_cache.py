@@ -1,0 +1,108 @@
+"""Reproducible greedy replies and the prompt-state cache, through a real runner process.
+
+Greedy replies used to depend on the previous request (llama.cpp's CPU logits depend on how a
+prompt is split into batches, and the split followed the longest common prefix with whatever
+ran before): "A recipe for bread" after itself and after another prompt gave different text
+with the default model. See modeld.promptplan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from modeld.promptplan import ALIGN
+from test_runner import Harness
+
+PROMPTS = ("The history of the lighthouse", "A recipe for bread", "Why the sky is blue",
+           "Notes on the migration of birds")  # fmt: skip
+GREEDY: dict[str, Any] = dict(raw=True, max_tokens=12, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[Harness]:
+    h = Harness("pc")
+    yield h
+    h.close()
+
+
+def _replies_after_each_other(h: Harness) -> dict[str, set[str]]:
+    replies: dict[str, set[str]] = {p: set() for p in PROMPTS}
+    n = 0
+    for before in PROMPTS:
+        for prompt in PROMPTS:
+            h.generate(f"b{n}", prompt=before, **GREEDY)
+            text, done = h.generate(f"p{n}", prompt=prompt, **GREEDY)
+            assert done["type"] == "done", done
+            replies[prompt].add(text)
+            n += 1
+    return replies
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cache_mib", [0, 32])
+def test_greedy_reply_does_not_depend_on_the_previous_request(
+    runner: Harness, default_model: Path, cache_mib: int
+) -> None:
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=cache_mib)
+    replies = _replies_after_each_other(runner)
+    assert all(len(texts) == 1 for texts in replies.values()), replies
+
+
+@pytest.mark.slow
+def test_exact_hit_and_prefix_hit_give_the_fresh_reply(
+    runner: Harness, default_model: Path
+) -> None:
+    shared = " ".join(f"item {i} is a small stone." for i in range(40))
+    prompt = f"{shared}\nQuestion: which item is last?"
+    near = f"{shared}\nQuestion: which item is first?"
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=0)
+    fresh, first = runner.generate("f1", prompt=prompt, **GREEDY)
+    n = first["usage"]["prompt_tokens"]
+    assert n > 2 * ALIGN and first["usage"]["prompt_tokens_reused"] == 0
+
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=32)
+    runner.generate("c1", prompt=near, **GREEDY)  # snapshot of the shared prefix
+    runner.generate("c2", prompt=PROMPTS[0], **GREEDY)  # the live KV shares nothing
+    text, prefix_hit = runner.generate("c3", prompt=prompt, **GREEDY)
+    reused = prefix_hit["usage"]["prompt_tokens_reused"]
+    assert reused > 0 and reused % ALIGN == 0 and reused <= ALIGN * ((n - 1) // ALIGN)
+    assert text == fresh
+    runner.generate("c4", prompt=PROMPTS[1], **GREEDY)
+    text, exact = runner.generate("c5", prompt=prompt, **GREEDY)
+    assert exact["usage"]["prompt_tokens_reused"] == n
+    assert text == fresh
+
+
+@pytest.mark.slow
+def test_sampled_requests_use_any_exact_snapshot(runner: Harness, default_model: Path) -> None:
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=32)
+    opts: dict[str, Any] = dict(raw=True, max_tokens=8, temperature=0.9, seed=5)
+    a, first = runner.generate("s1", prompt=PROMPTS[2], **opts)
+    runner.generate("s2", prompt=PROMPTS[3], **opts)
+    b, again = runner.generate("s3", prompt=PROMPTS[2], **opts)
+    assert again["usage"]["prompt_tokens_reused"] == first["usage"]["prompt_tokens"]
+    assert a == b  # same seed, same logits
+
+
+@pytest.mark.slow
+def test_the_store_keeps_to_its_budget(runner: Harness, default_model: Path) -> None:
+    # A gemma-3-270m snapshot is a 1 MiB logits row plus ~18 KiB per token: 1 MiB holds none,
+    # 3 MiB holds two.
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=1)
+    runner.generate("m1", prompt=PROMPTS[0], **GREEDY)
+    runner.generate("m2", prompt=PROMPTS[1], **GREEDY)
+    _, done = runner.generate("m3", prompt=PROMPTS[0], **GREEDY)
+    assert done["usage"]["prompt_tokens_reused"] == 0
+    runner.loaded(default_model, n_ctx=1024, prompt_cache_mib=3)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        runner.generate(f"n{i}", prompt=prompt, **GREEDY)
+    _, newest = runner.generate("n3", prompt=PROMPTS[2], **GREEDY)
+    _, middle = runner.generate("n4", prompt=PROMPTS[1], **GREEDY)
+    _, oldest = runner.generate("n5", prompt=PROMPTS[0], **GREEDY)
+    assert newest["usage"]["prompt_tokens_reused"] == newest["usage"]["prompt_tokens"]
+    assert middle["usage"]["prompt_tokens_reused"] == middle["usage"]["prompt_tokens"]
+    assert oldest["usage"]["prompt_tokens_reused"] == 0  # evicted (least recently used)
