@@ -226,3 +226,13 @@ def test_gpu_probe_without_nvidia_is_empty_not_an_error() -> None:
     gpus = probe.gpu_memory()
     assert isinstance(gpus, tuple)
     assert probe.gpu_process_memory(os.getpid()) in (None, 0)
+
+
+def test_own_memory_fast_path_agrees_with_smaps_rollup() -> None:
+    """Per-request measurements read /proc/self/statm; load/unload ones read smaps_rollup."""
+    block = bytearray(64 << 20)  # touched: 64 MiB of anonymous memory both must see
+    fast, full = probe.own_memory(), probe.own_memory(gpu=True)
+    assert abs(fast["rss"] - full["rss"]) < 8 << 20, (fast, full)
+    assert fast["anon"] >= 64 << 20 and full["anon"] >= 64 << 20
+    assert fast["rss"] == fast["anon"] + fast["file"]
+    del block

@@ -173,6 +173,11 @@ def test_load_reports_context_timings_and_footprint(harness: Harness, tiny_model
     harness.send(rp.memory_request())
     mem = harness.recv()
     assert mem["type"] == "memory" and mem["memory"]["rss"] > 0
+    cold = harness.loaded(tiny_model, n_ctx=512, warm_up=False)  # a request is about to run
+    assert cold["warmup_s"] < loaded["warmup_s"] and cold["warmup_s"] < 1e-3
+    _, done = harness.generate("w1", prompt="the quick", raw=True, max_tokens=2,
+                                  temperature=0.0)
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == 2
 
 
 def test_load_failures_are_reported_and_the_runner_survives(

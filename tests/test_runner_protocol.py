@@ -134,6 +134,16 @@ def test_load_carries_the_prompt_cache_size_and_tolerates_its_absence() -> None:
             rp.parse_load({**zero, "prompt_cache_mib": bad})
 
 
+def test_load_warm_up_defaults_on_and_must_be_a_boolean() -> None:
+    msg = rp.load("/m.gguf", n_ctx=512, n_threads=1)
+    assert rp.parse_load(msg).warm_up is True
+    assert rp.parse_load({k: v for k, v in msg.items() if k != "warm_up"}).warm_up is True
+    assert rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=1, warm_up=False)).warm_up is False
+    for bad in (0, "no", None):
+        with pytest.raises(ProtocolError):
+            rp.parse_load({**msg, "warm_up": bad})
+
+
 def test_parse_generate_validates_fields() -> None:
     spec = rp.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
     assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)

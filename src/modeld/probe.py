@@ -358,3 +358,41 @@ def measure_process(pid: int, *, proc_root: Path = PROC_ROOT, gpu: bool = True) 
     rss = int(info.rss)
     shared = int(getattr(info, "shared", 0))
     return ProcessMemory(pid, rss, rss - shared, shared, 0, gpu_bytes, "psutil")
+
+
+def own_memory(gpu: bool = False) -> dict[str, int]:
+    """This process's resident memory in bytes: rss, anon (anonymous) and file (file-backed),
+    plus gpu (NVML per-process bytes) when asked for and known."""
+    if not gpu:
+        fast = _statm()
+        if fast is not None:
+            return fast
+    m = measure_process(os.getpid(), gpu=gpu)
+    out = {"rss": m.rss, "anon": m.anon, "file": m.file}
+    if m.gpu is not None:
+        out["gpu"] = m.gpu
+    return out
+
+
+def malloc_trim() -> None:
+    """Return freed heap pages to the OS (glibc keeps KV/compute buffers' pages otherwise:
+    measured 35-65 MiB above the baseline after close(), 7 MiB after a trim)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+
+def _statm() -> dict[str, int] | None:
+    """rss/anon/file from ``/proc/self/statm``: microseconds, where ``smaps_rollup`` takes
+    3-5 ms for a process mapping a model (bench: 14% of a warm 4-token request). ``file`` is
+    the kernel's shared count (file-backed plus shared memory), ``anon`` the rest."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        page = os.sysconf("SC_PAGE_SIZE")
+        rss, shared = int(fields[1]) * page, int(fields[2]) * page
+    except (OSError, ValueError, IndexError):
+        return None
+    return {"rss": rss, "anon": max(0, rss - shared), "file": shared}

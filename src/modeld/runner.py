@@ -14,8 +14,6 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import functools
 import gc
 import logging
@@ -50,19 +48,10 @@ EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without poo
 CHUNK_INTERVAL_S = 0.04
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 _WARMUP_TEXT = b"Hello"
+UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def measure_memory(gpu: bool = False) -> dict[str, int]:
-    """This process's resident memory in bytes: rss, anon (anonymous) and file (file-backed),
-    plus gpu (NVML per-process bytes) when asked for and known."""
-    m = probe.measure_process(os.getpid(), gpu=gpu)
-    out = {"rss": m.rss, "anon": m.anon, "file": m.file}
-    if m.gpu is not None:
-        out["gpu"] = m.gpu
-    return out
 
 
 def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
@@ -77,7 +66,7 @@ class Runner(RunnerServer):
 
     def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
         super().__init__(sock, runner_id, parent_pid)
-        self.baseline = measure_memory(gpu=True)
+        self.baseline = probe.own_memory(gpu=True)
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
         self.threads = 0
@@ -150,9 +139,10 @@ class Runner(RunnerServer):
         if spec.mode == "generate":
             self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
         t1 = time.perf_counter()
-        self.warm_up()
+        if spec.warm_up:
+            self.warm_up()
         warmup_s = time.perf_counter() - t1
-        memory = measure_memory(gpu=True)
+        memory = probe.own_memory(gpu=True)
         self.send(
             rp.loaded(
                 n_ctx=llm.n_ctx(),
@@ -323,7 +313,7 @@ class Runner(RunnerServer):
                 completion_tokens=completion,
                 prompt_eval_s=first - t0,
                 generation_s=t_end - first,
-                memory=measure_memory(),
+                memory=probe.own_memory(),
             )
         )
 
@@ -352,7 +342,7 @@ class Runner(RunnerServer):
             self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
             return
         elapsed = time.perf_counter() - t0
-        self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=measure_memory()))
+        self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=probe.own_memory()))
 
     def _embed_one(self, llm: llama_cpp.Llama, text: str, rid: str) -> list[float]:
         """One input's embedding: the model's pooled vector, or the mean of its per-token
@@ -386,7 +376,7 @@ class Runner(RunnerServer):
         return pool_and_normalize([x / len(tokens) for x in total])
 
     def handle_memory(self) -> None:
-        memory = measure_memory(gpu=True)
+        memory = probe.own_memory(gpu=True)
         self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
 
     def handle_unload(self) -> None:
@@ -394,17 +384,13 @@ class Runner(RunnerServer):
         so the daemon can reuse it instead of starting a new one; the reply says how much is
         still held above the baseline, and the daemon stops the process if that is too much."""
         self._close()
-        gc.collect()
-        _malloc_trim()
-        memory = measure_memory(gpu=True)
+        probe.malloc_trim()
+        memory = probe.own_memory(gpu=True)
+        if memory["rss"] - self.baseline["rss"] > UNLOAD_GC_ABOVE:  # a cycle may hold buffers
+            gc.collect()  # 15-25 ms, so only when needed: the daemon's next load waits on this
+            probe.malloc_trim()
+            memory = probe.own_memory(gpu=True)
         self.send(rp.unloaded(memory, _minus(memory, self.baseline)))
-
-
-def _malloc_trim() -> None:
-    """Return freed heap pages to the OS (glibc keeps KV/compute buffers' pages otherwise:
-    measured 35-65 MiB above the baseline after close(), 7 MiB after a trim)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:

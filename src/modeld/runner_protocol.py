@@ -59,10 +59,13 @@ def load(
     seed: int = 0,
     chat_format: str | None = None,
     prompt_cache_mib: int = PROMPT_CACHE_MIB,
+    warm_up: bool = True,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
     ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
+    ``warm_up``: run a short evaluation before replying; skipped when a request is about to
+    run anyway (it pays the same first-use costs, so a warm-up would only delay it).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -73,6 +76,7 @@ def load(
         "n_batch": n_batch,
         "seed": seed,
         "prompt_cache_mib": prompt_cache_mib,
+        "warm_up": warm_up,
     }
     if chat_format is not None:
         msg["chat_format"] = chat_format
@@ -305,6 +309,7 @@ class LoadSpec:
     seed: int
     chat_format: str | None
     prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
+    warm_up: bool = True
 
 
 @dataclass(frozen=True)
@@ -340,6 +345,9 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
     chat_format = msg.get("chat_format")
     if chat_format is not None and not isinstance(chat_format, str):
         raise ProtocolError("load: 'chat_format' must be a string")
+    warm_up = msg.get("warm_up", True)
+    if not isinstance(warm_up, bool):
+        raise ProtocolError("load: 'warm_up' must be a boolean")
     return LoadSpec(
         path=path,
         mode=str(mode),
@@ -349,6 +357,7 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
         chat_format=chat_format,
         prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
+        warm_up=warm_up,
     )
 
 

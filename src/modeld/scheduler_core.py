@@ -297,6 +297,8 @@ class SchedulerCore:
                 n_threads=threads,
                 seed=0,
                 prompt_cache_mib=self.settings.prompt_cache_mib,
+                # a waiting request is the warm-up: a separate one would only delay it
+                warm_up=not any(j.kind != "load" for j in jobs),
             ),
         )
 
