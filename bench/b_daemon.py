@@ -125,8 +125,11 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
         warm.close()
     m, i = summary(samples["modeld"]), summary(samples["inproc"])
     w = summary(samples["inproc_warm"])
-    base = min(x for x in (i["median"], w["median"]) if x is not None)
-    ratio = m["median"] / base if m["median"] and base else None
+    # Like for like: every `modeld load` here runs in a spare's first load (the unloaded
+    # runner is stopped because a new spare is already up), so the judged baseline is the
+    # fresh process; the reload in a process that loaded before is reported beside it.
+    ratio = m["median"] / i["median"] if m["median"] and i["median"] else None
+    reload_ratio = m["median"] / w["median"] if m["median"] and w["median"] else None
     return {
         "title": "Cold load",
         "what": "wall time of `modeld load MODEL` (CLI process, daemon running, spare runner "
@@ -140,10 +143,16 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
         "daemon_load_seconds": summary(runner_loads),
         "inproc_load_only_s": summary([x["load_s"] for x in inner]),
         "inproc_warm_s": w,
-        "baseline": "the faster median of the two in-process variants",
+        "baseline": "a fresh process with llama_cpp imported (its first load, as a spare's)",
         "ratio": ratio,
+        "reload_ratio": reload_ratio,
         "samples": samples,
-        "targets": [target("modeld load / in-process load", ratio, 1.15, "<=")],
+        "targets": [
+            target("modeld load / in-process first load (fresh process, like the spare)",
+                   ratio, 1.15, "<="),
+            target("modeld load / in-process reload (a process that loaded before)",
+                   reload_ratio, 1.15, "<="),
+        ],
     }
 
 

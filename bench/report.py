@@ -111,7 +111,8 @@ def _cold(doc: dict[str, Any]) -> list[str]:
     w = doc.get("inproc_warm_s") or {}
     warm = _ms(w.get("median"))
     rows.append(f"| in-process, a process that loaded before (median) | | {warm} | |")
-    rows += ["", "Ratio: modeld over the faster of the two in-process medians."]
+    rows += ["", "Ratio: modeld over the fresh-process median (each `modeld load` here is a "
+             f"spare runner's first load); over the reload median: {_f(doc.get('reload_ratio'))}."]
     inner = _ms(_med(doc.get("daemon_load_seconds")))
     return [*rows, "", f"Inside the runner the load took {inner}"
             f" (median; includes the warm-up); in-process load alone "

@@ -2,7 +2,7 @@
 # The benchmark command: set up ./.venv like scripts/setup.sh (llama-cpp-python built with CPU
 # flags that work here, modeld, the default model, test tools), add what the benchmarks need
 # (llama-cpp-python's own server, for the trace comparison), then run every benchmark and write
-# bench/results/*.json and docs/benchmarks.md. About 25 minutes on 2 cores.
+# bench/results/*.json and docs/benchmarks.md. About 13 minutes on 2 cores (after setup).
 #   scripts/bench.sh                 everything
 #   scripts/bench.sh --rounds 3      quicker and noisier (any bench/run.py options pass through)
 #   scripts/bench.sh --smoke --out /tmp/bench-smoke   tiny models, one round (what the test runs)
