@@ -270,7 +270,8 @@ class Daemon:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-_XDG_HOMES = ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME")
+_XDG_HOMES = ("XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME",
+              "XDG_CACHE_HOME")
 
 
 def compile_bytecode() -> None:
@@ -300,6 +301,7 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
         XDG_CONFIG_HOME=str(root / "config"),
         XDG_STATE_HOME=str(root / "state"),
         XDG_DATA_HOME=str(root / "data"),
+        XDG_CACHE_HOME=str(root / "cache"),
         MODELD_NO_AUTOSTART="1",
         MODELD_NO_SPINNER="1",
     )

@@ -49,6 +49,7 @@ class CliEnv:
             MODELD_SOCKET=f"ipc://{root / 'run' / 'modeld.sock'}",
             MODELD_LOG_DIR=str(root / "log"),
             MODELD_MODELS=str(root / "models"),
+            MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             MODELD_CONFIG=str(root / "config.toml"),
             NO_COLOR="1",
             PYTHONUNBUFFERED="1",

@@ -185,6 +185,7 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
             MODELD_LOG_DIR=str(root / "log"),
             MODELD_CONFIG=str(config),
             MODELD_MODELS=str(root / "models"),
+            MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             PYTHONUNBUFFERED="1",
             # the daemon and its runners import this checkout even without an editable install
             PYTHONPATH=os.pathsep.join(

@@ -26,6 +26,7 @@ def run_cli(
         MODELD_SOCKET="",
         MODELD_LOG_DIR=str(tmp / "log"),
         MODELD_MODELS=str(tmp / "models"),
+        MODELD_PROMPT_CACHE_DIR=str(tmp / "prompts"),
         MODELD_CONFIG=str(tmp / "config.toml"),
         MODELD_NO_AUTOSTART="1",
         NO_COLOR="1",

@@ -107,6 +107,31 @@ def test_max_models_limit(daemon_factory: Factory, three_models: list[Path]) -> 
     assert c.stats()["evictions"]["slots"] == 1
 
 
+def test_an_evicted_models_prompts_come_back_with_it(
+    daemon_factory: Factory, three_models: list[Path]
+) -> None:
+    """Switching A -> B -> A with room for one model: A's prompt is not evaluated again."""
+    d = daemon_factory("--max-models", "1")
+    c = d.client()
+    a, b = str(three_models[0]), str(three_models[1])
+    prompt = "a long shared system prompt about stones and rivers " * 4
+
+    def ask(model: str) -> tuple[str, dict[str, Any]]:
+        gen = c.generate(model, prompt, raw=True, max_tokens=4, temperature=0.0, n_ctx=512)
+        text = gen.text()
+        assert gen.done is not None
+        return text, gen.done
+
+    first, done = ask(a)
+    assert done["usage"]["prompt_tokens_reused"] == 0
+    ask(b)  # evicts a, whose runner writes a's snapshots to the prompt cache dir
+    until(lambda: loaded_names(c) == {three_models[1].name}, what="a evicted")
+    again, done = ask(a)
+    assert done["timings"]["load_s"] > 0  # really loaded again
+    assert again == first
+    assert done["usage"]["prompt_tokens_reused"] == done["usage"]["prompt_tokens"]
+
+
 def test_concurrent_requests_join_one_load(
     daemon_factory: Factory, three_models: list[Path]
 ) -> None:

@@ -138,12 +138,13 @@ def test_documented_file_locations_match_modeld_paths(
     from modeld import paths
 
     xdg = {}
-    for var in ("XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME"):
+    for var in ("XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "XDG_STATE_HOME", "XDG_DATA_HOME",
+                "XDG_CACHE_HOME"):
         xdg[var] = tmp_path / var.lower()
         xdg[var].mkdir()
         monkeypatch.setenv(var, str(xdg[var]))
     for var in ("MODELD_RUNTIME_DIR", "MODELD_SOCKET", "MODELD_CONFIG", "MODELD_LOG_DIR",
-                "MODELD_MODELS"):  # fmt: skip
+                "MODELD_MODELS", "MODELD_PROMPT_CACHE_DIR"):  # fmt: skip
         monkeypatch.delenv(var, raising=False)
     actual = {
         "config_file": paths.config_file(),
@@ -151,6 +152,7 @@ def test_documented_file_locations_match_modeld_paths(
         "lock_file": paths.lock_file(),
         "log_dir": paths.log_dir(),
         "models_dir": paths.models_dir(),
+        "prompt_cache_dir": paths.prompt_cache_dir(),
     }
     assert set(actual) == set(docgen_man.FILE_TEMPLATES)
     for key, template in docgen_man.FILE_TEMPLATES.items():

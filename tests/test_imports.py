@@ -23,6 +23,7 @@ PURE_MODULES = [
     "modeld.textstream",
     "modeld.promptplan",
     "modeld.promptcache",
+    "modeld.promptfile",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml")
 

@@ -106,3 +106,31 @@ def test_the_store_keeps_to_its_budget(runner: Harness, default_model: Path) -> 
     assert newest["usage"]["prompt_tokens_reused"] == newest["usage"]["prompt_tokens"]
     assert middle["usage"]["prompt_tokens_reused"] == middle["usage"]["prompt_tokens"]
     assert oldest["usage"]["prompt_tokens_reused"] == 0  # evicted (least recently used)
+
+
+def test_snapshots_survive_the_models_eviction(
+    runner: Harness, tiny_model: Path, gqa_model: Path, tmp_path: Path
+) -> None:
+    """Closing a model writes its snapshots to the prompt cache dir; loading it again (here in
+    the same runner after another model) reads them back, and the reply is unchanged."""
+    cache = tmp_path / "prompts"
+    prompt = "the quick brown fox jumps over the lazy dog " * 3
+    runner.loaded(tiny_model, prompt_cache_dir=str(cache))
+    first, done = runner.generate("e1", prompt=prompt, **GREEDY)
+    assert done["usage"]["prompt_tokens_reused"] == 0
+    runner.loaded(gqa_model, prompt_cache_dir=str(cache))  # replaces: tiny's snapshots saved
+    assert len(list(cache.glob("*.bin"))) == 1
+    runner.loaded(tiny_model, prompt_cache_dir=str(cache))
+    again, done = runner.generate("e2", prompt=prompt, **GREEDY)
+    assert again == first
+    assert done["usage"]["prompt_tokens_reused"] == done["usage"]["prompt_tokens"]
+    # another context size is another identity: nothing to restore, no wrong reuse
+    runner.loaded(tiny_model, n_ctx=256, prompt_cache_dir=str(cache))
+    _, done = runner.generate("e3", prompt=prompt, **GREEDY)
+    assert done["usage"]["prompt_tokens_reused"] == 0
+    # a damaged file is ignored (and removed), not an error
+    for f in cache.glob("*.bin"):
+        f.write_bytes(f.read_bytes()[:100])
+    runner.loaded(tiny_model, prompt_cache_dir=str(cache))
+    text, done = runner.generate("e4", prompt=prompt, **GREEDY)
+    assert done["type"] == "done" and text == first

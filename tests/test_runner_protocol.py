@@ -144,6 +144,16 @@ def test_load_warm_up_defaults_on_and_must_be_a_boolean() -> None:
             rp.parse_load({**msg, "warm_up": bad})
 
 
+def test_load_prompt_cache_dir_is_optional_and_a_path() -> None:
+    msg = rp.load("/m.gguf", n_ctx=512, n_threads=1)
+    assert "prompt_cache_dir" not in msg and rp.parse_load(msg).prompt_cache_dir is None
+    given = rp.load("/m.gguf", n_ctx=512, n_threads=1, prompt_cache_dir="/c/prompts")
+    assert rp.parse_load(given).prompt_cache_dir == "/c/prompts"
+    for bad in ("", 3, ["/c"]):
+        with pytest.raises(ProtocolError):
+            rp.parse_load({**msg, "prompt_cache_dir": bad})
+
+
 def test_parse_generate_validates_fields() -> None:
     spec = rp.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
     assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)

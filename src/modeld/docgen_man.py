@@ -81,6 +81,7 @@ SETTING_HELP = {
 OTHER_ENV = (
     ("MODELD_CONFIG", "Path of the config file."),
     ("MODELD_RUNTIME_DIR", "Directory for the socket and lock file."),
+    ("MODELD_PROMPT_CACHE_DIR", "Directory for evicted models' prompt snapshots."),
     (
         "MODELD_NO_AUTOSTART",
         "When 1, true or yes, commands never start a daemon in the background.",
@@ -96,6 +97,7 @@ FILE_TEMPLATES = {
     "lock_file": "$XDG_RUNTIME_DIR/modeld/modeld.sock.lock",
     "log_dir": "$XDG_STATE_HOME/modeld/log",
     "models_dir": "$XDG_DATA_HOME/modeld/models",
+    "prompt_cache_dir": "$XDG_CACHE_HOME/modeld/prompts",
 }
 FILES = (
     (
@@ -118,6 +120,12 @@ FILES = (
         "models_dir",
         "Where model names are looked up; ~/.local/share/modeld/models when XDG_DATA_HOME is"
         " unset. Overridden by MODELD_MODELS.",
+    ),
+    (
+        "prompt_cache_dir",
+        "Evicted models' prompt snapshots, read back when the model is loaded again (bounded to"
+        " 8 x prompt_cache_mib); ~/.cache/modeld/prompts when XDG_CACHE_HOME is unset."
+        " Overridden by MODELD_PROMPT_CACHE_DIR.",
     ),
 )
 

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
 import llama_cpp._internals
 import numpy as np
 
-from modeld import promptplan
+from modeld import promptfile, promptplan
 from modeld.promptcache import Snapshot, SnapshotStore, snapshot_bytes
 
 log = logging.getLogger("modeld.runner")
@@ -194,6 +196,33 @@ class PromptState:
             # differ slightly (measured 1e-3): fine for sampled requests, not for greedy ones.
             stable, logits_stable = 0, False
         store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable))
+
+    # ---------------------------------------------------------------- across evictions
+
+    def identity(self, model_path: str) -> promptfile.Identity:
+        """What a saved snapshot is valid for: this model file and this context's shape."""
+        st = os.stat(model_path)
+        return {"path": os.path.realpath(model_path), "size": st.st_size,
+                "mtime_ns": st.st_mtime_ns, "n_ctx": int(self.llm.n_ctx()),
+                "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__}
+
+    def save_to(self, directory: Path, identity: promptfile.Identity) -> int:
+        """Write the snapshots to disk (the model is being closed); bytes written."""
+        if not self.store.enabled:
+            return 0
+        return promptfile.save(directory, identity, self.store.snapshots(),
+                               self.store.budget_bytes)
+
+    def load_from(self, directory: Path, identity: promptfile.Identity) -> int:
+        """Read back what :meth:`save_to` wrote for this model; snapshots added."""
+        if not self.store.enabled:
+            return 0
+        snaps = promptfile.load(
+            directory, identity,
+            lambda b: (ctypes.c_uint8 * len(b)).from_buffer_copy(b),
+            lambda b: (ctypes.c_float * (len(b) // 4)).from_buffer_copy(b),
+        )
+        return sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
 
     # ---------------------------------------------------------------- tokens
 

@@ -7,6 +7,7 @@
 | config file  | ``MODELD_CONFIG``      | ``<user config dir>/modeld/config.toml``  |
 | log dir      | ``MODELD_LOG_DIR``     | ``<user log dir>/modeld``                 |
 | models dir   | ``MODELD_MODELS``      | ``<user data dir>/modeld/models``         |
+| prompt cache | ``MODELD_PROMPT_CACHE_DIR`` | ``<user cache dir>/modeld/prompts`` (0700) |
 
 platformdirs is imported lazily so pure modules can import this one cheaply.
 """
@@ -93,3 +94,13 @@ def models_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir(APP)) / "models"
+
+
+def prompt_cache_dir() -> Path:
+    """Where runners keep an evicted model's prompt snapshots (see :mod:`modeld.promptfile`)."""
+    override = _env_path("MODELD_PROMPT_CACHE_DIR")
+    if override is not None:
+        return override
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir(APP)) / "prompts"

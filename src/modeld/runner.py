@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -69,6 +70,7 @@ class Runner(RunnerServer):
         self.baseline = probe.own_memory(gpu=True)
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
+        self.saved_prompts: tuple[Path, dict[str, Any]] | None = None  # where _close saves them
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -138,6 +140,7 @@ class Runner(RunnerServer):
             return
         if spec.mode == "generate":
             self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
+            self._restore_prompts(spec)
         t1 = time.perf_counter()
         if spec.warm_up:
             self.warm_up()
@@ -179,11 +182,24 @@ class Runner(RunnerServer):
         if self.state is not None:
             self.state.reset()
 
+    def _restore_prompts(self, spec: rp.LoadSpec) -> None:
+        """Read back the snapshots this model had when it was last evicted (any runner)."""
+        self.saved_prompts = None
+        if self.state is None or spec.prompt_cache_dir is None:
+            return
+        self.saved_prompts = (Path(spec.prompt_cache_dir), self.state.identity(spec.path))
+        restored = self.state.load_from(*self.saved_prompts)
+        if restored:
+            log.info("prompt cache: %d snapshot(s) restored from disk", restored)
+
     def _close(self) -> None:
-        """Close the model and drop its prompt snapshots."""
+        """Close the model; its prompt snapshots go to disk (if asked) and out of memory."""
         if self.state is not None:
+            if self.saved_prompts is not None:
+                self.state.save_to(*self.saved_prompts)
             self.state.store.clear()
             self.state = None
+        self.saved_prompts = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None

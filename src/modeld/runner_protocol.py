@@ -60,12 +60,14 @@ def load(
     chat_format: str | None = None,
     prompt_cache_mib: int = PROMPT_CACHE_MIB,
     warm_up: bool = True,
+    prompt_cache_dir: str | None = None,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
     ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
     ``warm_up``: run a short evaluation before replying; skipped when a request is about to
     run anyway (it pays the same first-use costs, so a warm-up would only delay it).
+    ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -78,6 +80,8 @@ def load(
         "prompt_cache_mib": prompt_cache_mib,
         "warm_up": warm_up,
     }
+    if prompt_cache_dir is not None:
+        msg["prompt_cache_dir"] = prompt_cache_dir
     if chat_format is not None:
         msg["chat_format"] = chat_format
     return msg
@@ -310,6 +314,7 @@ class LoadSpec:
     chat_format: str | None
     prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
     warm_up: bool = True
+    prompt_cache_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -348,6 +353,9 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
     warm_up = msg.get("warm_up", True)
     if not isinstance(warm_up, bool):
         raise ProtocolError("load: 'warm_up' must be a boolean")
+    cache_dir = msg.get("prompt_cache_dir")
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+        raise ProtocolError("load: 'prompt_cache_dir' must be a non-empty string")
     return LoadSpec(
         path=path,
         mode=str(mode),
@@ -358,6 +366,7 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         chat_format=chat_format,
         prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
         warm_up=warm_up,
+        prompt_cache_dir=cache_dir,
     )
 
 

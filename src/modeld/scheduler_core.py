@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from modeld import memory, protocol, runner_protocol, sizing
+from modeld import memory, paths, protocol, runner_protocol, sizing
 from modeld.cache import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import (
@@ -80,6 +80,10 @@ class SchedulerCore:
         # Usable CPUs (affinity, cgroup quota): read once, not on every request.
         self.cpu_threads = sizing.default_threads()
         self.recycling: set[str] = set()  # runners unloading their model to become the spare
+        # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
+        self.prompt_cache_dir: str | None = (
+            str(paths.prompt_cache_dir()) if settings.prompt_cache_mib > 0 else None
+        )
 
     # ------------------------------------------------------------------ intake
 
@@ -299,6 +303,7 @@ class SchedulerCore:
                 prompt_cache_mib=self.settings.prompt_cache_mib,
                 # a waiting request is the warm-up: a separate one would only delay it
                 warm_up=not any(j.kind != "load" for j in jobs),
+                prompt_cache_dir=self.prompt_cache_dir,
             ),
         )
 
