@@ -44,6 +44,14 @@ def test_other_identity_damage_and_absence_give_nothing(tmp_path: Path) -> None:
     assert _load(tmp_path, ID) == [] and not path.exists()  # ignored and removed
 
 
+def test_touch_marks_an_existing_file_only(tmp_path: Path) -> None:
+    assert not promptfile.touch(tmp_path, ID)
+    promptfile.save(tmp_path, ID, [_snap((1,), 3)], 1 << 20)
+    path = promptfile.file_for(tmp_path, ID)
+    os.utime(path, (1, 1))
+    assert promptfile.touch(tmp_path, ID) and path.stat().st_mtime > 1
+
+
 def test_saving_nothing_removes_the_file(tmp_path: Path) -> None:
     promptfile.save(tmp_path, ID, [_snap((1,), 3)], 1 << 20)
     assert promptfile.save(tmp_path, ID, [], 1 << 20) == 0

@@ -119,13 +119,16 @@ def test_snapshots_survive_the_models_eviction(
     first, done = runner.generate("e1", prompt=prompt, **GREEDY)
     assert done["usage"]["prompt_tokens_reused"] == 0
     runner.loaded(gqa_model, prompt_cache_dir=str(cache))  # replaces: tiny's snapshots saved
-    assert len(list(cache.glob("*.bin"))) == 1
+    (saved,) = cache.glob("*.bin")
+    written = saved.stat()
     runner.loaded(tiny_model, prompt_cache_dir=str(cache))
     again, done = runner.generate("e2", prompt=prompt, **GREEDY)
     assert again == first
     assert done["usage"]["prompt_tokens_reused"] == done["usage"]["prompt_tokens"]
     # another context size is another identity: nothing to restore, no wrong reuse
     runner.loaded(tiny_model, n_ctx=256, prompt_cache_dir=str(cache))
+    # the replaced model's snapshots were those read back: its file is kept, not rewritten
+    assert saved.stat().st_ino == written.st_ino and saved.stat().st_size == written.st_size
     _, done = runner.generate("e3", prompt=prompt, **GREEDY)
     assert done["usage"]["prompt_tokens_reused"] == 0
     # a damaged file is ignored (and removed), not an error

@@ -73,6 +73,9 @@ class PromptState:
         self.stable = 0
         self._pending: Any = None  # logits row of an exact hit, sampled before any decode
         self._candidates: _Candidates | None = None  # made on the first exact hit
+        # set by persist(): where close() saves the snapshots, and what that file holds now
+        self._saved_at: tuple[Path, promptfile.Identity] | None = None
+        self._on_disk: tuple[Snapshot, ...] = ()
 
     # ---------------------------------------------------------------- KV bookkeeping
 
@@ -199,30 +202,38 @@ class PromptState:
 
     # ---------------------------------------------------------------- across evictions
 
-    def identity(self, model_path: str) -> promptfile.Identity:
-        """What a saved snapshot is valid for: this model file and this context's shape."""
+    def persist(self, directory: Path, model_path: str) -> int:
+        """Keep the snapshots across this model's eviction, in ``directory``: read back what an
+        earlier runner saved for this model file and context shape (:meth:`close` writes them).
+        Returns the snapshots restored."""
+        if not self.store.enabled:
+            return 0
         st = os.stat(model_path)
-        return {"path": os.path.realpath(model_path), "size": st.st_size,
-                "mtime_ns": st.st_mtime_ns, "n_ctx": int(self.llm.n_ctx()),
-                "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__}
-
-    def save_to(self, directory: Path, identity: promptfile.Identity) -> int:
-        """Write the snapshots to disk (the model is being closed); bytes written."""
-        if not self.store.enabled:
-            return 0
-        return promptfile.save(directory, identity, self.store.snapshots(),
-                               self.store.budget_bytes)
-
-    def load_from(self, directory: Path, identity: promptfile.Identity) -> int:
-        """Read back what :meth:`save_to` wrote for this model; snapshots added."""
-        if not self.store.enabled:
-            return 0
+        identity: promptfile.Identity = {
+            "path": os.path.realpath(model_path), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "n_ctx": int(self.llm.n_ctx()),
+            "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__,
+        }
+        self._saved_at = (directory, identity)
         snaps = promptfile.load(
             directory, identity,
             lambda b: (ctypes.c_uint8 * len(b)).from_buffer_copy(b),
             lambda b: (ctypes.c_float * (len(b) // 4)).from_buffer_copy(b),
         )
-        return sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
+        restored = sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
+        self._on_disk = tuple(self.store.snapshots())
+        return restored
+
+    def close(self) -> None:
+        """The model is being closed: write the snapshots where :meth:`persist` said (unless
+        the file already holds exactly these), then drop them from memory."""
+        if self._saved_at is not None:
+            directory, identity = self._saved_at
+            snaps = tuple(self.store.snapshots())
+            if snaps != self._on_disk or not promptfile.touch(directory, identity):
+                promptfile.save(directory, identity, snaps, self.store.budget_bytes)
+            self._saved_at, self._on_disk = None, ()
+        self.store.clear()
 
     # ---------------------------------------------------------------- tokens
 

@@ -383,7 +383,6 @@ def malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-
 def _statm() -> dict[str, int] | None:
     """rss/anon/file from ``/proc/self/statm``: microseconds, where ``smaps_rollup`` takes
     3-5 ms for a process mapping a model (bench: 14% of a warm 4-token request). ``file`` is

@@ -38,7 +38,7 @@ class Snapshot:
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.nbytes = self.state_size + self.logits_size + 4 * len(self.tokens) + SNAPSHOT_OVERHEAD
+        self.nbytes = snapshot_bytes(self.state_size, self.logits_size, len(self.tokens))
 
     def view(self) -> Cached:
         """What the planner needs to know about it."""

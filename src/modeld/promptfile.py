@@ -80,6 +80,16 @@ def save(directory: Path, identity: Identity, snapshots: Iterable[Snapshot],
     return written
 
 
+def touch(directory: Path, identity: Identity) -> bool:
+    """Mark the file of ``identity`` as just written (its content is current); False when
+    there is none."""
+    try:
+        os.utime(file_for(directory, identity))
+    except OSError:
+        return False
+    return True
+
+
 def load(directory: Path, identity: Identity, make_state: BufferFactory,
          make_logits: BufferFactory) -> list[Snapshot]:
     """The snapshots saved for ``identity`` (oldest first), or [] when there are none or the

@@ -36,12 +36,12 @@ from modeld import runner_protocol as rp
 from modeld.errors import ContextExceededError, ErrorCode, InvalidRequestError, ModeldError
 from modeld.generation import PromptState, make_sampler
 from modeld.llamalog import install_llama_logging, llama_logger
+from modeld.memory import MiB
 from modeld.runner_server import Interrupted, RunnerServer, connect
 from modeld.textstream import TextStream, pool_and_normalize
 
 log = logging.getLogger("modeld.runner")
 
-MiB = 1 << 20
 EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without pooling (memory.py)
 #: Streamed text is sent at most this often (the first piece at once). Each message wakes the
 #: daemon and the client; on 2 cores one per token cost ~3% of the decode rate because they
@@ -70,7 +70,6 @@ class Runner(RunnerServer):
         self.baseline = probe.own_memory(gpu=True)
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
-        self.saved_prompts: tuple[Path, dict[str, Any]] | None = None  # where _close saves them
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -140,7 +139,10 @@ class Runner(RunnerServer):
             return
         if spec.mode == "generate":
             self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
-            self._restore_prompts(spec)
+            if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
+                restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
+                if restored:
+                    log.info("prompt cache: %d snapshot(s) restored from disk", restored)
         t1 = time.perf_counter()
         if spec.warm_up:
             self.warm_up()
@@ -182,24 +184,11 @@ class Runner(RunnerServer):
         if self.state is not None:
             self.state.reset()
 
-    def _restore_prompts(self, spec: rp.LoadSpec) -> None:
-        """Read back the snapshots this model had when it was last evicted (any runner)."""
-        self.saved_prompts = None
-        if self.state is None or spec.prompt_cache_dir is None:
-            return
-        self.saved_prompts = (Path(spec.prompt_cache_dir), self.state.identity(spec.path))
-        restored = self.state.load_from(*self.saved_prompts)
-        if restored:
-            log.info("prompt cache: %d snapshot(s) restored from disk", restored)
-
     def _close(self) -> None:
         """Close the model; its prompt snapshots go to disk (if asked) and out of memory."""
         if self.state is not None:
-            if self.saved_prompts is not None:
-                self.state.save_to(*self.saved_prompts)
-            self.state.store.clear()
+            self.state.close()
             self.state = None
-        self.saved_prompts = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None

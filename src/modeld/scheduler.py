@@ -124,10 +124,10 @@ class Scheduler(SchedulerCore):
             measured = int(memory["rss"])
         elif isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
             measured = int(footprint["rss"]) + int(runner.baseline.get("rss", 0))
-        if measured is not None and slot.key.mode != "embed":
+        if measured is not None:
             # The prompt-state cache fills after load, up to its size: keep it reserved, so
             # the load-time RSS does not under-charge the runner (later peaks only add).
-            measured += self.settings.prompt_cache_bytes
+            measured += sizing.prompt_cache_bytes(slot.key.mode, self.settings)
         n_ctx = msg.get("n_ctx")
         entry = self.cache.get(slot.key)
         if entry is None:

@@ -58,7 +58,7 @@ def memory_budget(settings: Settings) -> tuple[int, int]:
     return max(0, budget), usable
 
 
-def _cache_bytes(mode: str, settings: Settings | None) -> int:
+def prompt_cache_bytes(mode: str, settings: Settings | None) -> int:
     """The prompt-state cache a runner of this mode keeps (generate mode only)."""
     if mode == "embed":
         return 0
@@ -79,7 +79,7 @@ def breakdown(
     from modeld import memory
 
     kind: memory.Mode = "embed" if mode == "embed" else "generate"
-    cache = _cache_bytes(mode, settings)
+    cache = prompt_cache_bytes(mode, settings)
     return memory.estimate(info, n_ctx, mode=kind, prompt_cache=cache).to_dict()
 
 
@@ -115,7 +115,7 @@ def size_for(
     but would fit once busy models finish, the smallest is returned (the cache plan then says
     "wait"). Raises InsufficientMemoryError when it can never fit.
     """
-    extra = baseline + _cache_bytes(mode, settings)  # reserved beside the model's estimate
+    extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
     available = cache.budget_available_for(key) - extra
     try:
         n_ctx, est, reason = _choose(info, mode, available, requested, settings)
@@ -148,7 +148,7 @@ def max_context(
 ) -> int:
     """The largest n_ctx ``key`` could ever get in this budget (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
-    budget = cache.budget_bytes - pinned - baseline - _cache_bytes(mode, settings)
+    budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
     lo, hi = 0, limit // STEP
     while lo < hi:  # binary search over multiples of 256
