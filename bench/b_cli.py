@@ -81,11 +81,12 @@ def cli_startup(ctx: Context, d: Daemon) -> dict[str, Any]:
     base = med["python -c pass"]
     ratios = {k: (v / base if v and base else None) for k, v in med.items()}
     profiles = [
-        importtime("import modeld.cli"),
+        importtime("import modeld.cli.app"),
         importtime("import zmq"),
         importtime("import typer"),
         importtime("import modeld.config"),
-        importtime("import modeld.entry, modeld.pstable, ctypes, _json"),  # the ps fast path
+        # the ps fast path
+        importtime("import modeld.cli.entry, modeld.cli.pstable, ctypes, _json"),
     ]
     return {
         "title": "CLI start-up",

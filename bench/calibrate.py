@@ -178,12 +178,12 @@ class _RunnerLink:
             )
 
     def send(self, msg: dict[str, Any]) -> None:
-        from modeld import runner_protocol as rp
+        from modeld.runner import protocol as rp
 
         self.sock.send_multipart([b"cal", *rp.encode(msg)])
 
     def recv(self) -> dict[str, Any]:
-        from modeld import runner_protocol as rp
+        from modeld.runner import protocol as rp
 
         if not self.sock.poll(self.timeout_ms):
             tail = self.log.read_text(errors="replace")[-2000:]
@@ -192,7 +192,7 @@ class _RunnerLink:
         return rp.decode(frames)
 
     def close(self) -> None:
-        from modeld import runner_protocol as rp
+        from modeld.runner import protocol as rp
 
         if self.proc.poll() is None:
             self.send(rp.shutdown())
@@ -217,7 +217,7 @@ def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, 
     """Embed as modeld does: a real runner loads ``path`` in embed mode and embeds a short text,
     then one that fills the context (sized from the runner's own context_exceeded replies);
     snapshots from the runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
-    from modeld import runner_protocol as rp
+    from modeld.runner import protocol as rp
 
     link = _RunnerLink(timeout)
     try:

@@ -66,7 +66,7 @@ NOTES: dict[str, str] = {
         "Profile (`python -X importtime`, cProfile): the Typer path spent ~170 ms before "
         "sending the request (Typer/click ~50 ms, modeld.config ~30 ms, pyzmq ~25-40 ms, rich "
         "and registry), more than the 1-token generation. The fast path imports json, ctypes, "
-        "modeld.registry and modeld.runcmd only."
+        "modeld.registry and modeld.cli.runcmd only."
     ),
     "streaming": (
         "The runner's generation loop in isolation runs as fast as `create_completion` (47.0 vs "

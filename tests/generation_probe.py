@@ -1,4 +1,4 @@
-"""Run as a subprocess by test_generation.py: bitwise checks of modeld.generation in-process.
+"""Run as a subprocess by test_generation.py: bitwise checks of modeld.runner.generation in-process.
 
 Prints one JSON object: for each scenario whether the greedy first logits (and the next tokens)
 equal those of a fresh aligned evaluation, plus the tokens reused and where they came from.
@@ -13,8 +13,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from modeld.generation import PromptState, make_sampler
-from modeld.promptplan import ALIGN
+from modeld.runner.generation import PromptState, make_sampler
+from modeld.runner.promptplan import ALIGN
 
 TEXT = (
     "The history of the river valley is long and full of stories about farmers, traders and "

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from modeld.cache import (
+from modeld.cache.policy import (
     CachePolicy,
     Entry,
     EntryState,

@@ -226,7 +226,7 @@ def test_settings_is_frozen_and_serializable() -> None:
 
 def test_pure_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys, modeld.cache, modeld.config, modeld.registry\n"
+        "import sys, modeld.cache.policy, modeld.config, modeld.registry\n"
         "heavy = [m for m in ('llama_cpp', 'zmq', 'psutil', 'pynvml', 'numpy', 'rich', 'typer')"
         " if m in sys.modules]\n"
         "assert not heavy, heavy\n"

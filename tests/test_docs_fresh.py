@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from modeld import docgen, docgen_man
 from modeld.config import ENV_VARS
+from modeld.docgen import build as docgen
+from modeld.docgen import man as docgen_man
 from modeld.errors import ExitCode
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""The console script's fast path (modeld.entry): same answers as the full CLI, fewer imports.
+"""The console script's fast path (modeld.cli.entry): same answers as the full CLI, fewer imports.
 
 Everything runs the real ``modeld`` console script in subprocesses against a real daemon; the
 fast path is compared with the full Typer path (``MODELD_NO_FAST=1``) on the same daemon.
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from modeld import __version__, entry, protocol
-from modeld._help import HELP
+from modeld import __version__, protocol
+from modeld.cli import entry
+from modeld.cli._help import HELP
 
 MODELD = str(Path(sys.executable).parent / "modeld")
 
@@ -34,7 +35,7 @@ def test_protocol_version_matches() -> None:
 
 
 def test_prerendered_help_is_fresh() -> None:
-    """If this fails, run: python -m modeld.entry --write-help"""
+    """If this fails, run: python -m modeld.cli.entry --write-help"""
     assert entry.render_help() == HELP
 
 
@@ -133,7 +134,7 @@ def test_fast_path_imports_neither_typer_nor_pyzmq(
     _load_tiny(handle, tiny_model)
     code = (
         "import sys, io\n"
-        "from modeld import entry\n"
+        "from modeld.cli import entry\n"
         "sys.stdout = io.StringIO()\n"
         "assert entry.fast(['ps']) and entry.fast(['--help']) and entry.fast(['--version'])\n"
         "heavy = [m for m in sys.modules if m.split('.')[0] in "
@@ -289,6 +290,6 @@ def test_socket_endpoint_matches_paths(
             "m.gguf", "~/m.gguf", "default", ""],
 )
 def test_model_ref_matches_the_full_cli(ref: str) -> None:
-    from modeld.cli import _model_ref
+    from modeld.cli.app import _model_ref
 
     assert entry._model_ref(ref) == _model_ref(ref)

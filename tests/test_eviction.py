@@ -1,4 +1,4 @@
-"""Eviction order (modeld.eviction) and its use by the cache policy: pure logic, fake clock."""
+"""Eviction order (modeld.cache.eviction) and its use by the cache policy: pure, fake clock."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from modeld.cache import CachePolicy, EntryState, ModelKey
-from modeld.cache_types import Entry
-from modeld.eviction import MAX_TRACKED, RELOAD_OVERHEAD_S, EvictionScorer
+from modeld.cache.eviction import MAX_TRACKED, RELOAD_OVERHEAD_S, EvictionScorer
+from modeld.cache.policy import CachePolicy, EntryState, ModelKey
+from modeld.cache.types import Entry
 
 MiB = 1 << 20
 

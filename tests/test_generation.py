@@ -1,4 +1,4 @@
-"""Bitwise checks of the runner's prompt evaluation (modeld.generation) with real llama.cpp.
+"""Bitwise checks of the runner's prompt evaluation (modeld.runner.generation) with real llama.cpp.
 
 Run in a subprocess (tests/generation_probe.py) so a native abort fails a test, not pytest. A
 greedy request's logits (the prompt's and those of the next decodes) must be identical whether

@@ -15,15 +15,15 @@ PURE_MODULES = [
     "modeld.ggufarch",
     "modeld.memory",
     "modeld.ctx",
-    "modeld.cache",
+    "modeld.cache.policy",
     "modeld.config",
     "modeld.registry",
-    "modeld.runner_protocol",
-    "modeld.chat",
-    "modeld.textstream",
-    "modeld.promptplan",
-    "modeld.promptcache",
-    "modeld.promptfile",
+    "modeld.runner.protocol",
+    "modeld.runner.chat",
+    "modeld.runner.textstream",
+    "modeld.runner.promptplan",
+    "modeld.runner.promptcache",
+    "modeld.runner.promptfile",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml")
 
@@ -42,7 +42,7 @@ def test_pure_module_imports_nothing_native(module: str) -> None:
 def test_cli_start_imports_no_llama_numpy_or_zmq(argv: list[str]) -> None:
     code = (
         "import sys\n"
-        "from modeld.cli import app\n"
+        "from modeld.cli.app import app\n"
         "try:\n"
         f"    app(args={argv!r}, prog_name='modeld')\n"
         "except SystemExit:\n"

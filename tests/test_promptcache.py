@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from modeld.promptcache import SNAPSHOT_OVERHEAD, Snapshot, SnapshotStore, snapshot_bytes
+from modeld.runner.promptcache import SNAPSHOT_OVERHEAD, Snapshot, SnapshotStore, snapshot_bytes
 
 
 def snap(tokens: tuple[int, ...], size: int = 1000, logits_stable: bool = True) -> Snapshot:

@@ -1,12 +1,12 @@
-"""modeld.promptfile: evicted models' prompt snapshots on disk (pure: plain bytes buffers)."""
+"""modeld.runner.promptfile: evicted models' prompt snapshots on disk (pure: bytes buffers)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from modeld import promptfile
-from modeld.promptcache import Snapshot
+from modeld.runner import promptfile
+from modeld.runner.promptcache import Snapshot
 
 ID = {"path": "/m.gguf", "size": 10, "mtime_ns": 1, "n_ctx": 512}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from modeld import promptplan as pp
-from modeld.promptplan import Cached, Plan
+from modeld.runner import promptplan as pp
+from modeld.runner.promptplan import Cached, Plan
 
 C = 4  # a small alignment keeps the sequences readable
 

@@ -24,8 +24,8 @@ import pytest
 import zmq
 
 import ggufgen
-from modeld import chat
-from modeld import runner_protocol as rp
+from modeld.runner import chat
+from modeld.runner import protocol as rp
 
 REPLY_TIMEOUT_S = 60.0  # generous: the machine is shared; this only bounds a hang
 
@@ -281,7 +281,7 @@ def test_sampled_requests_reuse_the_longest_prefix(harness: Harness, tiny_model:
 def test_greedy_requests_reuse_only_aligned_stable_pieces(
     harness: Harness, tiny_model: Path
 ) -> None:
-    from modeld.promptplan import ALIGN
+    from modeld.runner.promptplan import ALIGN
 
     harness.loaded(tiny_model, prompt_cache_mib=0)
     base = " ".join(f"w{i}" for i in range(150))
@@ -337,7 +337,7 @@ def test_generation_stops_at_the_end_of_the_context(harness: Harness, tiny_model
 
 
 def test_chat_uses_the_gguf_template(harness: Harness, tiny_chat_model: Path) -> None:
-    from modeld.runner import render_template
+    from modeld.runner.process import render_template
 
     loaded = harness.loaded(tiny_chat_model)
     assert loaded["chat_format"] == chat.TEMPLATE

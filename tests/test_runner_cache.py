@@ -3,7 +3,7 @@
 Greedy replies used to depend on the previous request (llama.cpp's CPU logits depend on how a
 prompt is split into batches, and the split followed the longest common prefix with whatever
 ran before): "A recipe for bread" after itself and after another prompt gave different text
-with the default model. See modeld.promptplan.
+with the default model. See modeld.runner.promptplan.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from modeld.promptplan import ALIGN
+from modeld.runner.promptplan import ALIGN
 from test_runner import Harness
 
 PROMPTS = ("The history of the lighthouse", "A recipe for bread", "Why the sky is blue",

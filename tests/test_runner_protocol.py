@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from modeld import runner_protocol as rp
 from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
-from modeld.textstream import StopBuffer, TextStream, pool_and_normalize
+from modeld.runner import protocol as rp
+from modeld.runner.textstream import StopBuffer, TextStream, pool_and_normalize
 
 # --------------------------------------------------------------------------- protocol
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeld import pstable, views
+from modeld.cli import pstable, views
 
 NOW = 1_800_000_000.0
 

@@ -1,5 +1,5 @@
 """``python -m modeld``: the same as the ``modeld`` console script."""
 
-from modeld.cli import main
+from modeld.cli.app import main
 
 main()

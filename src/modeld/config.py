@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from modeld import paths
-from modeld.cache import parse_keep_alive
+from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
-from modeld.promptcache import PROMPT_CACHE_MIB
+from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -211,7 +211,7 @@ def _parse_log_level(value: object) -> str:
 
 
 def _parse_eviction(value: object) -> str:
-    from modeld.eviction import POLICIES
+    from modeld.cache.eviction import POLICIES
 
     text = str(value).strip().lower()
     if text not in POLICIES:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from modeld import memory, sizing
-from modeld.cache import CachePolicy, ModelKey
+from modeld import memory
+from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
+from modeld.daemon import sizing
 from modeld.errors import DaemonUnavailableError, ModeldError
 from modeld.modelinfo import ModelInfo
 

@@ -31,7 +31,7 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
 * **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
   43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
 * **prompt_cache** — generate mode only: the runner's prompt-state snapshots
-  (:mod:`modeld.promptcache`), bounded by the ``prompt_cache_mib`` setting and counted at that
+  (:mod:`.runner.promptcache`), bounded by the ``prompt_cache_mib`` setting and counted at that
   bound (they fill up as prompts are served). Kept out of ``total`` (the calibrated figure:
   ``bench/calibrate.py`` measures runners with the cache off); the daemon adds it to what it
   reserves for a load, like the runner baseline.

@@ -34,7 +34,7 @@ def runtime_dir() -> Path:
     if xdg and Path(xdg).is_dir():
         return Path(xdg) / APP
     # No XDG runtime dir (containers, CI, root shells): a per-uid dir under the temp dir.
-    import tempfile  # lazily: it costs ~8 ms of the fast CLI path's start-up (modeld.entry)
+    import tempfile  # lazily: it costs ~8 ms of the fast CLI path's start-up (modeld.cli.entry)
 
     return Path(tempfile.gettempdir()) / f"{APP}-{os.getuid()}"
 
@@ -97,7 +97,7 @@ def models_dir() -> Path:
 
 
 def prompt_cache_dir() -> Path:
-    """Where runners keep an evicted model's prompt snapshots (see :mod:`modeld.promptfile`)."""
+    """Where runners keep an evicted model's prompt snapshots (runner/promptfile.py)."""
     override = _env_path("MODELD_PROMPT_CACHE_DIR")
     if override is not None:
         return override

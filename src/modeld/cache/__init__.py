@@ -1,0 +1,1 @@
+"""Pure cache policy: budget, keep-alive, admission plans, eviction order (no native imports)."""

@@ -1,0 +1,1 @@
+"""The command-line client: Typer app, fast entry path, renderers. Kept empty: start-up cost."""

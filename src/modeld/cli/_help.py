@@ -1,0 +1,30 @@
+"""Pre-rendered ``modeld --help`` (regenerate: python -m modeld.cli.entry --write-help).
+
+tests/test_entry.py fails when it no longer matches the Typer app.
+"""
+
+HELP = (
+    'Usage: modeld [OPTIONS] COMMAND [ARGS]...\n'
+    '\n'
+    '  Keep local GGUF models warm in a memory-aware cache and run them.\n'
+    '\n'
+    'Options:\n'
+    '  --version             Show the version.\n'
+    '  --install-completion  Install completion for the current shell.\n'
+    '  --show-completion     Show completion for the current shell, to copy it or\n'
+    '                        customize the installation.\n'
+    '  -h, --help            Show this message and exit.\n'
+    '\n'
+    'Commands:\n'
+    '  serve   Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM...\n'
+    '  stop    Stop the running daemon (models are unloaded, in-flight...\n'
+    '  run     Generate a reply, streamed to stdout.\n'
+    '  embed   Print embeddings as JSON (one vector per input text).\n'
+    '  load    Load a model (or refresh its keep-alive) without generating.\n'
+    '  unload  Unload a model (or all); busy ones go as soon as their requests...\n'
+    '  ps      Show loaded models: memory, context, requests (running/queued),...\n'
+    '  stats   Cache statistics: hits, loads, evictions, memory, estimate...\n'
+    '  show    Model metadata, the context it would get now and why, and its...\n'
+    '  list    GGUF models in the models directory, and aliases.\n'
+    '  config  The effective settings and where each one came from.\n'
+)

@@ -1,0 +1,375 @@
+"""The ``modeld`` command line: parse, call the client (or the daemon), render, map errors.
+
+Start-up time is the latency of every shell call and every Tab press, so this module imports
+only typer and the standard library at the top; everything else is imported inside commands.
+Domain errors become exit codes only here (:func:`main`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from modeld import __version__
+
+if TYPE_CHECKING:
+    from modeld.client import Client
+    from modeld.config import Settings
+
+app = typer.Typer(
+    name="modeld",
+    help="Keep local GGUF models warm in a memory-aware cache and run them.",
+    no_args_is_help=True,
+    add_completion=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
+ModelArg = Annotated[
+    str | None,
+    typer.Argument(
+        help="A .gguf path, a name in the models dir, or an alias; default model if omitted."
+    ),
+]
+KeepAliveOpt = Annotated[
+    str | None,
+    typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
+]
+CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"modeld {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Show the version."
+        ),
+    ] = False,
+) -> None:
+    """modeld: a memory-aware model manager daemon for local GGUF models."""
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _settings(**overrides: Any) -> Settings:
+    from modeld.config import load_settings
+
+    settings, _ = load_settings({k: v for k, v in overrides.items() if v is not None})
+    return settings
+
+
+def _client(settings: Settings | None = None, *, autostart: bool = False) -> Client:
+    """A connected client; with ``autostart`` a missing daemon is started in the background."""
+    from modeld.client import Client
+    from modeld.errors import DaemonUnavailableError
+
+    settings = settings or _settings()
+    client = Client(settings.socket, timeout=None)
+    try:
+        client.ping()
+        return client
+    except DaemonUnavailableError:
+        client.close()
+        if not autostart or os.environ.get("MODELD_NO_AUTOSTART") in ("1", "true", "yes"):
+            raise
+    from modeld.cli.autostart import start_daemon
+
+    start_daemon(settings)
+    client = Client(settings.socket, timeout=None)
+    client.ping()
+    return client
+
+
+def _model_ref(model: str | None) -> str | None:
+    """``default`` names the built-in default model explicitly."""
+    if model in (None, "", "default"):
+        return None
+    from modeld.registry import normalize_ref
+
+    return normalize_ref(model)
+
+
+# ---------------------------------------------------------------------- serve / stop
+
+
+@app.command()
+def serve(
+    socket: Annotated[
+        str | None, typer.Option(help="ZeroMQ endpoint to bind (ipc://… or tcp://…).")
+    ] = None,
+    memory_fraction: Annotated[
+        float | None, typer.Option(help="Share of usable memory the cache may use (0-1).")
+    ] = None,
+    memory_cap: Annotated[
+        str | None, typer.Option(help='Absolute cap on the cache budget, e.g. "8GiB".')
+    ] = None,
+    max_models: Annotated[int | None, typer.Option(help="Most models loaded at once.")] = None,
+    keep_alive: KeepAliveOpt = None,
+    preload: Annotated[
+        list[str] | None, typer.Option("--preload", help="Load this model at start (repeatable).")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
+    prompt_cache_mib: Annotated[
+        int | None,
+        typer.Option(help="Prompt-state cache per generating model, in MiB (0: off)."),
+    ] = None,
+) -> None:
+    """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
+    from modeld.daemon import server as daemon
+
+    settings = _settings(
+        socket=socket,
+        memory_fraction=memory_fraction,
+        memory_cap_bytes=memory_cap,
+        max_models=max_models,
+        keep_alive=keep_alive,
+        log_level=log_level,
+        prompt_cache_mib=prompt_cache_mib,
+    )
+    if preload:
+        from modeld.cli.autostart import preload_in_background
+
+        preload_in_background(settings, preload)
+    raise typer.Exit(daemon.serve(settings))
+
+
+@app.command()
+def stop(json_out: JsonOpt = False) -> None:
+    """Stop the running daemon (models are unloaded, in-flight requests are told)."""
+    from modeld.cli import render
+
+    reply = _client().shutdown()
+    if json_out:
+        render.emit_json("stop", {"stopped": True, **reply})
+    else:
+        render.message("modeld: daemon stopping")
+
+
+# ---------------------------------------------------------------------- run / embed
+
+
+@app.command()
+def run(
+    model: Annotated[
+        str | None, typer.Argument(help="Model (path, name, alias or 'default'); or the prompt.")
+    ] = None,
+    prompt: Annotated[str | None, typer.Argument(help="The prompt; also read from stdin.")] = None,
+    system: Annotated[str | None, typer.Option(help="System prompt (chat mode).")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="Most tokens to generate.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Nucleus sampling.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Top-k sampling.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Random seed.")] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
+    ] = None,
+    keep_alive: KeepAliveOpt = None,
+    ctx: CtxOpt = None,
+    raw: Annotated[bool, typer.Option("--raw", help="Plain completion, no chat template.")] = False,
+    json_out: JsonOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
+) -> None:
+    """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
+    from modeld.cli.runcmd import RunOptions, run_command
+
+    settings = _settings()
+    opts = RunOptions(
+        system=system,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=stop or None,
+        keep_alive=keep_alive,
+        n_ctx=ctx,
+        raw=raw,
+        json_out=json_out,
+        verbose=verbose,
+    )
+    run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
+
+
+@app.command()
+def embed(
+    model: ModelArg = None,
+    text: Annotated[
+        list[str] | None, typer.Argument(help="Texts to embed; '-' reads stdin.")
+    ] = None,
+    keep_alive: KeepAliveOpt = None,
+) -> None:
+    """Print embeddings as JSON (one vector per input text)."""
+    from modeld.cli import render
+    from modeld.errors import InvalidRequestError
+
+    inputs = list(text or [])
+    if inputs == ["-"] or (not inputs and not sys.stdin.isatty()):
+        inputs = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    if not inputs:
+        raise InvalidRequestError("nothing to embed", hint="pass text arguments or '-' for stdin")
+    settings = _settings()
+    reply = _client(settings, autostart=True).embed(
+        _model_ref(model), inputs, keep_alive=keep_alive
+    )
+    render.emit_json("embed", {"model": model or "default", **reply})
+
+
+# ---------------------------------------------------------------------- cache management
+
+
+@app.command()
+def load(
+    model: ModelArg = None,
+    ctx: CtxOpt = None,
+    keep_alive: KeepAliveOpt = None,
+    pin: Annotated[bool, typer.Option("--pin", help="Never evict it for memory.")] = False,
+    embedding: Annotated[bool, typer.Option("--embed", help="Load in embedding mode.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Load a model (or refresh its keep-alive) without generating."""
+    from modeld.cli import render, views
+
+    settings = _settings()
+    client = _client(settings, autostart=True)
+    with render.status(f"loading {model or 'the default model'}"):
+        reply = client.load(
+            _model_ref(model),
+            mode="embed" if embedding else "generate",
+            n_ctx=ctx,
+            keep_alive=keep_alive,
+            pinned=pin,
+        )
+    # The daemon answers {"model": <ps row>}; accept a bare row too.
+    row = reply["model"] if isinstance(reply.get("model"), dict) else reply
+    if json_out:
+        render.emit_json("load", {"model": row})
+    else:
+        render.print_renderables(*views.ps_view({"models": [row]}))
+
+
+@app.command()
+def unload(
+    model: ModelArg = None,
+    all_models: Annotated[bool, typer.Option("--all", help="Unload every model.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Unload a model (or all); busy ones go as soon as their requests finish."""
+    from modeld.cli import render
+    from modeld.errors import InvalidRequestError
+
+    if model is None and not all_models:
+        raise InvalidRequestError(
+            "name a model or pass --all", hint="see loaded models with modeld ps"
+        )
+    reply = _client().unload(_model_ref(model), all=all_models)
+    if json_out:
+        render.emit_json("unload", reply)
+    else:
+        now = reply.get("unloaded") or []
+        later = reply.get("unloading_when_idle") or []
+        render.message(
+            f"unloaded {len(now)} model(s)" + (f", {len(later)} when idle" if later else "")
+        )
+
+
+@app.command()
+def ps(
+    json_out: JsonOpt = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Also why each context was chosen, pid, path."),
+    ] = False,
+) -> None:
+    """Show loaded models: memory, context, requests (running/queued), keep-alive."""
+    from modeld.cli import render, views
+
+    render.emit(
+        "ps",
+        {"models": _client().ps()},
+        as_json=json_out,
+        text=lambda data: views.ps_view(data, verbose=verbose),
+    )
+
+
+@app.command()
+def stats(json_out: JsonOpt = False) -> None:
+    """Cache statistics: hits, loads, evictions, memory, estimate accuracy."""
+    from modeld.cli import render, views
+
+    render.emit("stats", _client().stats(), as_json=json_out, text=views.stats_view)
+
+
+@app.command()
+def show(
+    model: ModelArg = None,
+    ctx: CtxOpt = None,
+    embedding: Annotated[bool, typer.Option("--embed", help="As an embedding model.")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Model metadata, the context it would get now and why, and its estimated memory."""
+    from modeld.cli import render, views
+    from modeld.describe import describe
+
+    data = describe(
+        _settings(), _model_ref(model), mode="embed" if embedding else "generate", n_ctx=ctx
+    )
+    render.emit("show", data, as_json=json_out, text=views.show_view)
+
+
+@app.command("list")
+def list_(json_out: JsonOpt = False) -> None:
+    """GGUF models in the models directory, and aliases."""
+    from modeld.cli import render, views
+    from modeld.describe import list_models
+
+    render.emit("list", list_models(_settings()), as_json=json_out, text=views.list_view)
+
+
+@app.command()
+def config(json_out: JsonOpt = False) -> None:
+    """The effective settings and where each one came from."""
+    from modeld.cli import render, views
+    from modeld.config import load_settings
+
+    settings, sources = load_settings()
+    data = {"settings": settings.to_dict(), "sources": sources}
+    render.emit("config", data, as_json=json_out, text=views.config_view)
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: run the app and turn domain errors into documented exit codes.
+
+    Typer itself maps usage errors to 2 and Ctrl-C to 130 (ExitCode.INTERRUPTED).
+    """
+    from modeld.errors import ExitCode, ModeldError
+
+    try:
+        app(args=argv, prog_name="modeld")
+    except ModeldError as exc:
+        from modeld.cli import render
+
+        if "--json" in (argv if argv is not None else sys.argv[1:]):
+            render.emit_json("error", {"error": exc.to_dict()})
+        hint = f"\n  hint: {exc.hint}" if exc.hint else ""
+        render.message(f"modeld: error: {exc.message}{hint}")
+        sys.exit(int(exc.exit_code))
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): not worth a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(int(ExitCode.OK))

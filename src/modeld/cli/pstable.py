@@ -1,0 +1,134 @@
+"""The ``modeld ps`` table as plain text: one implementation for the full CLI and the fast path.
+
+Standard library only and no ``typing`` import, because :mod:`modeld.cli.entry` prints ``ps``
+without loading Typer or rich and every millisecond of start-up counts there. The table fits an
+80-column terminal for model names up to about 25 characters; beyond the terminal width only
+the MODEL column folds. Long per-model facts (why this context, runner pid, path) go under the
+table with ``--verbose``; ``--json`` always has everything.
+"""
+
+from __future__ import annotations
+
+HEADERS = ("MODEL", "MODE", "STATE", "MEM meas/est", "CTX", "REQ", "UNTIL", "USED")
+MIN_NAME = 12  # the MODEL column folds long names down to this width, never less
+GAP = "  "
+
+
+def fmt_bytes(n: object) -> str:
+    """Binary size with three significant digits (``5.2 MiB``, ``54.2 MiB``, ``418 MiB``)."""
+    if not isinstance(n, (int, float)) or isinstance(n, bool):
+        return "-"
+    value, units = float(n), ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while abs(value) >= 999.5 and i < len(units) - 1:  # 999.5 would print as "1000"
+        value /= 1024
+        i += 1
+    unit = units[i]
+    return f"{value:.0f} {unit}" if unit == "B" or abs(value) >= 100 else f"{value:.1f} {unit}"
+
+
+def mem_pair(measured: object, estimate: object) -> str:
+    """``54.2/58.6 MiB``: measured and estimated bytes, the unit once when they share it."""
+    a, b = fmt_bytes(measured), fmt_bytes(estimate)
+    a_num, _, a_unit = a.partition(" ")
+    b_num, _, b_unit = b.partition(" ")
+    if a_unit and a_unit == b_unit:
+        return f"{a_num}/{b_num} {a_unit}"
+    return f"{a}/{b}"
+
+
+def compact_duration(seconds: float) -> str:
+    """``45s``, ``4m59s``, ``2h05m``: durations without spaces for narrow columns."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def ago(seconds: float) -> str:
+    """Coarse age for the USED column: ``12s ago``, ``4m ago``, ``2h ago``, ``3d ago``."""
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"
+
+
+def until(m: dict[str, object]) -> str:
+    """When the model unloads: ``pinned``, ``forever`` (until memory is needed), or a time."""
+    if m.get("pinned"):
+        return "pinned"
+    if m.get("forever"):
+        return "forever"
+    left = m.get("keep_alive_left_s")
+    if not isinstance(left, (int, float)):
+        return "-"  # busy or loading: the clock starts when the last request ends
+    return compact_duration(float(left))
+
+
+def rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
+    """The table cells; REQ is in-flight/queued requests, MODE ``gen`` or ``embed``."""
+    out: list[tuple[str, ...]] = []
+    for m in models:
+        last = m.get("last_used")
+        mode = str(m.get("mode"))
+        n_ctx = m.get("n_ctx")
+        out.append(
+            (
+                str(m.get("name")),
+                "gen" if mode == "generate" else mode,
+                str(m.get("state")),
+                mem_pair(m.get("measured_bytes"), m.get("estimate_bytes")),
+                "-" if n_ctx is None else str(n_ctx),
+                f"{m.get('in_flight', 0)}/{m.get('queued', 0)}",
+                until(m),
+                ago(now - float(last)) if isinstance(last, (int, float)) else "-",
+            )
+        )
+    return out
+
+
+def details(m: dict[str, object]) -> list[tuple[str, str]]:
+    """The long per-model facts printed under the table with ``--verbose``."""
+    load_s = m.get("load_seconds")
+    keep = m.get("keep_alive_s")
+    items = [
+        ("context", m.get("ctx_reason")),
+        ("path", m.get("path")),
+        ("runner pid", m.get("runner_pid")),
+        ("load time", f"{load_s:.2f}s" if isinstance(load_s, (int, float)) else None),
+        ("uses", m.get("use_count")),
+        ("keep-alive", f"{keep:g}s" if isinstance(keep, (int, float)) else None),
+        ("retiring", m.get("retiring")),
+        ("last unload", m.get("last_unload_reason")),
+    ]
+    return [(label, str(value)) for label, value in items if value is not None]
+
+
+def _line(cells: tuple[str, ...], widths: list[int]) -> str:
+    return GAP.join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+
+def text(
+    models: list[dict[str, object]], now: float, width: int = 80, verbose: bool = False
+) -> str:
+    """The whole ``ps`` output, at most ``width`` columns unless names cannot fold further."""
+    cells = rows(models, now)
+    if not cells:
+        return "no models loaded\n"
+    widths = [max(len(r[i]) for r in (HEADERS, *cells)) for i in range(len(HEADERS))]
+    excess = sum(widths) + len(GAP) * (len(widths) - 1) - width
+    if excess > 0:
+        widths[0] = max(MIN_NAME, widths[0] - excess)
+    lines = [_line(HEADERS, widths), GAP.join("─" * w for w in widths)]
+    for row in cells:
+        name = row[0]
+        lines.append(_line((name[: widths[0]], *row[1:]), widths))
+        lines.extend(name[i : i + widths[0]] for i in range(widths[0], len(name), widths[0]))
+    if verbose:
+        for m in models:
+            lines += ["", f"{m.get('name')} ({m.get('mode')}):"]
+            lines += [f"  {label}: {value}" for label, value in details(m)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,216 @@
+"""``modeld run``: one streamed reply, or a multi-turn chat on a terminal.
+
+Kept out of cli.py so the command's behaviour (prompt from arguments and stdin, streaming,
+``--json``, Ctrl-C) is one readable unit. Output contract: on a pipe, stdout carries exactly the
+generated text; everything else (spinner, timings, hints) goes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from modeld.cli import render
+from modeld.errors import InvalidRequestError, ModelNotFoundError
+
+if TYPE_CHECKING:
+    from modeld.client import Client, Generation
+    from modeld.config import Settings
+
+BYE = {"/bye", "/exit", "/quit"}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    system: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    keep_alive: str | None = None
+    n_ctx: int | None = None
+    raw: bool = False
+    json_out: bool = False
+    verbose: bool = False
+
+    def sampling(self) -> dict[str, Any]:
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "stop": self.stop,
+        }
+
+
+def split_model_and_prompt(
+    settings: Settings, first: str | None, second: str | None
+) -> tuple[str | None, str | None]:
+    """Tell ``run MODEL PROMPT`` from ``run PROMPT`` (default model).
+
+    One argument is a model when it resolves to one; otherwise, if it reads like a sentence
+    (has whitespace), it is the prompt for the default model. A single unknown word is an error,
+    never silently sent as a prompt: ``modeld run default WORD`` does that explicitly.
+    """
+    from modeld.registry import looks_like_path, resolve
+
+    if first in (None, "", "default"):
+        return None, second
+    assert first is not None
+    if second is not None:
+        return first, second
+    try:
+        resolve(first, settings)
+        return first, None
+    except ModelNotFoundError as exc:
+        if looks_like_path(first) or not any(ch.isspace() for ch in first):
+            exc.hint = (exc.hint + "; " if exc.hint else "") + (
+                f"to send it as a prompt to the default model: modeld run default {first!r}"
+            )
+            raise
+        return None, first
+
+
+def read_stdin_prompt() -> str | None:
+    """The piped stdin text, or None when stdin is a terminal or empty."""
+    if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
+        return None
+    data = sys.stdin.read()
+    return data if data.strip() else None
+
+
+def run_command(
+    settings: Settings,
+    first: str | None,
+    second: str | None,
+    opts: RunOptions,
+    connect: Callable[[], Client],
+) -> None:
+    from modeld.registry import normalize_ref
+
+    model, prompt = split_model_and_prompt(settings, first, second)
+    model = normalize_ref(model)  # ./m.gguf means the caller's cwd, not the daemon's
+    piped = read_stdin_prompt()
+    if prompt and piped:
+        prompt = f"{prompt}\n\n{piped}"
+    elif piped:
+        prompt = piped
+    if prompt is None:
+        if sys.stdin is not None and sys.stdin.isatty() and not opts.json_out:
+            chat_loop(connect(), model, opts)
+            return
+        raise InvalidRequestError(
+            "no prompt given", hint='pass one as an argument or on stdin: echo "hi" | modeld run'
+        )
+    client = connect()
+    messages = _messages(opts.system, [("user", prompt)])
+    gen = _start(client, model, prompt, messages, opts)
+    try:
+        text = _stream(gen, echo=not opts.json_out)
+    except BrokenPipeError:
+        return  # the reader went away (`| head`): the generation is cancelled, exit quietly
+    if opts.json_out:
+        render.emit_json("run", {"model": model or "default", "text": text, "done": gen.done or {}})
+    elif sys.stdout.isatty() and not text.endswith("\n"):
+        sys.stdout.write("\n")
+    if opts.verbose:
+        _timings(gen.done or {})
+
+
+def _messages(system: str | None, turns: list[tuple[str, str]]) -> list[dict[str, str]]:
+    out = [{"role": "system", "content": system}] if system else []
+    out.extend({"role": role, "content": content} for role, content in turns)
+    return out
+
+
+def _start(
+    client: Client,
+    model: str | None,
+    prompt: str,
+    messages: list[dict[str, str]],
+    opts: RunOptions,
+) -> Generation:
+    common: dict[str, Any] = {"keep_alive": opts.keep_alive, "n_ctx": opts.n_ctx, **opts.sampling()}
+    if opts.raw:
+        text = f"{opts.system}\n\n{prompt}" if opts.system else prompt
+        return client.generate(model, text, raw=True, **common)
+    return client.chat(model, messages, **common)
+
+
+def _stream(gen: Generation, *, echo: bool) -> str:
+    """Write chunks to stdout as they arrive; a spinner on stderr until the first one."""
+    parts: list[str] = []
+    with render.status("waiting for the model…") as spinner:
+        for chunk in gen:
+            spinner.stop()
+            parts.append(chunk)
+            if echo:
+                try:
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    gen.close()  # cancel now rather than when the daemon notices we are gone
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                    raise
+    return "".join(parts)
+
+
+def _timings(done: dict[str, Any]) -> None:
+    timings = done.get("timings", {}) if isinstance(done.get("timings"), dict) else done
+    usage = done.get("usage", {}) if isinstance(done.get("usage"), dict) else done
+    fields = {**usage, **timings}
+    keys = (
+        "load_s",
+        "prompt_tokens",
+        "prompt_tokens_reused",
+        "prompt_eval_s",
+        "completion_tokens",
+        "generation_s",
+        "tokens_per_s",
+    )
+    parts = []
+    for key in keys:
+        value = fields.get(key)
+        if isinstance(value, float):
+            parts.append(f"{key}={value:.3f}")
+        elif value is not None:
+            parts.append(f"{key}={value}")
+    render.message("modeld: " + " ".join(parts))
+
+
+def chat_loop(client: Client, model: str | None, opts: RunOptions) -> None:
+    """A multi-turn chat on a terminal: the conversation is kept; /bye or Ctrl-D ends it."""
+    render.message("modeld: chat started — /bye or Ctrl-D to exit, Ctrl-C stops a reply")
+    turns: list[tuple[str, str]] = []
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            sys.stdout.write("\n")
+            return
+        except KeyboardInterrupt:
+            sys.stdout.write("\nUse Ctrl-D or /bye to exit.\n")
+            continue
+        if line.strip() in BYE:
+            return
+        if not line.strip():
+            continue
+        turns.append(("user", line))
+        gen = _start(client, model, line, _messages(opts.system, turns), opts)
+        try:
+            reply = _stream(gen, echo=True)
+        except KeyboardInterrupt:
+            gen.close()
+            turns.pop()
+            sys.stdout.write("\n")
+            continue
+        turns.append(("assistant", reply))
+        sys.stdout.write("\n" if reply.endswith("\n") else "\n\n")
+        if opts.verbose:
+            _timings(gen.done or {})

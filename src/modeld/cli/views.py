@@ -1,0 +1,171 @@
+"""Text views of command results (the JSON views are the data itself, see render.emit).
+
+Each function takes the plain data a command produced and returns rich renderables.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from modeld.cli.pstable import compact_duration
+from modeld.cli.render import fmt_bytes, grid_table, key_value_table
+
+
+def _yes(value: object) -> str:
+    return "yes" if value else "no"
+
+
+def show_view(data: dict[str, Any]) -> list[Any]:
+    info: dict[str, Any] = data.get("info", {})
+    layers = int(info.get("block_count") or 0)
+    sliding = sum(1 for s in info.get("sliding_layers", []) if s)
+    kv_heads = sorted(set(info.get("head_count_kv", [])))
+    kv_text = ", ".join(str(k) for k in kv_heads) if kv_heads else "-"
+    swa = f"{info.get('sliding_window')} tokens on {sliding} of {layers} layers" if sliding else "-"
+    model_rows = [
+        ("name", str(data.get("name", ""))),
+        ("path", str(data.get("path", ""))),
+        ("architecture", str(info.get("architecture", ""))),
+        ("size label", str(info.get("size_label") or "-")),
+        ("quantization", str(info.get("quantization") or "-")),
+        ("file size", fmt_bytes(info.get("file_size"))),
+        ("training context", str(info.get("context_length"))),
+        ("layers", str(layers)),
+        ("embedding", str(info.get("embedding_length"))),
+        ("heads / KV heads", f"{info.get('head_count')} / {kv_text}"),
+        ("key / value length", f"{info.get('key_length')} / {info.get('value_length')}"),
+        ("sliding window", swa),
+        ("vocabulary", str(info.get("vocab_size"))),
+        ("chat template", _yes(info.get("has_chat_template"))),
+        ("pooling", str(info.get("pooling_type") if info.get("pooling_type") is not None else "-")),
+    ]
+    for note in info.get("notes", []):
+        model_rows.append(("note", str(note)))
+    out: list[Any] = [key_value_table("Model", model_rows)]
+    if not data.get("fits", False):
+        err = data.get("error") or {}
+        why = err.get("message") or data.get("plan_reason") or "does not fit the memory budget"
+        out.append(key_value_table("Memory", [("fits", "no"), ("why", str(why))]))
+        return out
+    est: dict[str, Any] = data.get("estimate", {})
+    mem_rows = [
+        ("context (n_ctx)", f"{data.get('n_ctx')}  ({data.get('ctx_reason')})"),
+        ("estimate", fmt_bytes(data.get("estimate_bytes"))),
+    ]
+    for part in ("weights_file", "weights_anon", "kv_cache", "compute", "output", "prompt_cache"):
+        if part in est:
+            mem_rows.append((f"  {part.replace('_', ' ')}", fmt_bytes(est[part])))
+    mem_rows.append(("runner baseline", fmt_bytes(data.get("runner_baseline_bytes"))))
+    if data.get("budget_bytes") is not None:
+        mem_rows.append(("budget", fmt_bytes(data.get("budget_bytes"))))
+    victims = data.get("would_evict") or []
+    if victims:
+        mem_rows.append(("would evict", ", ".join(str(v) for v in victims)))
+    mem_rows.append(("source", str(data.get("source", "daemon"))))
+    out.append(key_value_table("Memory", mem_rows))
+    return out
+
+
+def ps_view(data: dict[str, Any], verbose: bool = False) -> list[Any]:
+    """``modeld ps`` (and ``load``) for people: :func:`pstable.text` at terminal width."""
+    import shutil
+
+    from modeld.cli import pstable
+
+    width = shutil.get_terminal_size((80, 24)).columns
+    return [pstable.text(list(data.get("models", [])), time.time(), width=width, verbose=verbose)]
+
+
+def _label(key: str) -> str:
+    for suffix in ("_bytes", "_s"):
+        if key.endswith(suffix) and key != suffix:
+            key = key[: -len(suffix)]
+            break
+    return key.replace("_", " ")
+
+
+def _number(key: str, value: float) -> str:
+    if key.endswith("_bytes"):
+        return fmt_bytes(value)
+    if key.endswith("_s"):
+        return f"{value:.2f}s" if value < 120 else compact_duration(value)
+    if key.endswith("_rate") or key.endswith("_fraction"):
+        return f"{value * 100:.0f}%"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def _stat_value(key: str, value: Any) -> str:
+    """One stats value as text: dicts as ``a 1, b 2`` (non-zero only), lists summarised."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return _yes(value)
+    if isinstance(value, (int, float)):
+        return _number(key, value)
+    if isinstance(value, dict):
+        parts = [f"{k} {_stat_value(str(k), v)}" for k, v in value.items() if v not in (0, None)]
+        return ", ".join(parts) if parts else "none"
+    if isinstance(value, list):
+        if not value:
+            return "none"
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            mean = sum(value) / len(value)
+            return f"{len(value)} values, mean {mean:.3f}"
+        if all(isinstance(v, dict) for v in value):
+            return "; ".join(_named(v) for v in value)
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _named(item: dict[str, Any]) -> str:
+    """A dict from a stats list (e.g. a model cooling down after a failed load) in one line."""
+    name = str(item.get("name", "?"))
+    rest = [
+        f"{_label(k)} {_stat_value(k, v)}" for k, v in item.items() if k not in ("name", "path")
+    ]
+    return f"{name} ({', '.join(rest)})" if rest else name
+
+
+def stats_view(data: dict[str, Any]) -> list[Any]:
+    """``modeld stats`` as one key/value table; estimate error samples become a mean."""
+    skip = {"schema_version", "kind", "estimate_error_samples"}
+    rows = []
+    for key, value in data.items():
+        if key in skip:
+            continue
+        if key == "estimate_error_mean" and value is not None:
+            samples = data.get("estimate_error_samples")
+            n = len(samples) if isinstance(samples, list) else 0
+            rows.append(("estimate error mean", f"{float(value) * 100:+.1f}% ({n} loads)"))
+            continue
+        if key == "estimate_abs_error_mean" and value is not None:
+            rows.append(("estimate abs error mean", f"{float(value) * 100:.1f}%"))
+            continue
+        rows.append((_label(key), _stat_value(key, value)))
+    return [key_value_table("modeld stats", rows)]
+
+
+def list_view(data: dict[str, Any]) -> list[Any]:
+    rows = [
+        (
+            str(m.get("name")),
+            fmt_bytes(m.get("size")),
+            str(m.get("architecture") or "-"),
+            str(m.get("quantization") or "-"),
+            str(m.get("path")),
+        )
+        for m in data.get("models", [])
+    ]
+    if not rows:
+        return [f"no models in {data.get('models_dir')} (put .gguf files there or add aliases)"]
+    return [grid_table(("NAME", "SIZE", "ARCH", "QUANT", "PATH"), rows)]
+
+
+def config_view(data: dict[str, Any]) -> list[Any]:
+    sources: dict[str, str] = data.get("sources", {})
+    settings: dict[str, Any] = data.get("settings", {})
+    rows = [(name, str(value), sources.get(name, "")) for name, value in settings.items()]
+    return [grid_table(("SETTING", "VALUE", "FROM"), rows)]

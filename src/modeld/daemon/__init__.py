@@ -1,0 +1,1 @@
+"""The daemon process: sockets, scheduler, runner supervision, sizing."""

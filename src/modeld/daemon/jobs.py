@@ -1,0 +1,173 @@
+"""The daemon's records of requests and loaded models, and the views built from them.
+
+Plain data used by :mod:`modeld.daemon.scheduler` (which owns and mutates them from the event loop)
+and by the daemon's ``ps``/``load`` replies.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from modeld import protocol
+from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
+from modeld.config import Settings
+from modeld.daemon.supervisor import Runner
+from modeld.modelinfo import ModelInfo
+
+
+@dataclass(eq=False)
+class Job:
+    """One client request that needs a model (generate, embed or load)."""
+
+    client: bytes  # ROUTER identity of the client
+    rid: str  # the client's request id
+    kind: str  # "generate" | "embed" | "load"
+    key: ModelKey
+    name: str
+    payload: dict[str, Any] = field(default_factory=dict)  # runner message body (no rid)
+    keep_alive_s: float | None = None
+    n_ctx: int | None = None  # requested (or needed after context_exceeded)
+    pinned: bool = False
+    created: float = field(default_factory=time.monotonic)
+    runner_rid: str = ""
+    waited_for_load: bool = False
+    ctx_retries: int = 0
+    cancel_sent: bool = False
+    client_gone: bool = False
+
+
+@dataclass(eq=False)
+class Slot:
+    """Daemon-side state of one cache entry: its runner and its FIFO queue."""
+
+    key: ModelKey
+    name: str
+    runner_id: str
+    info: ModelInfo
+    queue: deque[Job] = field(default_factory=deque)
+    current: Job | None = None
+    retire: EvictionReason | None = None  # evict once idle (file changed, explicit unload)
+    load_started: float = field(default_factory=time.monotonic)
+    runner_pid: int | None = None
+    draining: bool = False  # yielding to an older waiting load: new requests wait, not queue
+    last_client: bytes | None = None  # who sent its latest request (see SWAP_GRACE_S)
+
+
+@dataclass(eq=False)
+class Waiting:
+    """Requests for a model that is not loaded yet and has no room yet (or whose loaded
+    model is draining to make room for an older waiting load)."""
+
+    key: ModelKey
+    name: str
+    jobs: list[Job]
+    deadline: float
+    reason: str = ""
+    need_bytes: int = 0  # what the last admission attempt needed
+    for_baseline: bool = False  # only waiting for a starting runner's measured baseline
+
+
+Send = Callable[[Job, protocol.Message], bool]
+
+
+def keep_alive_of(value: str | int | float | None, settings: Settings) -> float:
+    """A request's keep-alive in seconds; the configured default when it did not set one.
+
+    Per request, as in Ollama, but not sticky: a request without keep_alive gets the default,
+    so one ``-1`` request does not pin the model for everyone after it.
+    """
+    return parse_keep_alive(value, settings.keep_alive)
+
+
+def done_body(
+    slot: Slot, job: Job, entry: Entry | None, msg: Mapping[str, Any], now: float
+) -> dict[str, Any]:
+    """The client's ``done`` for a runner's ``done``: usage, timings (with load_s) and result."""
+    raw_usage = msg.get("usage")
+    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    raw_timings = msg.get("timings")
+    timings: dict[str, Any] = raw_timings if isinstance(raw_timings, dict) else {}
+    completion = int(usage.get("completion_tokens", 0) or 0)
+    prompt_tokens = int(usage.get("prompt_tokens", 0) or 0)
+    load_s = float(entry.load_seconds or 0.0) if (entry and job.waited_for_load) else 0.0
+    body: dict[str, Any] = {
+        "model": slot.name,
+        "n_ctx": entry.n_ctx if entry else None,
+        "usage": usage,
+    }
+    if job.kind == "embed":
+        body["embeddings"] = msg.get("embeddings", [])
+        body["timings"] = {**timings, "load_s": load_s, "prompt_tokens": prompt_tokens}
+        return body
+    body["finish_reason"] = msg.get("finish_reason")
+    body["timings"] = {
+        "load_s": load_s,
+        "prompt_eval_s": timings.get("prompt_eval_s", 0.0),
+        "generation_s": timings.get("generation_s", 0.0),
+        "tokens_per_s": timings.get("tokens_per_s", 0.0),
+        "prompt_tokens": prompt_tokens,
+        "prompt_tokens_reused": int(usage.get("prompt_tokens_reused", 0) or 0),
+        "completion_tokens": completion,
+        "total_s": now - job.created,
+    }
+    return body
+
+
+_EMPTY_ROW: dict[str, Any] = {
+    "n_ctx": None, "measured_bytes": None, "estimate_bytes": None, "accounted_bytes": 0,
+    "in_flight": 0, "use_count": 0, "last_used": None, "keep_alive_s": None,
+    "keep_alive_left_s": None, "forever": False, "pinned": False, "runner_id": None,
+    "runner_pid": None, "load_seconds": None, "retiring": None, "last_unload_reason": None,
+}  # fmt: skip
+
+
+def ps_rows(
+    cache: CachePolicy,
+    slots: Mapping[ModelKey, Slot],
+    waiting: Mapping[ModelKey, Waiting],
+    runners: Mapping[str, Runner],
+    now: float,
+) -> list[dict[str, Any]]:
+    """One row per cache entry (loading, ready, unloading) and per model waiting for room."""
+    wall = time.time()
+    rows: list[dict[str, Any]] = []
+    for entry in cache.entries():
+        slot = slots.get(entry.key)
+        d = entry.to_dict(now)
+        keep = entry.keep_alive_s
+        runner = runners.get(entry.runner_id)
+        rows.append({
+            "name": slot.name if slot else entry.key.name,
+            "path": entry.key.path,
+            "mode": entry.key.mode,
+            "state": d["state"],
+            "n_ctx": entry.n_ctx,
+            "ctx_reason": entry.ctx_reason,
+            "measured_bytes": entry.measured_bytes,
+            "estimate_bytes": entry.estimate_bytes,
+            "accounted_bytes": entry.accounted_bytes,
+            "in_flight": entry.in_flight,
+            "queued": len(slot.queue) if slot else 0,
+            "use_count": entry.use_count,
+            "last_used": wall - (now - entry.last_used),
+            "keep_alive_s": None if math.isinf(keep) else keep,
+            "keep_alive_left_s": d["expires_in_s"],
+            "forever": math.isinf(keep),
+            "pinned": entry.pinned,
+            "runner_id": entry.runner_id,
+            "runner_pid": runner.pid if runner else None,
+            "load_seconds": entry.load_seconds,
+            "retiring": slot.retire.value if slot and slot.retire else None,
+            "last_unload_reason": d["last_unload_reason"],
+        })  # fmt: skip
+    for w in waiting.values():
+        rows.append({
+            **_EMPTY_ROW, "name": w.name, "path": w.key.path, "mode": w.key.mode,
+            "state": "waiting", "ctx_reason": w.reason, "queued": len(w.jobs),
+        })  # fmt: skip
+    return rows

@@ -1,0 +1,171 @@
+"""Runner processes: start, talk to, watch and stop them (used only by the daemon's event loop).
+
+Each runner is ``python -m modeld.runner --endpoint EP --id ID`` in its own process, connected to
+the one runner ROUTER bound here, so a native crash costs one model and an exit returns all of
+its memory to the OS. The supervisor does no policy: the daemon decides which runner loads what.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from modeld.protocol import ProtocolError
+from modeld.runner import protocol as runner_protocol
+
+log = logging.getLogger("modeld.daemon")
+
+#: Seconds a runner gets to exit after ``shutdown`` before it is killed.
+STOP_GRACE_S = 5.0
+
+
+@dataclass
+class Runner:
+    """One runner process as the daemon sees it."""
+
+    id: str
+    popen: subprocess.Popen[bytes]
+    started_at: float
+    ready: bool = False  # hello received
+    baseline: dict[str, int] = field(default_factory=dict)
+    pending: list[dict[str, Any]] = field(default_factory=list)  # sent once hello arrives
+    stopping_since: float | None = None
+    exit_code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+
+class Supervisor:
+    """Owns the runner ROUTER socket and every runner process."""
+
+    def __init__(self, ctx: zmq.Context[Any], runtime_dir: Path, log_dir: Path) -> None:
+        self.endpoint = f"ipc://{runtime_dir / f'runners-{os.getpid()}.sock'}"
+        self._sock_path = runtime_dir / f"runners-{os.getpid()}.sock"
+        with contextlib.suppress(FileNotFoundError):
+            self._sock_path.unlink()
+        self.socket: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.bind(self.endpoint)
+        self.log_dir = log_dir
+        self.runners: dict[str, Runner] = {}
+        self._ids = itertools.count(1)
+
+    def spawn(self) -> Runner:
+        """Start a runner process; messages for it queue until its ``hello`` arrives."""
+        rid = f"r{next(self._ids)}"
+        log_path = self.log_dir / f"runner-{rid}.log"
+        with open(log_path, "ab") as log_file:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "modeld.runner", "--endpoint", self.endpoint, "--id", rid,
+                 "--parent-pid", str(os.getpid())],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=False,
+                close_fds=True,
+            )
+        runner = Runner(rid, popen, time.monotonic())
+        self.runners[rid] = runner
+        log.info("started runner %s (pid %d), log %s", rid, popen.pid, log_path)
+        return runner
+
+    def send(self, runner_id: str, msg: dict[str, Any]) -> bool:
+        """Send ``msg`` (queued until hello); False if the runner is gone or unreachable."""
+        runner = self.runners.get(runner_id)
+        if runner is None:
+            return False
+        if not runner.ready:
+            runner.pending.append(msg)
+            return True
+        try:
+            self.socket.send_multipart([runner_id.encode(), *runner_protocol.encode(msg)])
+        except zmq.ZMQError as exc:
+            log.warning("cannot send %s to runner %s: %s", msg.get("type"), runner_id, exc)
+            return False
+        return True
+
+    def receive(self) -> tuple[Runner, dict[str, Any]] | None:
+        """One message from a runner (``hello`` handled here), or None if it was dropped."""
+        frames = self.socket.recv_multipart()
+        ident = frames[0].decode("utf-8", "replace")
+        runner = self.runners.get(ident)
+        if runner is None:
+            log.warning("dropping message from unknown runner %r", ident)
+            return None
+        try:
+            msg = runner_protocol.decode(frames[1:])
+        except ProtocolError as exc:
+            log.warning("dropping malformed message from runner %s: %s", ident, exc)
+            return None
+        if msg["type"] == "hello":
+            runner.ready = True
+            baseline = msg.get("baseline")
+            if isinstance(baseline, dict):
+                runner.baseline = {k: int(v) for k, v in baseline.items() if isinstance(v, int)}
+            pending, runner.pending = runner.pending, []
+            for queued in pending:
+                self.send(ident, queued)
+        return runner, msg
+
+    def stop(self, runner_id: str) -> None:
+        """Ask a runner to exit; :meth:`reap` kills it if it is still alive after the grace."""
+        runner = self.runners.get(runner_id)
+        if runner is None or runner.stopping_since is not None:
+            return
+        runner.stopping_since = time.monotonic()
+        if runner.ready:
+            self.send(runner_id, runner_protocol.shutdown())
+        else:  # not even connected yet: nothing to be polite to
+            self._kill(runner)
+
+    def reap(self) -> list[Runner]:
+        """Runners that exited since the last call (removed); kills those past the grace."""
+        gone: list[Runner] = []
+        now = time.monotonic()
+        for runner in list(self.runners.values()):
+            code = runner.popen.poll()
+            if code is None:
+                if runner.stopping_since is not None and now - runner.stopping_since > STOP_GRACE_S:
+                    log.warning(
+                        "runner %s did not exit in %.0f s; killing", runner.id, STOP_GRACE_S
+                    )
+                    self._kill(runner)
+                continue
+            runner.exit_code = code
+            del self.runners[runner.id]
+            gone.append(runner)
+        return gone
+
+    def _kill(self, runner: Runner) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            runner.popen.kill()
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every runner (shutdown, then kill after ``grace_s``) and close the socket."""
+        for rid in list(self.runners):
+            self.stop(rid)
+        deadline = time.monotonic() + grace_s
+        for runner in list(self.runners.values()):
+            try:
+                runner.popen.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._kill(runner)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    runner.popen.wait(2.0)
+        self.runners.clear()
+        self.socket.close(linger=0)
+        with contextlib.suppress(FileNotFoundError):
+            self._sock_path.unlink()

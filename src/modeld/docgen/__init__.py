@@ -1,0 +1,1 @@
+"""Man page and shell completions generated from the Typer app."""

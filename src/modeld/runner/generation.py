@@ -1,0 +1,283 @@
+"""A runner's KV state: prompt evaluation, prompt-state snapshots and token decoding.
+
+Replaces ``Llama.generate``'s prefix logic (which reuses the longest common prefix, so the
+decode batches, and with them llama.cpp's CPU logits, depended on the previous request). This
+class knows exactly which tokens the KV cache holds and how many leading positions are
+*stable* (equal to a fresh aligned evaluation), follows a :func:`modeld.runner.promptplan.plan` for
+each prompt, and keeps snapshots in a :class:`modeld.runner.promptcache.SnapshotStore`.
+
+Decoding goes through llama-cpp-python's batch and context wrappers directly (``Llama.eval``
+would drop the KV cells after ``n_tokens`` and keep its own token list); logits are read with
+``llama_get_logits_ith(ctx, -1)`` (``Llama.scores`` is not written with ``logits_all=False``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp._internals
+import numpy as np
+
+from modeld.runner import promptfile, promptplan
+from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
+
+log = logging.getLogger("modeld.runner")
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """How a prompt was made ready: tokens reused (not evaluated) and where they came from."""
+
+    reused: int
+    source: str  # "exact", "snapshot", "live" or "none"
+
+
+def make_sampler(
+    llm: llama_cpp.Llama, *, temperature: float, top_k: int, top_p: float
+) -> llama_cpp._internals.LlamaSampler:
+    """The sampler chain ``Llama.generate`` builds for these settings (min_p 0, no repeat
+    penalty), seeded with ``llm``'s seed: one per request, so a seed gives the same text."""
+    sampler: llama_cpp._internals.LlamaSampler = llm._init_sampler(
+        top_k=top_k, top_p=top_p, min_p=0.0, temp=temperature, repeat_penalty=1.0
+    )
+    return sampler
+
+
+class PromptState:
+    """The one sequence in a generate-mode context, tracked token by token."""
+
+    def __init__(
+        self,
+        llm: llama_cpp.Llama,
+        cache_bytes: int,
+        align: int = promptplan.ALIGN,
+    ) -> None:
+        self.llm = llm
+        self.ctx = llm._ctx.ctx
+        self.n_batch = int(llm.n_batch)
+        # a piece must fit the batch llama-cpp-python allocated (n_batch may be set below C)
+        self.align = max(1, min(align, self.n_batch))
+        self.n_vocab = int(llm.n_vocab())
+        self.n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
+        self.store = SnapshotStore(cache_bytes)
+        self.tokens: list[int] = []  # what the KV cache holds, position by position
+        self.stable = 0
+        self._pending: Any = None  # logits row of an exact hit, sampled before any decode
+        self._candidates: _Candidates | None = None  # made on the first exact hit
+        # set by persist(): where close() saves the snapshots, and what that file holds now
+        self._saved_at: tuple[Path, promptfile.Identity] | None = None
+        self._on_disk: tuple[Snapshot, ...] = ()
+
+    # ---------------------------------------------------------------- KV bookkeeping
+
+    def reset(self) -> None:
+        """Forget the KV cache (after a warm-up, or when its content is unknown)."""
+        self.llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self.tokens, self.stable, self._pending = [], 0, None
+        self.llm.n_tokens = 0
+
+    def _memory(self) -> Any:
+        return llama_cpp.llama_get_memory(self.ctx)
+
+    def _truncate(self, keep: int) -> int:
+        """Drop positions from ``keep`` on; returns what is really kept (0 when the model cannot
+        drop a suffix, or when a sliding-window cache no longer holds the cells ``keep`` needs)."""
+        if keep <= 0:
+            self.reset()
+            return 0
+        ok = bool(llama_cpp.llama_memory_seq_rm(self._memory(), 0, keep, -1))
+        if ok and keep < len(self.tokens) and self.n_swa > 0:
+            pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._memory(), 0))
+            ok = 0 <= pos_min <= max(0, keep - self.n_swa)  # llama-server's rule
+        if not ok:
+            self.reset()
+            return 0
+        del self.tokens[keep:]
+        self.stable = min(self.stable, keep)
+        return keep
+
+    def _decode(self, start: int, part: Sequence[int]) -> None:
+        """One decode call for positions ``[start, start+len(part))``, logits for the last."""
+        llm = self.llm
+        try:
+            llm._batch.set_batch(batch=part, n_past=start, logits_all=False)
+            llm._ctx.decode(llm._batch)
+        except BaseException:
+            self.reset()  # the cache may hold part of the batch: start clean next time
+            raise
+        self.stable = promptplan.stable_after(self.stable, (start, start + len(part)), self.align)
+        self.tokens.extend(part)
+        llm.n_tokens = len(self.tokens)
+
+    # ---------------------------------------------------------------- the prompt
+
+    def prepare(
+        self, prompt: Sequence[int], reproducible: bool, between: Callable[[], None]
+    ) -> Prepared:
+        """Make the KV cache hold ``prompt`` with its last logits ready to sample.
+
+        ``reproducible`` (greedy): aligned pieces, stable reuse only, so the logits are
+        bitwise those of a fresh evaluation. ``between`` runs between pieces (cancel check).
+        """
+        prompt = list(prompt)
+        self._pending = None
+        snaps = self.store.snapshots()
+        live = promptplan.Cached(self.tokens, self.stable)
+        choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible, self.align)
+        source = "live"
+        if choice.source >= 0:
+            snap = snaps[choice.source]
+            if self._restore(snap):
+                self.store.use(snap)
+                if choice.exact:
+                    self._pending = snap.logits
+                    return Prepared(len(prompt), "exact")
+                source = "snapshot"
+            else:
+                choice = promptplan.Plan(-1, 0)
+        keep = self._truncate(choice.keep)
+        stable_before = self.stable
+        last: promptplan.Piece = (0, 0)
+        for i, (start, end) in enumerate(
+            promptplan.pieces(keep, len(prompt), reproducible, self.n_batch, self.align)
+        ):
+            if i:
+                between()
+            stable_before = self.stable
+            self._decode(start, prompt[start:end])
+            last = (start, end)
+        logits_stable = promptplan.logits_stable(stable_before, last, len(prompt), self.align)
+        self._snapshot(logits_stable)
+        return Prepared(keep, source if keep else "none")
+
+    def _restore(self, snap: Snapshot) -> bool:
+        self.llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        # The sequence API, not llama_state_set_data: restoring a whole context state leaves the
+        # cache head at cell 0, so sliding-window layers put the next tokens in other cells than
+        # a fresh evaluation does (logits differed by 1e-3); a sequence restore places them.
+        read = llama_cpp.llama_state_seq_set_data(self.ctx, snap.state, snap.state_size, 0)
+        if read != snap.state_size:
+            log.warning("prompt cache: a restore read %d of %d bytes", read, snap.state_size)
+            self.store.discard(snap.tokens)
+            self.reset()
+            return False
+        self.tokens, self.stable = list(snap.tokens), snap.stable
+        self.llm.n_tokens = len(self.tokens)
+        return True
+
+    def _snapshot(self, logits_stable: bool) -> None:
+        """Keep the state just evaluated (the whole prompt, before any decode) if it fits."""
+        store = self.store
+        if not store.enabled:
+            return
+        tokens = tuple(self.tokens)
+        logits_size = 4 * self.n_vocab
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, 0))
+        if not store.wants(tokens, snapshot_bytes(size, logits_size, len(tokens)), logits_stable):
+            store.skipped += 1
+            return
+        state = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, state, size, 0))
+        row = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        if not written or not row:
+            return
+        logits = (ctypes.c_float * self.n_vocab)()
+        ctypes.memmove(logits, row, logits_size)
+        stable = self.stable
+        if 0 < self.n_swa < len(tokens):
+            # A sequence state leaves out sliding-window cells older than the window, so a
+            # restore lays the cache out differently from a fresh evaluation and later logits
+            # differ slightly (measured 1e-3): fine for sampled requests, not for greedy ones.
+            stable, logits_stable = 0, False
+        store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable))
+
+    # ---------------------------------------------------------------- across evictions
+
+    def persist(self, directory: Path, model_path: str) -> int:
+        """Keep the snapshots across this model's eviction, in ``directory``: read back what an
+        earlier runner saved for this model file and context shape (:meth:`close` writes them).
+        Returns the snapshots restored."""
+        if not self.store.enabled:
+            return 0
+        st = os.stat(model_path)
+        identity: promptfile.Identity = {
+            "path": os.path.realpath(model_path), "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns, "n_ctx": int(self.llm.n_ctx()),
+            "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__,
+        }
+        self._saved_at = (directory, identity)
+        snaps = promptfile.load(
+            directory, identity,
+            lambda b: (ctypes.c_uint8 * len(b)).from_buffer_copy(b),
+            lambda b: (ctypes.c_float * (len(b) // 4)).from_buffer_copy(b),
+        )
+        restored = sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
+        self._on_disk = tuple(self.store.snapshots())
+        return restored
+
+    def close(self) -> None:
+        """The model is being closed: write the snapshots where :meth:`persist` said (unless
+        the file already holds exactly these), then drop them from memory."""
+        if self._saved_at is not None:
+            directory, identity = self._saved_at
+            snaps = tuple(self.store.snapshots())
+            if snaps != self._on_disk or not promptfile.touch(directory, identity):
+                promptfile.save(directory, identity, snaps, self.store.budget_bytes)
+            self._saved_at, self._on_disk = None, ()
+        self.store.clear()
+
+    # ---------------------------------------------------------------- tokens
+
+    def sample(self, sampler: llama_cpp._internals.LlamaSampler) -> int:
+        """The next token: from the last decode's logits, or an exact hit's stored row."""
+        if self._pending is None:
+            return int(sampler.sample(self.llm._ctx, -1))
+        logits, self._pending = self._pending, None
+        if self._candidates is None:
+            self._candidates = _Candidates(self.n_vocab)
+        return sample_row(sampler, logits, self._candidates)
+
+    def decode(self, token: int) -> None:
+        """Append a sampled token (a batch of one: never part of the stable prefix)."""
+        self._decode(len(self.tokens), [token])
+
+
+class _Candidates:
+    """A reusable candidate array for :func:`sample_row` (ids set once: 262k for Gemma)."""
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+        self.data = (llama_cpp.llama_token_data * n_vocab)()
+        self.view = np.frombuffer(memoryview(self.data).cast("B"), dtype=_TOKEN_DATA)
+        self.ids = np.arange(n_vocab, dtype=np.int32)
+
+
+def sample_row(sampler: llama_cpp._internals.LlamaSampler, logits: Any, cand: _Candidates) -> int:
+    """What ``llama_sampler_sample`` does, from a stored logits row instead of the context:
+    candidates in token order, apply the chain, accept the choice."""
+    n_vocab = cand.n_vocab
+    view = cand.view
+    view["id"] = cand.ids  # samplers reorder the array: reset all three fields
+    view["logit"] = np.frombuffer(memoryview(logits).cast("B"), dtype=np.float32, count=n_vocab)
+    view["p"] = 0.0
+    cur = llama_cpp.llama_token_data_array(
+        data=ctypes.cast(cand.data, llama_cpp.llama_token_data_p),
+        size=n_vocab,
+        selected=-1,
+        sorted=False,
+    )
+    llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
+    if not 0 <= cur.selected < n_vocab:
+        raise RuntimeError(f"the sampler selected no token ({cur.selected})")
+    token = int(cand.data[cur.selected].id)
+    llama_cpp.llama_sampler_accept(sampler.sampler, token)
+    return token

@@ -1,0 +1,494 @@
+"""The runner process: owns one llama_cpp.Llama and serves the daemon over the runner protocol.
+
+Started by the daemon as ``python -m modeld.runner --endpoint EP --id RUNNER_ID``. It is the
+only module that imports llama_cpp, and it does so at start-up so a pre-started spare runner has
+already paid for Python and the import. One process per model because llama.cpp may abort the
+process on bad input, and process exit is the only sure way to give memory back (DESIGN.md §2).
+
+The loop serves one request at a time. During a generation it polls the socket between tokens
+(and between prompt pieces) for ``cancel``/``shutdown``, so a cancel stops within one token.
+The KV bookkeeping, prompt evaluation and prompt-state cache are in :mod:`modeld.runner.generation`.
+It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never leak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import llama_cpp._internals
+import llama_cpp.llama
+import zmq
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from modeld import memory, probe
+from modeld.errors import ContextExceededError, ErrorCode, InvalidRequestError, ModeldError
+from modeld.memory import MiB
+from modeld.runner import chat
+from modeld.runner import protocol as rp
+from modeld.runner.generation import PromptState, make_sampler
+from modeld.runner.llamalog import install_llama_logging, llama_logger
+from modeld.runner.textstream import TextStream, pool_and_normalize
+from modeld.runner.transport import Interrupted, RunnerServer, connect
+
+log = logging.getLogger("modeld.runner")
+
+EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without pooling (memory.py)
+#: Streamed text is sent at most this often (the first piece at once). Each message wakes the
+#: daemon and the client; on 2 cores one per token cost ~3% of the decode rate because they
+#: preempt llama.cpp's threads (bench streaming: 0.96-0.97 of in-process, 0.985 coalesced).
+CHUNK_INTERVAL_S = 0.04
+RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
+_WARMUP_TEXT = b"Hello"
+UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: max(0, v - before.get(k, 0)) for k, v in after.items()}
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class Runner(RunnerServer):
+    """Owns the model; the conversation rules are in RunnerServer."""
+
+    def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
+        super().__init__(sock, runner_id, parent_pid)
+        self.baseline = probe.own_memory(gpu=True)
+        self.llm: llama_cpp.Llama | None = None
+        self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
+        self.threads = 0
+        self.mode = "generate"
+        self.chat_format = chat.PLAIN
+        self.template: str | None = None
+        self.bos_text = ""
+        self.eos_text = ""
+
+    def hello(self) -> dict[str, Any]:
+        version = str(getattr(llama_cpp, "__version__", "?"))
+        return rp.hello(
+            os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version
+        )
+
+    # ---------------------------------------------------------------- load
+
+    def handle_load(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_load(msg)
+        if self.llm is not None:
+            log.info("replacing the loaded model")
+            self._close()
+        if not os.path.isfile(spec.path):
+            self.send(
+                rp.load_failed(
+                    ErrorCode.MODEL_NOT_FOUND,
+                    f"model file {spec.path} does not exist",
+                    "check the path, or run 'modeld list' to see the models found",
+                )
+            )
+            return
+        t0 = time.perf_counter()
+        try:
+            llm = _open_llama(spec, min(spec.n_batch, spec.n_ctx))
+            pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
+            if spec.mode == "embed" and pooled and llm.n_batch < spec.n_ctx:
+                # A pooling (embedding) model embeds an input in one batch, and non-causal
+                # encoders need it in one ubatch: reopen with batch = context. Decoders keep
+                # small batches (see _embed_one).
+                llm.close()
+                llm = _open_llama(spec, spec.n_ctx)
+        except (ValueError, RuntimeError, OSError) as exc:
+            log.warning("load of %s failed: %s", spec.path, exc)
+            self.send(
+                rp.load_failed(
+                    ErrorCode.INVALID_MODEL,
+                    f"llama.cpp could not load {spec.path}: {exc}",
+                    "the file may be truncated, corrupt or an unsupported architecture; "
+                    "re-download it, or check 'modeld show' and the runner log for details",
+                )
+            )
+            return
+        load_s = time.perf_counter() - t0
+        self.llm, self.mode, self.threads = llm, spec.mode, spec.n_threads
+        meta = llm.metadata
+        self.template = meta.get("tokenizer.chat_template") or None
+        self.bos_text = _token_text(llm, llm.token_bos())
+        self.eos_text = _token_text(llm, llm.token_eos())
+        try:
+            self.chat_format = chat.choose_format(
+                meta.get("general.architecture", ""),
+                self.template is not None,
+                spec.chat_format,
+                instruction_tuned=chat.is_instruction_tuned(meta),
+            )
+        except InvalidRequestError as exc:
+            self._close()
+            self.send(rp.load_failed(exc.code, exc.message, exc.hint))
+            return
+        if spec.mode == "generate":
+            self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
+            if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
+                restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
+                if restored:
+                    log.info("prompt cache: %d snapshot(s) restored from disk", restored)
+        t1 = time.perf_counter()
+        if spec.warm_up:
+            self.warm_up()
+        warmup_s = time.perf_counter() - t1
+        memory = probe.own_memory(gpu=True)
+        self.send(
+            rp.loaded(
+                n_ctx=llm.n_ctx(),
+                n_ctx_train=llm._model.n_ctx_train(),
+                load_s=load_s,
+                warmup_s=warmup_s,
+                chat_format=self.chat_format,
+                memory=memory,
+                footprint=_minus(memory, self.baseline),
+                mode=spec.mode,
+                architecture=meta.get("general.architecture", ""),
+                has_chat_template=self.template is not None,
+            )
+        )
+        log.info(
+            "loaded %s n_ctx=%d mode=%s in %.3fs (warm-up %.3fs), footprint %s",
+            spec.path,
+            llm.n_ctx(),
+            spec.mode,
+            load_s,
+            warmup_s,
+            _minus(memory, self.baseline),
+        )
+
+    def warm_up(self) -> None:
+        """One short evaluation so the first real request does not pay first-use costs."""
+        assert self.llm is not None
+        if self.mode == "embed":
+            self._embed_one(self.llm, _WARMUP_TEXT.decode(), "warm-up")
+            return
+        tokens = self.llm.tokenize(_WARMUP_TEXT, add_bos=True, special=False)
+        self.llm.eval(tokens[:8])
+        self.llm.reset()  # type: ignore[no-untyped-call]
+        if self.state is not None:
+            self.state.reset()
+
+    def _close(self) -> None:
+        """Close the model; its prompt snapshots go to disk (if asked) and out of memory."""
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+        if self.llm is not None:
+            self.llm.close()
+            self.llm = None
+
+    # ---------------------------------------------------------------- generate
+
+    def _require(self, mode: str) -> llama_cpp.Llama:
+        if self.llm is None:
+            raise InvalidRequestError("this runner has no model loaded", hint="send 'load' first")
+        if self.mode != mode:
+            raise InvalidRequestError(
+                f"the model is loaded in {self.mode} mode, not {mode}",
+                hint=f"load it with mode={mode!r}",
+            )
+        return self.llm
+
+    def prompt_tokens(self, spec: rp.GenerateSpec) -> tuple[list[int], tuple[str, ...]]:
+        """Tokens of the prompt and the stop strings that go with its format.
+
+        A raw prompt is used as is; a non-raw prompt is one user turn (Ollama semantics);
+        messages are formatted with the chosen chat format.
+        """
+        llm = self._require("generate")
+        stops: tuple[str, ...] = ()
+        if spec.raw and spec.prompt is not None:
+            text, add_bos = spec.prompt, True
+        else:
+            messages = spec.messages or ({"role": "user", "content": spec.prompt or ""},)
+            cp = chat.format_messages(
+                messages,
+                self.chat_format,
+                template=self.template,
+                bos_token=self.bos_text,
+                eos_token=self.eos_text,
+                render=render_template,
+            )
+            text, add_bos, stops = cp.text, cp.add_bos, cp.stop
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        if not tokens:
+            raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
+        return tokens, stops
+
+    def apply_threads(self, n_threads: int | None) -> None:
+        """Use the thread count the daemon chose for this request: when several runners
+        generate at once they share the cores, and llama.cpp's spinning threads slow everyone
+        down many times over when the cores are oversubscribed."""
+        if self.llm is None or not n_threads or n_threads == self.threads:
+            return
+        self.llm._ctx.set_n_threads(n_threads, n_threads)
+        self.threads = n_threads
+
+    def handle_generate(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_generate(msg)
+        llm = self._require("generate")
+        state = self.state
+        assert state is not None
+        self.apply_threads(spec.n_threads)
+        tokens, format_stops = self.prompt_tokens(spec)
+        n_ctx = llm.n_ctx()
+        if len(tokens) >= n_ctx:
+            raise _context_exceeded(len(tokens), n_ctx)
+        llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
+        sampler = make_sampler(
+            llm, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p
+        )
+        stream = TextStream((*spec.stop, *format_stops))
+        strip_lead = not spec.raw and self.chat_format == chat.QA
+        vocab = llm._model.vocab
+        rid = spec.rid
+        completion, reused = 0, 0
+        finish = "length"
+        t0 = time.perf_counter()
+        t_first: float | None = None
+        unsent, last_send = "", 0.0
+        try:
+            self.check_interrupt(rid)
+            # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
+            prepared = state.prepare(
+                tokens, spec.temperature == 0.0, lambda: self.check_interrupt(rid)
+            )
+            reused = prepared.reused
+            while True:
+                token = state.sample(sampler)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                if llama_cpp.llama_vocab_is_eog(vocab, token):
+                    finish = "stop"
+                    break
+                completion += 1
+                out = stream.feed(llm.detokenize([token]))
+                if strip_lead and out:  # the reply need not start with the space after "Answer:"
+                    out = out.lstrip()
+                    strip_lead = not out
+                if out:  # coalesced: one message per CHUNK_INTERVAL_S, not per token
+                    unsent += out
+                    now = time.perf_counter()
+                    if now - last_send >= CHUNK_INTERVAL_S:
+                        self.send(rp.chunk(rid, unsent, completion))
+                        unsent, last_send = "", now
+                if stream.stopped:
+                    finish = "stop"
+                    break
+                if completion >= spec.max_tokens or len(tokens) + completion >= n_ctx:
+                    break
+                self.check_interrupt(rid)
+                state.decode(token)
+        except Interrupted as exc:
+            details = {"completion_tokens": completion, "prompt_tokens": len(tokens)}
+            message = f"generation stopped: {exc.reason}"
+            self.send(rp.error(rid, ErrorCode.CANCELLED, message, details))
+            return
+        finally:  # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
+            sampler.close()  # type: ignore[no-untyped-call]
+        t_end = time.perf_counter()
+        tail = unsent + stream.finish()
+        if tail:
+            self.send(rp.chunk(rid, tail, completion))
+        if stream.stopped:
+            finish = "stop"
+        first = t_first if t_first is not None else t_end
+        self.send(
+            rp.done_generate(
+                rid,
+                finish_reason=finish,
+                prompt_tokens=len(tokens),
+                prompt_tokens_reused=reused,
+                completion_tokens=completion,
+                prompt_eval_s=first - t0,
+                generation_s=t_end - first,
+                memory=probe.own_memory(),
+            )
+        )
+
+    # ---------------------------------------------------------------- embed
+
+    def handle_embed(self, msg: dict[str, Any]) -> None:
+        spec = rp.parse_embed(msg)
+        self.apply_threads(spec.n_threads)
+        llm = self._require("embed")
+        pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
+        limit = min(llm.n_ctx(), llm.n_batch) if pooled else llm.n_ctx()
+        t0 = time.perf_counter()
+        vectors: list[list[float]] = []
+        total = 0
+        try:
+            for text in spec.inputs:
+                self.check_interrupt(spec.rid)
+                n = len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+                if n == 0:
+                    raise InvalidRequestError("cannot embed an empty input")
+                if n > limit:
+                    raise _context_exceeded(n, limit)
+                total += n
+                vectors.append(self._embed_one(llm, text, spec.rid))
+        except Interrupted as exc:
+            self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
+            return
+        elapsed = time.perf_counter() - t0
+        self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=probe.own_memory()))
+
+    def _embed_one(self, llm: llama_cpp.Llama, text: str, rid: str) -> list[float]:
+        """One input's embedding: the model's pooled vector, or the mean of its per-token
+        hidden states when the model has no pooling (decoders such as Gemma).
+
+        In embedding mode llama.cpp makes every token an output and computes its logits too:
+        n_tokens x n_vocab floats, over 1 GiB for 1000 tokens of Gemma's 262k vocabulary when
+        done in one batch (Llama.embed). Decoding in small chunks, with the KV cache carrying
+        the prefix, gives the same states with that buffer bounded to EMBED_CHUNK rows.
+        """
+        if llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+            return pool_and_normalize(llm.embed(text, truncate=False))
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+        n_embd = llm.n_embd()
+        total = [0.0] * n_embd
+        llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        try:
+            for start in range(0, len(tokens), EMBED_CHUNK):
+                if start:
+                    self.check_interrupt(rid)
+                part = tokens[start : start + EMBED_CHUNK]
+                llm._batch.set_batch(batch=part, n_past=start, logits_all=True)
+                llm._ctx.decode(llm._batch)
+                rows = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
+                for r in range(len(part)):
+                    row = rows[r * n_embd : (r + 1) * n_embd]
+                    total = [a + b for a, b in zip(total, row, strict=True)]
+        finally:
+            llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+            llm.n_tokens = 0
+        return pool_and_normalize([x / len(tokens) for x in total])
+
+    def handle_memory(self) -> None:
+        memory = probe.own_memory(gpu=True)
+        self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
+
+    def handle_unload(self) -> None:
+        """Close the model and hand its memory back, keeping the process (llama_cpp imported)
+        so the daemon can reuse it instead of starting a new one; the reply says how much is
+        still held above the baseline, and the daemon stops the process if that is too much."""
+        self._close()
+        probe.malloc_trim()
+        memory = probe.own_memory(gpu=True)
+        if memory["rss"] - self.baseline["rss"] > UNLOAD_GC_ABOVE:  # a cycle may hold buffers
+            gc.collect()  # 15-25 ms, so only when needed: the daemon's next load waits on this
+            probe.malloc_trim()
+            memory = probe.own_memory(gpu=True)
+        self.send(rp.unloaded(memory, _minus(memory, self.baseline)))
+
+
+def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:
+    """The one place a Llama is created: flash attention on, SWA caches at window size."""
+    return llama_cpp.Llama(
+        model_path=spec.path,
+        n_ctx=spec.n_ctx,
+        n_batch=n_batch,
+        n_ubatch=n_batch if spec.mode == "embed" else min(512, n_batch),
+        n_threads=spec.n_threads,
+        n_threads_batch=spec.n_threads,
+        seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
+        flash_attn=True,
+        swa_full=False,
+        logits_all=False,
+        embedding=spec.mode == "embed",
+        verbose=False,
+    )
+
+
+def _context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
+    return ContextExceededError(
+        f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
+        hint="load the model with a larger n_ctx, or shorten the prompt",
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+    )
+
+
+def render_template(
+    template: str, messages: Sequence[Mapping[str, str]], bos_token: str, eos_token: str
+) -> str:
+    """Render a GGUF chat template with llama-cpp-python's sandboxed Jinja formatter (the same
+    HF-style environment its own chat handler uses); template errors are request errors."""
+    formatter = _formatter(template, eos_token, bos_token)
+    try:
+        chat_messages: Any = [dict(m) for m in messages]
+        result = formatter(messages=chat_messages)
+    except Exception as exc:  # Jinja errors and the template's own raise_exception()
+        raise InvalidRequestError(
+            f"the model's chat template could not format these messages: {exc}",
+            hint="check the roles and their order, or send a raw prompt",
+        ) from exc
+    return str(result.prompt)
+
+
+@functools.lru_cache(maxsize=4)
+def _formatter(template: str, eos_token: str, bos_token: str) -> Jinja2ChatFormatter:
+    """Compiled once per model, not per request."""
+    return Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
+
+
+def _token_text(llm: llama_cpp.Llama, token: int) -> str:
+    if token < 0:
+        return ""
+    raw = llama_cpp.llama_vocab_get_text(llm._model.vocab, token)
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m modeld.runner", description=__doc__)
+    p.add_argument("--endpoint", required=True, help="the daemon's runner ROUTER endpoint")
+    p.add_argument("--id", required=True, dest="runner_id", help="this runner's identity")
+    p.add_argument("--log-level", default=os.environ.get("MODELD_LOG_LEVEL", "INFO"))
+    p.add_argument("--parent-pid", type=int, help="the daemon's pid (default: the parent's)")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run a runner until shutdown or parent death; the exit code is 0 on a clean stop."""
+    args = _parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        stream=sys.stderr,
+        format=f"%(asctime)s runner[{args.runner_id}] %(name)s %(levelname)s %(message)s",
+    )
+    # The daemon stops runners with 'shutdown'; a Ctrl-C sent to the terminal's process group
+    # must not kill a generation half-way (if the daemon itself dies, the parent check exits).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # llama.cpp's info lines (hundreds per load) only at debug level; warnings always.
+    debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
+    llama_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
+    install_llama_logging()
+    # Given by the daemon: a runner started just as the daemon died would otherwise take its
+    # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).
+    parent = args.parent_pid or os.getppid()
+    with connect(args.endpoint, args.runner_id) as sock:
+        runner = Runner(sock, args.runner_id, parent)
+        return runner.serve(runner.hello())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,450 @@
+"""Runner wire protocol: the messages between the daemon and its runner processes (no zmq here).
+
+The daemon binds one ROUTER; each runner connects a DEALER whose identity is its runner id.
+Every message is one ZeroMQ frame holding one UTF-8 JSON object with a ``type``; request-scoped
+messages carry ``rid`` (the daemon's request id). This module only builds, encodes, decodes and
+validates those objects, so both ends share one definition and it can be tested by round-trip.
+The full description is in ``docs/protocol.md`` ("Runner protocol").
+
+daemon -> runner: ``load``, ``generate``, ``embed``, ``cancel``, ``memory``, ``shutdown``.
+runner -> daemon: ``hello``, ``loaded``, ``load_failed``, ``chunk``, ``done``, ``error``,
+``memory``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from modeld.errors import ErrorCode
+from modeld.protocol import ProtocolError
+from modeld.runner.promptcache import PROMPT_CACHE_MIB
+
+RUNNER_PROTOCOL_VERSION = 1
+#: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
+MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
+
+MODES = ("generate", "embed")
+#: Types the daemon sends to a runner.
+TO_RUNNER = frozenset({"load", "generate", "embed", "cancel", "memory", "shutdown", "unload"})
+#: Types a runner sends to the daemon.
+FROM_RUNNER = frozenset(
+    {"hello", "loaded", "load_failed", "chunk", "done", "error", "memory", "unloaded"}
+)
+#: finish_reason values of a generate ``done``.
+FINISH_REASONS = ("stop", "length", "eos")
+
+Memory = dict[str, int]  # {"rss": bytes, "anon": bytes, "file": bytes}
+
+
+# --------------------------------------------------------------------------- building
+
+
+def hello(pid: int, baseline: Mapping[str, int], **extra: Any) -> dict[str, Any]:
+    """First message of a runner: who it is and its memory before any model is loaded."""
+    return {"type": "hello", "pid": pid, "baseline": dict(baseline), **extra}
+
+
+def load(
+    path: str | os.PathLike[str],
+    *,
+    mode: str = "generate",
+    n_ctx: int,
+    n_threads: int,
+    n_batch: int = 512,
+    seed: int = 0,
+    chat_format: str | None = None,
+    prompt_cache_mib: int = PROMPT_CACHE_MIB,
+    warm_up: bool = True,
+    prompt_cache_dir: str | None = None,
+) -> dict[str, Any]:
+    """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
+
+    ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
+    ``warm_up``: run a short evaluation before replying; skipped when a request is about to
+    run anyway (it pays the same first-use costs, so a warm-up would only delay it).
+    ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
+    """
+    msg: dict[str, Any] = {
+        "type": "load",
+        "path": os.fspath(path),
+        "mode": mode,
+        "n_ctx": n_ctx,
+        "n_threads": n_threads,
+        "n_batch": n_batch,
+        "seed": seed,
+        "prompt_cache_mib": prompt_cache_mib,
+        "warm_up": warm_up,
+    }
+    if prompt_cache_dir is not None:
+        msg["prompt_cache_dir"] = prompt_cache_dir
+    if chat_format is not None:
+        msg["chat_format"] = chat_format
+    return msg
+
+
+def loaded(
+    *,
+    n_ctx: int,
+    n_ctx_train: int,
+    load_s: float,
+    warmup_s: float,
+    chat_format: str,
+    memory: Mapping[str, int],
+    footprint: Mapping[str, int],
+    **extra: Any,
+) -> dict[str, Any]:
+    """A successful load: the real context, timings and the measured memory footprint."""
+    return {
+        "type": "loaded",
+        "n_ctx": n_ctx,
+        "n_ctx_train": n_ctx_train,
+        "load_s": load_s,
+        "warmup_s": warmup_s,
+        "chat_format": chat_format,
+        "memory": dict(memory),
+        "footprint": dict(footprint),
+        **extra,
+    }
+
+
+def load_failed(code: str | ErrorCode, message: str, hint: str = "") -> dict[str, Any]:
+    """A failed load; the runner stays alive and may be sent another ``load``."""
+    return {"type": "load_failed", "code": _code(code), "message": message, "hint": hint}
+
+
+def generate(
+    rid: str,
+    *,
+    prompt: str | None = None,
+    messages: Sequence[Mapping[str, str]] | None = None,
+    raw: bool = False,
+    max_tokens: int = 256,
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    top_k: int = 40,
+    seed: int = 0,
+    stop: Sequence[str] = (),
+) -> dict[str, Any]:
+    """A generation request: exactly one of ``prompt`` or ``messages``."""
+    msg: dict[str, Any] = {
+        "type": "generate",
+        "rid": rid,
+        "raw": raw,
+        "max_tokens": max_tokens,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "seed": seed,
+        "stop": list(stop),
+    }
+    if prompt is not None:
+        msg["prompt"] = prompt
+    if messages is not None:
+        msg["messages"] = [dict(m) for m in messages]
+    return msg
+
+
+def embed(rid: str, inputs: Sequence[str]) -> dict[str, Any]:
+    return {"type": "embed", "rid": rid, "inputs": list(inputs)}
+
+
+def cancel(rid: str) -> dict[str, Any]:
+    return {"type": "cancel", "rid": rid}
+
+
+def shutdown() -> dict[str, Any]:
+    return {"type": "shutdown"}
+
+
+def unload() -> dict[str, Any]:
+    """Close the model but keep the process (the daemon may reuse it as the spare runner)."""
+    return {"type": "unload"}
+
+
+def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dict[str, Any]:
+    """After ``unload``: what the process holds now, and above its baseline (``footprint``)."""
+    return {"type": "unloaded", "memory": dict(memory), "footprint": dict(footprint)}
+
+
+def memory_request() -> dict[str, Any]:
+    return {"type": "memory"}
+
+
+def memory_reply(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dict[str, Any]:
+    return {"type": "memory", "memory": dict(memory), "footprint": dict(footprint)}
+
+
+def chunk(rid: str, text: str, tokens: int | None = None) -> dict[str, Any]:
+    """Generated text; ``tokens``: completion tokens so far (a chunk may hold several)."""
+    msg: dict[str, Any] = {"type": "chunk", "rid": rid, "text": text}
+    if tokens is not None:
+        msg["tokens"] = tokens
+    return msg
+
+
+def done_generate(
+    rid: str,
+    *,
+    finish_reason: str,
+    prompt_tokens: int,
+    prompt_tokens_reused: int,
+    completion_tokens: int,
+    prompt_eval_s: float,
+    generation_s: float,
+    memory: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The end of a generation, with usage and timings (tokens_per_s over generation_s).
+
+    ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
+    follows growth (buffers allocated on first use of a long context).
+    """
+    tps = completion_tokens / generation_s if generation_s > 0 else 0.0
+    msg: dict[str, Any] = {
+        "type": "done",
+        "rid": rid,
+        "finish_reason": finish_reason,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "prompt_tokens_reused": prompt_tokens_reused,
+            "completion_tokens": completion_tokens,
+        },
+        "timings": {
+            "prompt_eval_s": prompt_eval_s,
+            "generation_s": generation_s,
+            "tokens_per_s": tps,
+        },
+    }
+    if memory is not None:
+        msg["memory"] = dict(memory)
+    return msg
+
+
+def done_embed(
+    rid: str,
+    embeddings: Sequence[Sequence[float]],
+    prompt_tokens: int,
+    embed_s: float,
+    memory: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The embeddings of an ``embed`` request, one vector per input, in order."""
+    msg: dict[str, Any] = {
+        "type": "done",
+        "rid": rid,
+        "embeddings": [list(e) for e in embeddings],
+        "usage": {"prompt_tokens": prompt_tokens},
+        "timings": {"embed_s": embed_s},
+    }
+    if memory is not None:
+        msg["memory"] = dict(memory)
+    return msg
+
+
+def error(
+    rid: str | None,
+    code: str | ErrorCode,
+    message: str,
+    details: Mapping[str, Any] | None = None,
+    hint: str = "",
+) -> dict[str, Any]:
+    """A request failed (or was cancelled); ``rid`` is None when it could not be read."""
+    return {
+        "type": "error",
+        "rid": rid,
+        "code": _code(code),
+        "message": message,
+        "hint": hint,
+        "details": dict(details or {}),
+    }
+
+
+def _code(code: str | ErrorCode) -> str:
+    return code.value if isinstance(code, ErrorCode) else code
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode(msg: Mapping[str, Any]) -> list[bytes]:
+    """One JSON frame. NaN/inf are refused (ProtocolError) rather than sent as invalid JSON."""
+    try:
+        return [json.dumps(msg, separators=(",", ":"), allow_nan=False).encode("utf-8")]
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"runner message cannot be encoded: {exc}") from exc
+
+
+def decode(frames: Sequence[bytes], *, max_bytes: int = MAX_RUNNER_MESSAGE_BYTES) -> dict[str, Any]:
+    """Parse one message (a single JSON-object frame with a string ``type``) or raise."""
+    if len(frames) != 1:
+        raise ProtocolError(f"runner message must be one frame, got {len(frames)}")
+    frame = frames[0]
+    if len(frame) > max_bytes:
+        raise ProtocolError(f"runner message of {len(frame)} bytes exceeds {max_bytes}")
+    try:
+        data = json.loads(bytes(frame).decode("utf-8"), parse_constant=_reject_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"runner frame is not valid UTF-8 JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ProtocolError(f"runner message must be a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("type"), str):
+        raise ProtocolError("runner message needs a string 'type'")
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+# --------------------------------------------------------------------------- validation
+# The runner validates what it is asked to do; errors name the field so a daemon bug is obvious.
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    path: str
+    mode: str
+    n_ctx: int
+    n_threads: int
+    n_batch: int
+    seed: int
+    chat_format: str | None
+    prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
+    warm_up: bool = True
+    prompt_cache_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    rid: str
+    prompt: str | None
+    messages: tuple[dict[str, str], ...] | None
+    raw: bool
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    stop: tuple[str, ...]
+    n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
+
+
+@dataclass(frozen=True)
+class EmbedSpec:
+    rid: str
+    inputs: tuple[str, ...]
+    n_threads: int | None = None
+
+
+def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
+    path = _str(msg, "path")
+    mode = msg.get("mode", "generate")
+    if mode not in MODES:
+        raise ProtocolError(f"load: 'mode' must be one of {MODES}, got {mode!r}")
+    n_ctx = _int(msg, "n_ctx", 256, 1 << 24)
+    if n_ctx % 256:
+        raise ProtocolError(f"load: 'n_ctx' must be a multiple of 256, got {n_ctx}")
+    chat_format = msg.get("chat_format")
+    if chat_format is not None and not isinstance(chat_format, str):
+        raise ProtocolError("load: 'chat_format' must be a string")
+    warm_up = msg.get("warm_up", True)
+    if not isinstance(warm_up, bool):
+        raise ProtocolError("load: 'warm_up' must be a boolean")
+    cache_dir = msg.get("prompt_cache_dir")
+    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
+        raise ProtocolError("load: 'prompt_cache_dir' must be a non-empty string")
+    return LoadSpec(
+        path=path,
+        mode=str(mode),
+        n_ctx=n_ctx,
+        n_threads=_int(msg, "n_threads", 1, 1024),
+        n_batch=_int(msg, "n_batch", 1, 1 << 20, 512),
+        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
+        chat_format=chat_format,
+        prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
+        warm_up=warm_up,
+        prompt_cache_dir=cache_dir,
+    )
+
+
+def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
+    rid = _str(msg, "rid")
+    prompt = msg.get("prompt")
+    messages = msg.get("messages")
+    if (prompt is None) == (messages is None):
+        raise ProtocolError("generate: give exactly one of 'prompt' or 'messages'")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ProtocolError("generate: 'prompt' must be a string")
+    parsed_messages: tuple[dict[str, str], ...] | None = None
+    if messages is not None:
+        if not (
+            isinstance(messages, list)
+            and messages
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        ):
+            raise ProtocolError("generate: 'messages' must be a non-empty list of {role, content}")
+        parsed_messages = tuple({"role": m["role"], "content": m["content"]} for m in messages)
+    stop = msg.get("stop", [])
+    if isinstance(stop, str):
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
+        raise ProtocolError("generate: 'stop' must be a list of non-empty strings")
+    raw = msg.get("raw", False)
+    if not isinstance(raw, bool):
+        raise ProtocolError("generate: 'raw' must be a boolean")
+    return GenerateSpec(
+        rid=rid,
+        prompt=prompt,
+        messages=parsed_messages,
+        raw=raw,
+        max_tokens=_int(msg, "max_tokens", 1, 1 << 24, 256),
+        temperature=_float(msg, "temperature", 0.0, 100.0, 0.8),
+        top_p=_float(msg, "top_p", 0.0, 1.0, 0.95),
+        top_k=_int(msg, "top_k", 0, 1 << 24, 40),
+        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
+        stop=tuple(stop),
+        n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
+    )
+
+
+def parse_embed(msg: Mapping[str, Any]) -> EmbedSpec:
+    rid = _str(msg, "rid")
+    inputs = msg.get("inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not (isinstance(inputs, list) and inputs and all(isinstance(s, str) for s in inputs)):
+        raise ProtocolError("embed: 'inputs' must be a non-empty list of strings")
+    return EmbedSpec(
+        rid=rid, inputs=tuple(inputs), n_threads=_int(msg, "n_threads", 0, 1024, 0) or None
+    )
+
+
+def _str(msg: Mapping[str, Any], key: str) -> str:
+    value = msg.get(key)
+    if not isinstance(value, str) or not value:
+        raise ProtocolError(f"{msg.get('type')}: {key!r} must be a non-empty string")
+    return value
+
+
+def _int(msg: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
+    value = msg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ProtocolError(f"{msg.get('type')}: {key!r} must be an integer in [{lo}, {hi}]")
+    return value
+
+
+def _float(msg: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    value = msg.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProtocolError(f"{msg.get('type')}: {key!r} must be a number")
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ProtocolError(f"{msg.get('type')}: {key!r} must be in [{lo}, {hi}]")
+    return float(value)
