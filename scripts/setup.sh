@@ -16,16 +16,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip wheel
 
-# llama.cpp's default -march=native build segfaults in the AMX matmul path on this CPU class, so
-# build without GGML_NATIVE: AVX-512 (+VNNI/BF16) where the CPU has it, else portable AVX2.
+# CPU flags that work here (see scripts/cpuflags.sh; the default native build crashes on this CPU class).
 if [ -z "${CMAKE_ARGS:-}" ]; then
-    flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
-    CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-    if [[ " $flags " == *" avx512f "* ]]; then
-        CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512=ON"
-        [[ " $flags " == *" avx512_vnni "* ]] && CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512_VNNI=ON"
-        [[ " $flags " == *" avx512_bf16 "* ]] && CMAKE_ARGS="$CMAKE_ARGS -DGGML_AVX512_BF16=ON"
-    fi
+    CMAKE_ARGS="$(scripts/cpuflags.sh)"
     export CMAKE_ARGS
 fi
 
