@@ -329,7 +329,8 @@ def test_json_list_and_config_shapes(cli: CliEnv, tiny_model: Path) -> None:
     (cli.root / "models" / "tiny.gguf").write_bytes(tiny_model.read_bytes())
     listed = cli.json("list")
     assert listed["kind"] == "list" and listed["models_dir"] == str(cli.root / "models")
-    (row,) = listed["models"]
+    row, default = listed["models"]
+    assert default["name"] == "default" and default["source"] == "default"
     assert row["name"] == "tiny" and row["architecture"] == "llama"
     assert row["path"].endswith("tiny.gguf")
     config = cli.json("config")

@@ -91,7 +91,11 @@ def test_show_by_name_from_models_dir(tmp_path: Path, tiny_model: Path) -> None:
     listed = run_cli("list", "--json", tmp=tmp_path)
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)["models"]
-    assert [r["name"] for r in rows] == ["little"] and rows[0]["architecture"] == "llama"
+    assert [r["name"] for r in rows] == ["little", "default"] and rows[0]["architecture"] == "llama"
+    assert rows[1]["source"] == "default" and rows[1]["target"] == "gemma-3-270m-q4_k_m"
+    assembled = Path(rows[1]["path"]).is_file()  # listing never assembles it
+    assert rows[1]["architecture"] == ("gemma3" if assembled else None)
+    assert rows[1]["size"] > 200 * 2**20
 
 
 @pytest.mark.parametrize(

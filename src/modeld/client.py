@@ -25,6 +25,7 @@ from modeld.errors import (
     RequestTimeoutError,
     error_from_dict,
 )
+from modeld.socketcheck import socket_problem
 
 _UNAVAILABLE_HINT = "start it with modeld serve"
 #: Seconds of silence after which a waiting client checks that the daemon still answers.
@@ -109,10 +110,8 @@ class Client:
     def _socket(self) -> zmq.Socket[Any]:
         if self._sock is None:
             sock_path = paths.ipc_path(self.endpoint)
-            if sock_path is not None and not sock_path.exists():
-                raise DaemonUnavailableError(
-                    f"daemon not running (no socket at {sock_path})", hint=_UNAVAILABLE_HINT
-                )
+            if sock_path is not None and (problem := socket_problem(str(sock_path))):
+                raise problem
             self._ctx = zmq.Context()
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -190,7 +189,7 @@ class Client:
                 continue
             now = time.monotonic()
             sock_path = paths.ipc_path(self.endpoint)
-            if sock_path is not None and not sock_path.exists():
+            if sock_path is not None and not os.path.exists(sock_path):
                 raise DaemonUnavailableError(
                     "daemon went away while waiting for a reply", hint=_UNAVAILABLE_HINT
                 )

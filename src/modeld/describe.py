@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 from modeld import memory
-from modeld.cache.policy import CachePolicy, ModelKey
+from modeld.cache.policy import CachePolicy, Entry, ModelKey
 from modeld.config import Settings
 from modeld.daemon import sizing
-from modeld.errors import DaemonUnavailableError, ModeldError
+from modeld.errors import DaemonUnavailableError, ModeldError, format_bytes
 from modeld.modelinfo import ModelInfo
 
 
@@ -38,6 +38,10 @@ def show_data(
         "runner_baseline_bytes": baseline,
     }
     requested = None if n_ctx is None else sizing.round_up(n_ctx)
+    loaded = cache.get(key)
+    if loaded is not None and (requested is None or requested <= loaded.n_ctx):
+        out.update(_already_loaded(info, loaded, name, settings))
+        return out
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings)
     except ModeldError as exc:
@@ -55,9 +59,63 @@ def show_data(
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,
-        would_evict=[v.name for v in plan.victims],
+        would_evict=[v.name for v in plan.victims if v != key],
     )
+    if loaded is not None and plan.action != "refuse":
+        out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
     return out
+
+
+def _already_loaded(
+    info: ModelInfo, entry: Entry, name: str, settings: Settings
+) -> dict[str, Any]:
+    """A model loaded with enough context: the dry run plans nothing (it is never its own
+    victim); the figures are the entry's own."""
+    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings)
+    return {
+        "fits": True,
+        "n_ctx": entry.n_ctx,
+        "ctx_reason": entry.ctx_reason,
+        "estimate_bytes": estimate["total"],
+        "need_bytes": 0,
+        "accounted_bytes": entry.accounted_bytes,
+        "measured_bytes": entry.measured_bytes,
+        "estimate": estimate,
+        "naive_estimate_bytes": memory.naive_estimate(info, entry.n_ctx),
+        "plan": "loaded",
+        "plan_reason": f"{name} is already loaded ({entry.state.value}) with n_ctx "
+        f"{entry.n_ctx}: nothing to load or evict",
+        "would_evict": [],
+    }
+
+
+def _reload(
+    entry: Entry, name: str, n_ctx: int, need: int, action: str, out: dict[str, Any]
+) -> dict[str, Any]:
+    """A loaded model asked for a larger context is reloaded: say what that frees and costs."""
+    others = out["would_evict"]
+    freed = entry.accounted_bytes
+    why = (
+        f"reload {name} with n_ctx {n_ctx} (loaded with {entry.n_ctx}): frees "
+        f"{format_bytes(freed)}, needs {format_bytes(need)}"
+    )
+    if entry.load_seconds is not None:
+        why += f", last load took {entry.load_seconds:.2f} s"
+    if others:
+        why += f"; also evicts {', '.join(others)}"
+    if action == "wait":
+        why += f"; waits: {out['plan_reason']}"
+    return {
+        "plan": "reload" if action != "wait" else "wait",
+        "plan_reason": why,
+        "reload": {
+            "from_n_ctx": entry.n_ctx,
+            "to_n_ctx": n_ctx,
+            "frees_bytes": freed,
+            "needs_bytes": need,
+            "last_load_seconds": entry.load_seconds,
+        },
+    }
 
 
 def describe(
@@ -65,10 +123,11 @@ def describe(
 ) -> dict[str, Any]:
     """``modeld show``: from the running daemon if there is one, else planned locally."""
     from modeld import paths, registry
+    from modeld.socketcheck import socket_problem
 
     ref = registry.normalize_ref(ref) if ref is not None else None
     sock = paths.ipc_path(settings.socket)
-    if sock is None or sock.exists():
+    if sock is None or socket_problem(str(sock)) is None:
         from modeld.client import Client
 
         client = Client(settings.socket, timeout=30.0, connect_timeout=0.5)
@@ -104,6 +163,7 @@ def list_models(settings: Settings) -> dict[str, Any]:
     from modeld import gguf, registry
 
     rows: list[dict[str, Any]] = []
+    listed_default = registry.listed_default()
     for listed in registry.list_models(settings):
         row = listed.to_dict()
         try:
@@ -111,5 +171,15 @@ def list_models(settings: Settings) -> dict[str, Any]:
             row.update(architecture=info.architecture, quantization=info.quantization)
         except ModeldError as exc:
             row.update(architecture=None, quantization=None, error=exc.message)
+        rows.append(row)
+    if listed_default is not None:  # as `ollama list` shows every model it can run
+        row = listed_default.to_dict()
+        row.update(architecture=None, quantization=None)  # until its first use assembles it
+        if listed_default.path.is_file():
+            try:
+                info = gguf.read_model_info(listed_default.path)
+                row.update(architecture=info.architecture, quantization=info.quantization)
+            except ModeldError as exc:
+                row.update(error=exc.message)
         rows.append(row)
     return {"models_dir": str(settings.models_dir), "models": rows}

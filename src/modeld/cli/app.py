@@ -81,10 +81,12 @@ def _client(settings: Settings | None = None, *, autostart: bool = False) -> Cli
     try:
         client.ping()
         return client
-    except DaemonUnavailableError:
+    except DaemonUnavailableError as exc:
         client.close()
         if not autostart or os.environ.get("MODELD_NO_AUTOSTART") in ("1", "true", "yes"):
             raise
+        if exc.details.get("reason") in ("permission", "not_a_socket", "os_error"):
+            raise  # a daemon started now could not take that path either
     from modeld.cli.autostart import start_daemon
 
     start_daemon(settings)
@@ -364,11 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     except ModeldError as exc:
         from modeld.cli import render
 
-        if "--json" in (argv if argv is not None else sys.argv[1:]):
-            render.emit_json("error", {"error": exc.to_dict()})
-        hint = f"\n  hint: {exc.hint}" if exc.hint else ""
-        render.message(f"modeld: error: {exc.message}{hint}")
-        sys.exit(int(exc.exit_code))
+        json_out = "--json" in (argv if argv is not None else sys.argv[1:])
+        sys.exit(render.report_error(exc, json_out=json_out))
     except BrokenPipeError:
         # stdout closed early (e.g. `| head`): not worth a traceback.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -32,6 +32,7 @@ from modeld.cli.fastwire import (
     _endpoint,
     _Fallthrough,
     _socket_endpoint,
+    done_body,
     dumps,
     loads,
     request,
@@ -165,18 +166,6 @@ def _model_ref(model: str | None) -> str | None:
     return normalize_ref(model)
 
 
-def _fail(reply: dict[str, object], started: bool) -> None:
-    """An error reply: before any output the full CLI redoes and reports it; after, say it."""
-    if not started:
-        raise _Fallthrough
-    from modeld.errors import error_from_dict
-
-    exc = error_from_dict({k: v for k, v in reply.items() if k not in ("v", "id", "type")})
-    hint = f"\n  hint: {exc.hint}" if exc.hint else ""
-    sys.stderr.write(f"modeld: error: {exc.message}{hint}\n")
-    sys.exit(int(exc.exit_code))
-
-
 class _Status:
     """A status line on a terminal's stderr, shown only if the wait gets noticeable."""
 
@@ -227,14 +216,16 @@ def _run(args: list[str]) -> None:
         raise _Fallthrough  # one argument may be a model or a prompt: the full CLI decides
     from modeld.cli.runcmd import read_stdin_prompt
 
-    model, prompt = _model_ref(pos[0]), pos[1]
-    piped = read_stdin_prompt()
+    model = _model_ref(pos[0])
+    session = Session()  # no daemon: hand over now, before stdin is read (the full CLI reads it)
+    prompt, piped = pos[1], read_stdin_prompt()
     if prompt and piped:
         prompt = f"{prompt}\n\n{piped}"
     elif piped:
         prompt = piped
     if not prompt:
-        raise _Fallthrough
+        session.close()
+        raise _Fallthrough  # nothing read, nothing sent: the full CLI says what is missing
     options: dict[str, object] = {
         k: o[f"--{k.replace('_', '-')}"]
         for k in ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "keep_alive")
@@ -245,7 +236,6 @@ def _run(args: list[str]) -> None:
         options["raw"] = True
     if "--ctx" in o:
         options["n_ctx"] = o["--ctx"]
-    session = Session()
     if "--raw" in o:
         text = f"{system}\n\n{prompt}" if system else prompt
         rid = session.send("generate", model=model, options=options, prompt=text)
@@ -253,6 +243,8 @@ def _run(args: list[str]) -> None:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt})
         rid = session.send("generate", model=model, options=options, messages=messages)
+    # Sent: from here on every failure is reported here, never handed to the full CLI (it would
+    # send the request again, with stdin already consumed and part of the reply printed).
     out: list[str] = []
 
     def write(chunk: str) -> None:
@@ -263,14 +255,16 @@ def _run(args: list[str]) -> None:
     try:
         reply = _wait_streaming(session, rid, _Status("waiting for the model…"), write)
     except (KeyboardInterrupt, BrokenPipeError):
-        session.send("cancel", target=rid)  # free the model now, not when the daemon notices
+        try:  # noqa: SIM105 - contextlib costs start-up on the fast path
+            session.send("cancel", target=rid)  # free the model now, not when the daemon notices
+        except _Fallthrough:
+            pass  # the daemon notices the vanished client itself
         raise
-    if reply.get("type") == "error":
-        _fail(reply, bool(out))
-    session.close()
-    text = "".join(out)
-    if sys.stdout.isatty() and not text.endswith("\n"):
-        sys.stdout.write("\n")
+    finally:
+        session.close()
+        if out and sys.stdout.isatty() and not out[-1].endswith("\n"):
+            sys.stdout.write("\n")
+    done_body(reply)  # an error reply raises its typed error (reported by fast())
 
 
 def _load(args: list[str]) -> None:
@@ -295,11 +289,8 @@ def _load(args: list[str]) -> None:
         session, rid, _Status(f"loading {model or 'the default model'}"), lambda _c: None
     )
     session.close()
-    if reply.get("type") != "done":
-        raise _Fallthrough
-    row = reply["model"] if isinstance(reply.get("model"), dict) else {
-        k: v for k, v in reply.items() if k not in ("v", "id", "type")
-    }
+    body = done_body(reply)  # sent: an error is reported here, never sent again
+    row = body["model"] if isinstance(body.get("model"), dict) else body
     if o.get("--json"):  # render.emit_json's shape
         doc = {"schema_version": 1, "kind": "load", "model": row}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -390,6 +381,14 @@ def fast(argv: list[str]) -> bool:
         return True
     except KeyboardInterrupt:
         sys.exit(130)  # ExitCode.INTERRUPTED, as the full CLI
+    except Exception as exc:
+        from modeld.errors import ModeldError
+
+        if not isinstance(exc, ModeldError):
+            raise
+        from modeld.cli import render  # the one error formatter, shared with the full CLI
+
+        sys.exit(render.report_error(exc, json_out="--json" in argv))
     return False
 
 

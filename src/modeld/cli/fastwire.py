@@ -277,7 +277,22 @@ class _PyzmqConn:
 
 
 def _alive(endpoint: str) -> bool:
-    return not endpoint.startswith("ipc://") or os.path.exists(endpoint[len("ipc://") :])
+    """A daemon accepts connections at an ipc endpoint (tcp ones are taken on trust)."""
+    if not endpoint.startswith("ipc://"):
+        return True
+    from modeld.socketcheck import socket_problem
+
+    return socket_problem(endpoint[len("ipc://") :]) is None
+
+
+def _gone() -> Exception:
+    from modeld.errors import DaemonUnavailableError
+
+    return DaemonUnavailableError(
+        "the daemon went away while this request was running",
+        hint="see the daemon log (`modeld config` shows where) and start it again with "
+        "`modeld serve`",
+    )
 
 
 class Session:
@@ -313,10 +328,12 @@ class Session:
     def recv(
         self, rid: str, wait_s: float | None = _WAIT_S, tick: Callable[[], None] | None = None
     ) -> dict[str, object]:
-        """The next reply (chunk/done/error) for ``rid``; _Fallthrough when none comes.
+        """The next reply (chunk/done/error) for ``rid``.
 
-        ``wait_s=None`` waits as long as the daemon is there (a generation or a load);
-        ``tick`` is called about every 250 ms while waiting.
+        The request is already sent, so nothing here hands over to the full CLI (which would
+        send it again): a vanished daemon, a reply past ``wait_s`` or a malformed reply is a
+        typed error. ``wait_s=None`` waits as long as the daemon is there (a generation or a
+        load); ``tick`` is called about every 250 ms while waiting.
         """
         import time
 
@@ -325,18 +342,24 @@ class Session:
             data = self.conn.recv(250)
             if data is None:
                 if not _alive(self.endpoint):
-                    raise _Fallthrough
+                    raise _gone()
                 if tick is not None:
                     tick()
                 if deadline is not None and time.monotonic() > deadline:
-                    raise _Fallthrough
+                    from modeld.errors import RequestTimeoutError
+
+                    raise RequestTimeoutError(
+                        f"no reply from the daemon within {wait_s:g} s",
+                        hint="check the daemon log (`modeld config` shows where); "
+                        "restart it with `modeld stop` and `modeld serve`",
+                    )
                 continue
             if f'"id":"{rid}"'.encode() not in data:
                 continue  # a late reply to something else
             try:
                 reply = loads(data)
             except ValueError:
-                raise _Fallthrough from None
+                reply = None
             if (
                 isinstance(reply, dict)
                 and reply.get("id") == rid
@@ -344,7 +367,13 @@ class Session:
                 and reply.get("type") in ("chunk", "done", "error")
             ):
                 return reply
-            raise _Fallthrough
+            from modeld.errors import ProtocolMismatchError
+
+            raise ProtocolMismatchError(
+                "the daemon sent a reply this client cannot read",
+                hint="the daemon and the CLI may be different versions: `modeld stop`, then "
+                "`modeld serve` from this installation",
+            )
 
     def close(self) -> None:
         self.conn.close()
@@ -353,13 +382,25 @@ class Session:
 def request(type_: str, endpoint: str | None = None, wait_s: float = _WAIT_S) -> dict[str, object]:
     """Send one body-less request (``ps``, ``ping``, ...) and return the ``done`` reply body.
 
-    Raises _Fallthrough for anything but a ``done`` reply in time (no daemon, error reply).
+    Raises _Fallthrough only before sending (no daemon); after, an error reply or a failed
+    exchange is a typed error (:mod:`modeld.errors`).
     """
     session = Session(endpoint)
     try:
         reply = session.recv(session.send(type_), wait_s)
     finally:
         session.close()
+    return done_body(reply)
+
+
+def done_body(reply: dict[str, object]) -> dict[str, object]:
+    """The body of a ``done`` reply; an ``error`` reply raised as its typed error."""
     if reply.get("type") != "done":
-        raise _Fallthrough
+        from modeld.errors import error_from_dict
+
+        raise error_from_dict(_body(reply))
+    return _body(reply)
+
+
+def _body(reply: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in reply.items() if k not in ("v", "id", "type")}

@@ -16,6 +16,8 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from modeld.errors import ModeldError
+
 JSON_SCHEMA_VERSION = 1
 
 
@@ -28,6 +30,19 @@ def emit_json(kind: str, data: dict[str, Any], stream: IO[str] | None = None) ->
     out = stream or sys.stdout
     out.write(to_json(kind, data) + "\n")
     out.flush()
+
+
+def report_error(exc: ModeldError, *, json_out: bool) -> int:
+    """Print an error the one way both CLI paths (Typer and the fast path) do; its exit code.
+
+    With ``--json`` an ``error`` document goes to stdout too, so a script reading stdout always
+    gets one JSON document. The message and hint always go to stderr.
+    """
+    if json_out:
+        emit_json("error", {"error": exc.to_dict()})
+    hint = f"\n  hint: {exc.hint}" if exc.hint else ""
+    message(f"modeld: error: {exc.message}{hint}")
+    return int(exc.exit_code)
 
 
 def console(stderr: bool = False) -> Console:

@@ -59,6 +59,8 @@ def show_view(data: dict[str, Any]) -> list[Any]:
     mem_rows.append(("runner baseline", fmt_bytes(data.get("runner_baseline_bytes"))))
     if data.get("budget_bytes") is not None:
         mem_rows.append(("budget", fmt_bytes(data.get("budget_bytes"))))
+    if data.get("plan"):
+        mem_rows.append(("plan", f"{data.get('plan')}: {data.get('plan_reason')}"))
     victims = data.get("would_evict") or []
     if victims:
         mem_rows.append(("would evict", ", ".join(str(v) for v in victims)))
@@ -151,6 +153,7 @@ def stats_view(data: dict[str, Any]) -> list[Any]:
 def list_view(data: dict[str, Any]) -> list[Any]:
     rows = [
         (
+            f"{m.get('name')} ({m.get('target')})" if m.get("source") == "default" else
             str(m.get("name")),
             fmt_bytes(m.get("size")),
             str(m.get("architecture") or "-"),

@@ -75,7 +75,7 @@ class Daemon:
             os.close(fd)
             raise DaemonRunningError(
                 f"another modeld daemon (pid {other}) is already serving {self.endpoint}",
-                hint="stop it first (modeld shutdown), or use another --socket",
+                hint="stop it first (`modeld stop`), or use another --socket",
             ) from exc
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
