@@ -185,11 +185,15 @@ class _RunnerLink:
     def recv(self) -> dict[str, Any]:
         from modeld.runner import protocol as rp
 
-        if not self.sock.poll(self.timeout_ms):
-            tail = self.log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"no reply from the runner (exit {self.proc.poll()}); log:\n{tail}")
-        _ident, *frames = self.sock.recv_multipart()
-        return rp.decode(frames)
+        while True:
+            if not self.sock.poll(self.timeout_ms):
+                tail = self.log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(
+                    f"no reply from the runner (exit {self.proc.poll()}); log:\n{tail}"
+                )
+            ident, *frames = self.sock.recv_multipart()
+            if ident != rp.heartbeat_identity("cal").encode():  # heartbeats: not replies
+                return rp.decode(frames)
 
     def close(self) -> None:
         from modeld.runner import protocol as rp

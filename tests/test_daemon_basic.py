@@ -53,7 +53,7 @@ def test_client_reports_missing_daemon(tmp_path: Path) -> None:
     with pytest.raises(DaemonUnavailableError) as info:
         Client(f"ipc://{tmp_path / 'none.sock'}").ping()
     assert "daemon not running" in info.value.message
-    assert info.value.hint == "start it with modeld serve"
+    assert "modeld serve" in info.value.hint
     # a socket file with nobody behind it (a crashed daemon) is also reported quickly
     (tmp_path / "dead.sock").touch()
     with pytest.raises(DaemonUnavailableError):

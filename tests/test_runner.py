@@ -44,6 +44,7 @@ class Harness:
         self.log_path = Path(self.dir) / "runner.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.hello: dict[str, Any] = {}
+        self.heartbeats = 0
         if spawn:
             with open(self.log_path, "wb") as log:
                 self.proc = subprocess.Popen(
@@ -73,11 +74,19 @@ class Harness:
         self.sock.send_multipart([self.runner_id.encode(), frame])
 
     def recv(self, timeout_s: float = REPLY_TIMEOUT_S) -> dict[str, Any]:
-        if not self.sock.poll(int(timeout_s * 1000)):
-            raise AssertionError(f"no reply from the runner; log:\n{self.log_tail()}")
-        ident, *frames = self.sock.recv_multipart()
-        assert ident == self.runner_id.encode()
-        return rp.decode(frames)
+        """The runner's next message; its heartbeats (own socket, every second) are counted."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            if not self.sock.poll(int(left * 1000)):
+                raise AssertionError(f"no reply from the runner; log:\n{self.log_tail()}")
+            ident, *frames = self.sock.recv_multipart()
+            if ident == rp.heartbeat_identity(self.runner_id).encode():
+                assert rp.decode(frames) == rp.heartbeat()
+                self.heartbeats += 1
+                continue
+            assert ident == self.runner_id.encode()
+            return rp.decode(frames)
 
     def load(self, path: Path | str, n_ctx: int = 512, **kw: Any) -> dict[str, Any]:
         kw.setdefault("n_threads", 1)  # shared 2-core machines: no thread-barrier thrash

@@ -38,6 +38,7 @@ class Settings:
     ctx_ceiling: int = 8192  # largest automatic context (grows on demand up to training ctx)
     max_message_bytes: int = 16 * MiB
     load_timeout_s: float = 120.0
+    runner_stall_s: float = 15.0  # a runner silent (no heartbeat) this long is killed
     queue_timeout_s: float = 300.0  # how long a request may wait for room before timing out
     spare_runner: bool = True  # keep one runner pre-started with llama_cpp imported
     aliases: dict[str, str] = field(default_factory=dict)  # name -> path
@@ -82,6 +83,7 @@ ENV_VARS: dict[str, str] = {
     "ctx_ceiling": "MODELD_CTX_CEILING",
     "max_message_bytes": "MODELD_MAX_MESSAGE_BYTES",
     "load_timeout_s": "MODELD_LOAD_TIMEOUT",
+    "runner_stall_s": "MODELD_RUNNER_STALL_S",
     "queue_timeout_s": "MODELD_QUEUE_TIMEOUT",
     "spare_runner": "MODELD_SPARE_RUNNER",
     "log_dir": "MODELD_LOG_DIR",
@@ -230,6 +232,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "ctx_ceiling": _parse_int,
     "max_message_bytes": parse_bytes,
     "load_timeout_s": _parse_float,
+    "runner_stall_s": _parse_float,
     "queue_timeout_s": _parse_float,
     "spare_runner": _parse_bool,
     "aliases": _parse_aliases,
@@ -247,6 +250,7 @@ _SYNONYMS = {
     "memory_cap": "memory_cap_bytes",
     "models": "models_dir",
     "load_timeout": "load_timeout_s",
+    "runner_stall": "runner_stall_s",
     "queue_timeout": "queue_timeout_s",
     "failure_cooldown": "failure_cooldown_s",
     "prompt_cache": "prompt_cache_mib",
@@ -311,7 +315,7 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         raise bad("ctx_ceiling", f"must be a multiple of 256 and >= ctx_floor ({s.ctx_floor})")
     if s.max_message_bytes < 64 * 1024:
         raise bad("max_message_bytes", "must be at least 64 KiB")
-    for name in ("load_timeout_s", "queue_timeout_s"):
+    for name in ("load_timeout_s", "queue_timeout_s", "runner_stall_s"):
         if not getattr(s, name) > 0:
             raise bad(name, "must be greater than 0")
     if s.failure_cooldown_s < 0:

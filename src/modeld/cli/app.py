@@ -128,6 +128,10 @@ def serve(
         int | None,
         typer.Option(help="Prompt-state cache per generating model, in MiB (0: off)."),
     ] = None,
+    runner_stall: Annotated[
+        float | None,
+        typer.Option(help="Kill a runner that sends no heartbeat for this many seconds."),
+    ] = None,
 ) -> None:
     """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
     from modeld.daemon import server as daemon
@@ -140,6 +144,7 @@ def serve(
         keep_alive=keep_alive,
         log_level=log_level,
         prompt_cache_mib=prompt_cache_mib,
+        runner_stall_s=runner_stall,
     )
     if preload:
         from modeld.cli.autostart import preload_in_background

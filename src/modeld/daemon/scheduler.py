@@ -251,7 +251,23 @@ class Scheduler(SchedulerCore):
         if slot is not None:
             entry = self.cache.get(slot.key)
             why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
-            if entry is not None and entry.state is EntryState.LOADING:
+            if runner.stalled_s is not None:
+                why = (
+                    f"runner {runner.id} (pid {runner.pid}) stopped answering for "
+                    f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
+                )
+            if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
+                self._load_failed(
+                    slot,
+                    RunnerCrashedError(
+                        f"loading {slot.name} failed: {why}",
+                        hint="retry; if it happens again see the runner log, or raise "
+                        "runner_stall_s if this machine pauses processes that long",
+                        details={"stalled_s": runner.stalled_s, "path": slot.key.path},
+                    ),
+                )
+                self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
+            elif entry is not None and entry.state is EntryState.LOADING:
                 self._load_failed(
                     slot,
                     InvalidModelError(
@@ -270,8 +286,12 @@ class Scheduler(SchedulerCore):
                         slot.current,
                         RunnerCrashedError(
                             f"the runner of {slot.name} crashed: {why}",
-                            hint="retry; the model is loaded again on the next request",
-                            details={"exit_code": runner.exit_code},
+                            hint="retry; the model is loaded again on the next request"
+                            + ("" if runner.stalled_s is None else
+                               " (a runner silent for runner_stall_s is killed: raise it if "
+                               "this machine pauses processes that long)"),
+                            details={"exit_code": runner.exit_code,
+                                     "stalled_s": runner.stalled_s},
                         ),
                     )
                     slot.current = None
@@ -341,7 +361,9 @@ class Scheduler(SchedulerCore):
     # ------------------------------------------------------------------ timers
 
     def tick(self) -> None:
-        """Periodic work: dead runners, keep-alive, retirements, waits, load timeouts."""
+        """Periodic work: stalled and dead runners, keep-alive, retirements, waits, load
+        timeouts."""
+        self.sup.kill_stalled(self.settings.runner_stall_s)
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()

@@ -314,8 +314,11 @@ class SchedulerCore:
         if self.spare is not None and self.spare in self.sup.runners:
             runner = self.sup.runners[self.spare]
             self.spare = None
-            if runner.stopping_since is None:
+            if runner.stopping_since is None and self.sup.responsive(runner):
                 return runner
+            if runner.stopping_since is None:  # stopped or stuck: never hand it a load
+                log.warning("spare runner %s is not answering; starting another", runner.id)
+                self.sup.stop(runner.id)
         self.spare = None
         return self.sup.spawn()
 

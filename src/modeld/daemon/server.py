@@ -395,6 +395,7 @@ class Daemon:
             memory_fraction=self.settings.memory_fraction,
             memory_cap_bytes=self.settings.memory_cap_bytes,
             runners=len(self.sup.runners),
+            runner_stalls=self.sup.stalls,
             runner_baseline_bytes=self.sched.baseline,
             spare_runner=self.sched.spare is not None,
             in_flight=len(self.sched.jobs),
@@ -449,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-message-bytes", type=int)
     p.add_argument("--queue-timeout", type=float)
     p.add_argument("--load-timeout", type=float)
+    p.add_argument("--runner-stall", type=float, help="kill a runner silent this many seconds")
     p.add_argument("--max-queue", type=int, help="waiting requests before new ones are refused")
     p.add_argument("--prompt-cache-mib", type=int, help="prompt snapshots per runner; 0 off")
     p.add_argument("--threads", type=int)
@@ -468,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_message_bytes": a.max_message_bytes,
         "queue_timeout_s": a.queue_timeout,
         "load_timeout_s": a.load_timeout,
+        "runner_stall_s": a.runner_stall,
         "max_queue": a.max_queue,
         "prompt_cache_mib": a.prompt_cache_mib,
         "threads": a.threads,

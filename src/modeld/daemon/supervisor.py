@@ -3,6 +3,11 @@
 Each runner is ``python -m modeld.runner --endpoint EP --id ID`` in its own process, connected to
 the one runner ROUTER bound here, so a native crash costs one model and an exit returns all of
 its memory to the OS. The supervisor does no policy: the daemon decides which runner loads what.
+
+Liveness: every message from a runner, and the heartbeat its own thread sends every second
+(runner/transport.py), counts as a sign of life; a runner silent for ``runner_stall_s`` (stopped,
+or stuck holding the GIL) is killed with its whole process group (:meth:`kill_stalled`), and its
+exit is then handled like any crash. Work does not count: a long prompt evaluation keeps beating.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class Runner:
     pending: list[dict[str, Any]] = field(default_factory=list)  # sent once hello arrives
     stopping_since: float | None = None
     exit_code: int | None = None
+    last_heard: float = 0.0  # any message or heartbeat (monotonic); starts at spawn
+    stalled_s: float | None = None  # silent this long when it was killed for it
 
     @property
     def pid(self) -> int:
@@ -62,6 +69,7 @@ class Supervisor:
         self.log_dir = log_dir
         self.runners: dict[str, Runner] = {}
         self._ids = itertools.count(1)
+        self.stalls = 0  # runners killed for silence since start
 
     def spawn(self) -> Runner:
         """Start a runner process; messages for it queue until its ``hello`` arrives."""
@@ -74,10 +82,11 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                start_new_session=False,
+                start_new_session=True,  # its own process group: a stall kill takes all of it
                 close_fds=True,
             )
-        runner = Runner(rid, popen, time.monotonic())
+        now = time.monotonic()
+        runner = Runner(rid, popen, now, last_heard=now)
         self.runners[rid] = runner
         log.info("started runner %s (pid %d), log %s", rid, popen.pid, log_path)
         return runner
@@ -101,7 +110,14 @@ class Supervisor:
         """One message from a runner (``hello`` handled here), or None if it was dropped."""
         frames = self.socket.recv_multipart()
         ident = frames[0].decode("utf-8", "replace")
+        if ident.endswith(runner_protocol.HEARTBEAT_SUFFIX):
+            beating = self.runners.get(ident.removesuffix(runner_protocol.HEARTBEAT_SUFFIX))
+            if beating is not None:
+                beating.last_heard = time.monotonic()
+            return None
         runner = self.runners.get(ident)
+        if runner is not None:
+            runner.last_heard = time.monotonic()
         if runner is None:
             log.warning("dropping message from unknown runner %r", ident)
             return None
@@ -149,7 +165,35 @@ class Supervisor:
             gone.append(runner)
         return gone
 
+    def responsive(self, runner: Runner) -> bool:
+        """Heard from within a few heartbeat periods (a spare about to be given a load). One
+        still starting (no hello yet; importing llama_cpp can take seconds on a busy machine)
+        is given the benefit of the doubt: :meth:`kill_stalled` catches it if it never talks."""
+        if not runner.ready:
+            return True
+        return time.monotonic() - runner.last_heard < 3 * runner_protocol.HEARTBEAT_S
+
+    def kill_stalled(self, stall_s: float) -> list[Runner]:
+        """Kill (with their process groups) the runners silent for more than ``stall_s``; their
+        exits come back from :meth:`reap` with ``stalled_s`` set."""
+        now = time.monotonic()
+        killed: list[Runner] = []
+        for runner in self.runners.values():
+            silent = now - runner.last_heard
+            if runner.stalled_s is None and runner.popen.poll() is None and silent > stall_s:
+                runner.stalled_s = silent
+                self.stalls += 1
+                log.error("runner %s (pid %d) silent for %.1f s: killing its process group",
+                          runner.id, runner.pid, silent)
+                self._kill(runner)
+                killed.append(runner)
+        return killed
+
     def _kill(self, runner: Runner) -> None:
+        """SIGKILL the runner's process group (it leads one: ``start_new_session``); a stopped
+        process dies of SIGKILL too."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(runner.pid, 9)
         with contextlib.suppress(ProcessLookupError):
             runner.popen.kill()
 

@@ -62,6 +62,7 @@ SETTING_HELP = {
     " demand up to the training context when memory allows.",
     "max_message_bytes": "Largest protocol message accepted.",
     "load_timeout_s": "Seconds a model load may take before it counts as failed.",
+    "runner_stall_s": "Seconds a runner may go without a heartbeat before it is killed.",
     "queue_timeout_s": "Seconds a request may wait for memory held by busy models.",
     "spare_runner": "Keep one runner process pre-started so a cold load pays only the model"
     " load (true or false).",

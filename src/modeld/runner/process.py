@@ -39,7 +39,7 @@ from modeld.runner import protocol as rp
 from modeld.runner.generation import PromptState, make_sampler
 from modeld.runner.llamalog import install_llama_logging, llama_logger
 from modeld.runner.textstream import TextStream, pool_and_normalize
-from modeld.runner.transport import Interrupted, RunnerServer, connect
+from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
 
 log = logging.getLogger("modeld.runner")
 
@@ -485,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Given by the daemon: a runner started just as the daemon died would otherwise take its
     # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).
     parent = args.parent_pid or os.getppid()
-    with connect(args.endpoint, args.runner_id) as sock:
+    with connect(args.endpoint, args.runner_id) as sock, heartbeats(args.endpoint, args.runner_id):
         runner = Runner(sock, args.runner_id, parent)
         return runner.serve(runner.hello())
 

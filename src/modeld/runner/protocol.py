@@ -8,7 +8,8 @@ The full description is in ``docs/protocol.md`` ("Runner protocol").
 
 daemon -> runner: ``load``, ``generate``, ``embed``, ``cancel``, ``memory``, ``shutdown``.
 runner -> daemon: ``hello``, ``loaded``, ``load_failed``, ``chunk``, ``done``, ``error``,
-``memory``.
+``memory``; and ``heartbeat`` every :data:`HEARTBEAT_S` from a thread of the runner's own, on a
+second DEALER identified as :func:`heartbeat_identity` (so it flows while llama.cpp computes).
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ MODES = ("generate", "embed")
 TO_RUNNER = frozenset({"load", "generate", "embed", "cancel", "memory", "shutdown", "unload"})
 #: Types a runner sends to the daemon.
 FROM_RUNNER = frozenset(
-    {"hello", "loaded", "load_failed", "chunk", "done", "error", "memory", "unloaded"}
+    {"hello", "loaded", "load_failed", "chunk", "done", "error", "memory", "unloaded", "heartbeat"}
 )
+#: Seconds between a runner's heartbeats (the daemon's ``runner_stall_s`` is many of these).
+HEARTBEAT_S = 1.0
+HEARTBEAT_SUFFIX = "/hb"
 #: finish_reason values of a generate ``done``.
 FINISH_REASONS = ("stop", "length", "eos")
 
@@ -42,6 +46,16 @@ Memory = dict[str, int]  # {"rss": bytes, "anon": bytes, "file": bytes}
 
 
 # --------------------------------------------------------------------------- building
+
+
+def heartbeat_identity(runner_id: str) -> str:
+    """The identity of a runner's heartbeat socket (the daemon maps it back to the runner)."""
+    return runner_id + HEARTBEAT_SUFFIX
+
+
+def heartbeat() -> dict[str, Any]:
+    """"Still here": sent by a runner's heartbeat thread, whatever its main thread is doing."""
+    return {"type": "heartbeat"}
 
 
 def hello(pid: int, baseline: Mapping[str, int], **extra: Any) -> dict[str, Any]:

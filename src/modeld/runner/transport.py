@@ -3,7 +3,10 @@
 Split from :mod:`modeld.runner` (which owns the model and is the only module importing
 llama_cpp) so that the rules of the conversation with the daemon live in one place: one request
 at a time, in order; ``cancel``/``shutdown``/``memory`` handled between tokens; anything else
-that arrives early queued; exit on ``shutdown`` or when the parent process dies.
+that arrives early queued; exit on ``shutdown`` or when the parent process dies. A heartbeat
+thread (:func:`heartbeats`) tells the daemon the process is alive while the main thread is inside
+llama.cpp (ctypes calls release the GIL), so a runner that stops answering (SIGSTOP, a deadlock
+holding the GIL, a frozen host) is told apart from one evaluating a long prompt.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -174,5 +178,36 @@ def connect(endpoint: str, identity: str) -> Iterator[zmq.Socket[bytes]]:
     try:
         yield sock
     finally:
+        sock.close()
+        ctx.term()
+
+
+@contextlib.contextmanager
+def heartbeats(endpoint: str, runner_id: str, period_s: float = rp.HEARTBEAT_S) -> Iterator[None]:
+    """Send ``heartbeat`` every ``period_s`` from a thread with its own socket (a zmq socket must
+    not be shared between threads) until the block ends."""
+    stop = threading.Event()
+    ctx = zmq.Context()
+    sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, rp.heartbeat_identity(runner_id).encode("utf-8"))
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 4)  # a daemon that stops reading needs no backlog of these
+    sock.connect(endpoint)
+    frames = rp.encode(rp.heartbeat())
+
+    def beat() -> None:
+        while not stop.wait(period_s):
+            with contextlib.suppress(zmq.ZMQError):
+                sock.send_multipart(frames, zmq.NOBLOCK)
+
+    with contextlib.suppress(zmq.ZMQError):
+        sock.send_multipart(frames, zmq.NOBLOCK)
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(period_s + 1.0)
         sock.close()
         ctx.term()
