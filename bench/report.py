@@ -24,7 +24,7 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency")  # fmt: skip
+         "cli_startup", "concurrency", "chaos")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -253,8 +253,34 @@ def _conc(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _chaos(doc: dict[str, Any]) -> list[str]:
+    faults = ", ".join(f"{k} {v}" for k, v in sorted(doc.get("faults", {}).items())) or "none"
+    leaked = doc.get("leaked", {})
+    lines = [
+        "| requests | lost | mixed | leaked runners / fds | peak runner RSS / budget | "
+        "accounted vs measured |",
+        "|---:|---:|---:|---|---:|---:|",
+        f"| {doc.get('requests')} | {doc.get('lost')} | {doc.get('mixed')} | "
+        f"{leaked.get('runners')} / {leaked.get('fds')} | "
+        f"{(doc.get('peak_rss_bytes') or 0) / MiB:.1f} / {(doc.get('budget_bytes') or 0) / MiB:.1f}"
+        f" MiB = {_f(doc.get('peak_over_budget'))} | {_pct(doc.get('accounting_error'))} |",
+        "",
+        f"Faults injected: {faults}. Runner stalls detected: {doc.get('runner_stalls')}. "
+        f"Memory samples: {doc.get('samples')} ({doc.get('samples_over_budget')} over budget).",
+        "",
+        "| operation | outcomes |",
+        "|---|---|",
+    ]
+    for op, outcomes in doc.get("outcomes", {}).items():
+        lines.append(f"| {op} | " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
+                     + " |")
+    lines += ["", f"Reproduce: `{doc.get('command')}`."]
+    return lines
+
+
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
-           "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc}
+           "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
+           "chaos": _chaos}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -21,7 +21,7 @@ if ! "$PY" -c "import llama_cpp.server.app" >/dev/null 2>&1; then
 fi
 
 smoke=0
-for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; done
+for arg in "$@"; do [ "$arg" = "--smoke" ] && smoke=1; [ "${arg%%=*}" = "--only" ] && smoke=1; done
 if [ "$smoke" = 0 ]; then
     echo "== memory estimate calibration (bench/calibrate.py)" >&2
     "$PY" bench/calibrate.py || echo "bench: calibration is outside its tolerance (see above)" >&2
@@ -30,3 +30,8 @@ if [ "$smoke" = 0 ]; then
 fi
 echo "== benchmarks (bench/run.py)" >&2
 "$PY" bench/run.py "$@"
+if [ "$smoke" = 0 ]; then  # the full suite only (not --smoke, not --only)
+    echo "== reliability: chaos run, 10 minutes (bench/chaos.py)" >&2
+    "$PY" bench/chaos.py
+    "$PY" bench/report.py >/dev/null
+fi
