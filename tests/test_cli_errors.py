@@ -85,16 +85,124 @@ def test_failed_load_is_sent_once_and_reported_alike(
         assert fast.stdout == full.stdout == ""
 
 
-@pytest.mark.parametrize(("model", "code"), [("no-such-model", 4), ("broken", 5)])
-def test_run_errors_are_reported_alike(cli: CliEnv, tiny_model: Path, model: str, code: int
-                                       ) -> None:
+def alike(cli: CliEnv, *args: str, code: int, counted: int = 1) -> str:
+    """``modeld ARGS`` with a prompt argument and stdin, on the fast path then the Typer CLI:
+    same exit code, same stderr, nothing on stdout, and each sent once (``counted`` requests in
+    the daemon's stats: a request refused before it is queued is not counted). The message."""
+    runs = []
+    for extra in ({}, FAST_OFF):
+        before = requests_seen(cli)
+        runs.append(cli.run(*args, input="and more from stdin", env_extra=extra))
+        assert requests_seen(cli) == before + counted, (extra, runs[-1].stderr)
+    fast, full = runs
+    assert fast.returncode == full.returncode == code, (fast.stderr, full.stderr)
+    assert fast.stderr == full.stderr and fast.stdout == full.stdout == ""
+    return error_line(fast.stderr)[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "counted"), [("no-such-model", 4, 0), ("broken", 5, 1)]
+)
+def test_run_errors_are_reported_alike(
+    cli: CliEnv, tiny_model: Path, model: str, code: int, counted: int
+) -> None:
+    """model_not_found is refused before it is queued (not counted); invalid_model is a load
+    that fails (counted once)."""
     data = tiny_model.read_bytes()
     (cli.root / "models" / "broken.gguf").write_bytes(data[:4096])
-    fast = cli.run("run", model, "hello there", input="and more from stdin")
-    full = cli.run("run", model, "hello there", input="and more from stdin", env_extra=FAST_OFF)
-    assert fast.returncode == full.returncode == code
-    assert fast.stderr == full.stderr and fast.stdout == full.stdout == ""
-    error_line(fast.stderr)
+    alike(cli, "run", model, "hello there", code=code, counted=counted)
+
+
+@pytest.mark.parametrize(
+    ("opts", "word"),
+    [
+        (["--temperature", "-3"], "temperature"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--top-k", "-1"], "top_k"),
+        (["--ctx", "100000000"], "n_ctx"),
+        (["--keep-alive", "soon"], "keep_alive"),
+        (["--stop", ""], "stop"),
+    ],
+)
+def test_invalid_requests_are_reported_alike(
+    cli: CliEnv, tiny_model: Path, opts: list[str], word: str
+) -> None:
+    """Values the daemon refuses (invalid_request, exit 2), never queued so never counted."""
+    line = alike(cli, "run", str(tiny_model), *opts, "hello there", code=2, counted=0)
+    assert word in line
+
+
+def test_insufficient_memory_is_reported_alike(tiny_model: Path) -> None:
+    """A budget below the runner baseline: the daemon refuses every load (exit 6)."""
+    with CliEnv.served("--memory-cap", "16MiB") as cli:
+        line = alike(cli, "run", str(tiny_model), "hello there", code=6)
+        assert "budget" in line
+
+
+def test_queue_full_is_reported_alike(tiny_model: Path, default_model: Path) -> None:
+    """max_queue 1, one request running (its runner stopped so it stays running), one queued:
+    the next is refused at once with timeout (exit 8), the same on both paths."""
+    env = CliEnv.create()
+    (env.root / "config.toml").write_text("max_queue = 1\n")
+    running: list[subprocess.Popen[bytes]] = []
+    try:
+        env.serve()
+        args = ["run", str(default_model), "--raw", *GREEDY, "--max-tokens", "2000", "1, 2, 3,"]
+        running.append(env.popen(*args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+        until(lambda: any(r["in_flight"] for r in env.json("ps")["models"]), timeout=120,
+              what="the first request to run")
+        (row,) = env.json("ps")["models"]
+        os.kill(int(row["runner_pid"]), signal.SIGSTOP)
+        running.append(env.popen(*args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        until(lambda: env.json("ps")["models"][0]["queued"] == 1, timeout=60,
+              what="the second request to queue")
+        line = alike(env, "run", str(default_model), "hello there", code=8, counted=0)
+        assert "queued" in line
+        os.kill(int(row["runner_pid"]), signal.SIGKILL)
+    finally:
+        for proc in running:
+            proc.kill()
+            proc.wait(30)
+        env.cleanup()
+
+
+def test_daemon_stopping_mid_reply_keeps_what_was_printed(default_model: Path) -> None:
+    """`modeld stop` while a reply streams: stdout keeps the streamed prefix, the error says
+    the daemon is shutting down (daemon_unavailable, exit 3), nothing is run again."""
+    env = CliEnv.create()
+    try:
+        env.serve()
+        args = ["run", str(default_model), "--raw", *GREEDY, "--max-tokens", "300",
+                "1, 2, 3, 4, 5,"]
+        reference = env.run(*args)
+        assert reference.returncode == 0, reference.stderr
+        proc = env.popen(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        got = _stream_until(proc, 20)
+        assert env.run("stop").returncode == 0
+        rest, err = proc.communicate(timeout=60)  # type: ignore[union-attr]
+        out = (got + rest).decode()
+        assert proc.returncode == 3, (proc.returncode, err)
+        assert reference.stdout.startswith(out) and 20 < len(out) < len(reference.stdout)
+        assert "shutting down" in error_line(err.decode())[0]
+        assert env.serve_proc is not None and env.serve_proc.wait(60) == 0
+    finally:
+        env.cleanup()
+
+
+def _stream_until(proc: subprocess.Popen[bytes], n: int) -> bytes:
+    """What ``proc`` printed once it printed more than ``n`` bytes (stdout left blocking)."""
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    got = b""
+
+    def streamed() -> bool:
+        nonlocal got
+        got += proc.stdout.read() or b""  # type: ignore[union-attr]
+        return len(got) > n
+
+    until(streamed, timeout=120, what="the reply to start streaming")
+    os.set_blocking(proc.stdout.fileno(), True)
+    return got
 
 
 def test_error_after_streaming_keeps_what_was_printed(cli: CliEnv, default_model: Path) -> None:
@@ -106,19 +214,9 @@ def test_error_after_streaming_keeps_what_was_printed(cli: CliEnv, default_model
     assert reference.returncode == 0, reference.stderr
     before = requests_seen(cli)
     proc = cli.popen(*args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    got = b""
-
-    def streamed() -> bool:
-        nonlocal got
-        got += proc.stdout.read() or b""  # type: ignore[union-attr]
-        return len(got) > 20
-
-    until(streamed, timeout=60, what="the reply to start streaming")
+    got = _stream_until(proc, 20)
     (row,) = [r for r in cli.json("ps")["models"] if r["in_flight"]]
     os.kill(int(row["runner_pid"]), signal.SIGKILL)
-    os.set_blocking(proc.stdout.fileno(), True)
     rest, err = proc.communicate(timeout=60)
     out = (got + rest).decode()
     assert proc.returncode == 7, (proc.returncode, err)
@@ -152,6 +250,41 @@ def test_a_regular_file_at_the_socket_path(tmp_path: Path) -> None:
     try:
         assert "is not a socket" in _one_line_exit_3(env, "ps")
         assert "is not a socket" in _one_line_exit_3(env, "run", "default", "hello there")
+    finally:
+        env.cleanup()
+
+
+def test_a_directory_at_the_socket_path(tmp_path: Path) -> None:
+    env = _env_with_socket(tmp_path)
+    try:
+        assert "is not a socket" in _one_line_exit_3(env, "ps")
+        assert "is not a socket" in _one_line_exit_3(env, "load", "default")
+    finally:
+        env.cleanup()
+
+
+def test_an_endpoint_zeromq_cannot_connect_to() -> None:
+    """A tcp endpoint without a port: ZeroMQ's connect() fails (EINVAL): exit 3, one line."""
+    env = CliEnv.create()
+    env.env["MODELD_SOCKET"] = "tcp://localhost"
+    try:
+        assert "cannot connect to tcp://localhost" in _one_line_exit_3(env, "ps")
+    finally:
+        env.cleanup()
+
+
+@pytest.mark.parametrize("endpoint", ["bogus://x", "ipc://", "tcp://"])
+def test_a_malformed_endpoint_is_a_settings_error(endpoint: str) -> None:
+    """Not an OS error but a bad setting: exit 2 like every invalid setting, never the
+    ZMQError traceback it used to be, on both paths and for `serve`."""
+    env = CliEnv.create()
+    env.env["MODELD_SOCKET"] = endpoint
+    try:
+        for args, extra in ((["ps"], {}), (["ps"], FAST_OFF), (["run", "default", "hi"], {}),
+                            (["serve"], {})):
+            out = env.run(*args, env_extra=extra)
+            assert out.returncode == 2, (args, extra, out.stderr)
+            assert "MODELD_SOCKET" in error_line(out.stderr)[0]
     finally:
         env.cleanup()
 
@@ -224,22 +357,32 @@ def _modeld() -> str:
 
 
 def test_show_plans_nothing_for_a_loaded_model(cli: CliEnv, tiny_model: Path) -> None:
-    """The dry run never evicts the model it describes: loaded with enough context it is
-    "loaded"; asked for more context it is a reload that says what it frees and costs."""
+    """The dry run never evicts the model it describes: loaded with enough context (the same
+    or a smaller one) it is "loaded", with nothing to evict and nothing needed."""
     loaded = cli.json("load", str(tiny_model), "--ctx", "512")["model"]
     assert loaded["n_ctx"] == 512
-    same = cli.json("show", str(tiny_model))
-    assert same["plan"] == "loaded" and same["would_evict"] == []
-    assert same["n_ctx"] == loaded["n_ctx"] and same["fits"] is True
-    smaller = cli.json("show", str(tiny_model), "--ctx", "256")
-    assert smaller["plan"] == "loaded"
+    for ctx in ([], ["--ctx", "512"], ["--ctx", "256"]):
+        same = cli.json("show", str(tiny_model), *ctx)
+        assert same["plan"] == "loaded" and same["would_evict"] == [], (ctx, same)
+        assert same["n_ctx"] == loaded["n_ctx"] and same["fits"] is True
+        assert same["need_bytes"] == 0 and "already loaded" in same["plan_reason"]
+    text = cli.run("show", str(tiny_model))
+    assert text.returncode == 0 and "already loaded" in text.stdout
+    assert "evict" not in text.stdout.replace("nothing to load or evict", "")
+
+
+def test_show_explains_a_reload_at_a_larger_context(cli: CliEnv, tiny_model: Path) -> None:
+    """Asked for more context than it is loaded with, a loaded model is reloaded: the plan
+    says so, what the reload frees (the model's own bytes) and what it needs."""
+    loaded = cli.json("load", str(tiny_model), "--ctx", "512")["model"]
     bigger_ctx = 1024
     grow = cli.json("show", str(tiny_model), "--ctx", str(bigger_ctx))
     assert grow["plan"] == "reload", grow
-    assert grow["would_evict"] == []
+    assert grow["would_evict"] == []  # never itself
     assert grow["reload"]["from_n_ctx"] == loaded["n_ctx"]
-    assert grow["reload"]["to_n_ctx"] == bigger_ctx
+    assert grow["reload"]["to_n_ctx"] == grow["n_ctx"] == bigger_ctx
     assert grow["reload"]["frees_bytes"] == loaded["accounted_bytes"]
+    assert grow["reload"]["needs_bytes"] == grow["need_bytes"] > 0
     assert f"n_ctx {bigger_ctx}" in grow["plan_reason"] and "frees" in grow["plan_reason"]
-    text = cli.run("show", str(tiny_model))
-    assert text.returncode == 0 and "already loaded" in text.stdout
+    text = cli.run("show", str(tiny_model), "--ctx", str(bigger_ctx))
+    assert text.returncode == 0 and "reload" in text.stdout

@@ -115,7 +115,15 @@ class Client:
             self._ctx = zmq.Context()
             sock = self._ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.endpoint)
+            try:
+                sock.connect(self.endpoint)
+            except zmq.ZMQError as exc:  # an endpoint ZeroMQ refuses (config checks the form)
+                sock.close()
+                raise DaemonUnavailableError(
+                    f"cannot connect to {self.endpoint}: {exc.strerror}",
+                    hint="check MODELD_SOCKET / the `socket` setting (`modeld config`)",
+                    details={"reason": "os_error"},
+                ) from None
             self._sock = sock
         return self._sock
 

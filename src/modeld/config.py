@@ -163,7 +163,15 @@ def _parse_socket(value: object) -> str:
     text = str(value).strip()
     if not text:
         raise ValueError("empty socket endpoint")
-    return text if "://" in text else f"ipc://{Path(text).expanduser()}"
+    if "://" not in text:
+        return f"ipc://{Path(text).expanduser()}"
+    scheme, _, rest = text.partition("://")
+    if scheme not in ("ipc", "tcp") or not rest:  # ZeroMQ would raise a bare ZMQError later
+        raise ValueError(
+            f"{text!r} is not an endpoint modeld can use: give ipc://PATH, tcp://HOST:PORT "
+            "or a path"
+        )
+    return text
 
 
 def _parse_optional_bytes(value: object) -> int | None:

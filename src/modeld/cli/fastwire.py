@@ -71,7 +71,9 @@ def _socket_endpoint() -> str:
         base = None  # Path keeps "..", normpath would fold it: let paths decide
     elif override:
         if "://" in override:
-            return override
+            if override.startswith(("ipc://", "tcp://")) and len(override) > 6:
+                return override
+            raise _Fallthrough  # nothing sent yet: the full CLI says what is wrong with it
         return "ipc://" + os.path.normpath(os.path.expanduser(override))
     elif runtime:
         base = os.path.expanduser(runtime)
