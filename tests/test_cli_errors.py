@@ -143,7 +143,8 @@ def test_queue_full_is_reported_alike(tiny_model: Path, default_model: Path) -> 
     """max_queue 1, one request running (its runner stopped so it stays running), one queued:
     the next is refused at once with timeout (exit 8), the same on both paths."""
     env = CliEnv.create()
-    (env.root / "config.toml").write_text("max_queue = 1\n")
+    # runner_stall_s: the stopped runner must not be taken for a stalled one meanwhile
+    (env.root / "config.toml").write_text("max_queue = 1\nrunner_stall_s = 3600\n")
     running: list[subprocess.Popen[bytes]] = []
     try:
         env.serve()
