@@ -81,7 +81,7 @@ complete -c modeld -n '__fish_use_subcommand' -a unload -d 'Unload a model (or a
 complete -c modeld -n '__fish_use_subcommand' -a ps -d 'Show loaded models: memory, context, requests (running/queued), keep-alive.'
 complete -c modeld -n '__fish_use_subcommand' -a stats -d 'Cache statistics: hits, loads, evictions, memory, estimate accuracy.'
 complete -c modeld -n '__fish_use_subcommand' -a show -d 'Model metadata, the context it would get now and why, and its estimated memory.'
-complete -c modeld -n '__fish_use_subcommand' -a list -d 'GGUF models in the models directory, and aliases.'
+complete -c modeld -n '__fish_use_subcommand' -a list -d 'GGUF models in the models directory, aliases, and the built-in default model.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
 complete -c modeld -n '__fish_use_subcommand' -l install-completion -d 'Install completion for the current shell.'

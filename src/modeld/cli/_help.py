@@ -25,6 +25,6 @@ HELP = (
     '  ps      Show loaded models: memory, context, requests (running/queued),...\n'
     '  stats   Cache statistics: hits, loads, evictions, memory, estimate...\n'
     '  show    Model metadata, the context it would get now and why, and its...\n'
-    '  list    GGUF models in the models directory, and aliases.\n'
+    '  list    GGUF models in the models directory, aliases, and the built-in...\n'
     '  config  The effective settings and where each one came from.\n'
 )

@@ -338,7 +338,7 @@ def show(
 
 @app.command("list")
 def list_(json_out: JsonOpt = False) -> None:
-    """GGUF models in the models directory, and aliases."""
+    """GGUF models in the models directory, aliases, and the built-in default model."""
     from modeld.cli import render, views
     from modeld.describe import list_models
 
