@@ -304,6 +304,7 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
         XDG_CACHE_HOME=str(root / "cache"),
         MODELD_NO_AUTOSTART="1",
         MODELD_NO_SPINNER="1",
+        MODELD_HTTP="off",  # the HTTP benchmark turns it on with a free port
     )
     full_env.update(env or {})
     sock_path = run_dir / "modeld" / "modeld.sock"

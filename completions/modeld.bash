@@ -39,8 +39,8 @@ _modeld_spec() {
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --help -h"
-            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --help -h"
+            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http"
             positional=()
             ;;
         "stop")

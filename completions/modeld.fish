@@ -53,7 +53,7 @@ function __modeld_value_opts --description 'options of a command that take a val
     switch "$argv[1]"
         case ''
         case 'serve'
-            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall
+            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http
         case 'stop'
         case 'run'
             printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx
@@ -96,6 +96,7 @@ complete -c modeld -n '__modeld_is serve' -l preload -x -a '(__modeld_models)' -
 complete -c modeld -n '__modeld_is serve' -l log-level -x -a 'debug info warning error' -d 'debug, info, warning or error.'
 complete -c modeld -n '__modeld_is serve' -l prompt-cache-mib -x -d 'Prompt-state cache per generating model, in MiB (0: off).'
 complete -c modeld -n '__modeld_is serve' -l runner-stall -x -d 'Kill a runner that sends no heartbeat for this many seconds.'
+complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'
 complete -c modeld -n '__modeld_is serve' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is stop' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is stop' -l help -s h -d 'Show this message and exit.'

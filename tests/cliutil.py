@@ -51,6 +51,7 @@ class CliEnv:
             MODELD_MODELS=str(root / "models"),
             MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             MODELD_CONFIG=str(root / "config.toml"),
+            MODELD_HTTP="off",  # never Ollama's port 11434 from a test
             NO_COLOR="1",
             PYTHONUNBUFFERED="1",
         )

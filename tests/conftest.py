@@ -186,6 +186,7 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
             MODELD_CONFIG=str(config),
             MODELD_MODELS=str(root / "models"),
             MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
+            MODELD_HTTP="off",  # tests that want the HTTP front door give it a free port
             PYTHONUNBUFFERED="1",
             # the daemon and its runners import this checkout even without an editable install
             PYTHONPATH=os.pathsep.join(

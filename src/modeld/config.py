@@ -24,6 +24,10 @@ MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
+DEFAULT_HTTP = "127.0.0.1:11434"  # Ollama's port, so its clients work unchanged
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every tunable of the daemon and CLI (see docs/configuration.md for the table)."""
@@ -49,6 +53,9 @@ class Settings:
     max_queue: int = 64  # requests waiting per daemon before new ones are refused
     eviction: str = "cost"  # victim order: "cost" (popularity x reload cost / size) or "lru"
     prompt_cache_mib: int = PROMPT_CACHE_MIB  # per generate-mode runner: prompt snapshots; 0 off
+    http: str = DEFAULT_HTTP  # the Ollama/OpenAI HTTP front door: "host:port", or "off"
+    api_key: str | None = None  # required (Authorization: Bearer) when http is not loopback
+    http_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none by default
 
     @property
     def prompt_cache_bytes(self) -> int:
@@ -61,12 +68,21 @@ class Settings:
         return parse_keep_alive(self.keep_alive)
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-safe form (paths as strings)."""
+        """JSON-safe form (paths as strings; the API key masked: `modeld config` prints this)."""
         data = asdict(self)
         for key, value in data.items():
             if isinstance(value, Path):
                 data[key] = str(value)
+            elif isinstance(value, tuple):
+                data[key] = list(value)
+        if data.get("api_key"):
+            data["api_key"] = "(set)"
         return data
+
+    @property
+    def http_address(self) -> tuple[str, int] | None:
+        """(host, port) of the HTTP front door, None when it is off."""
+        return parse_http_address(self.http)
 
 
 _FIELDS = {f.name: f for f in fields(Settings)}
@@ -93,6 +109,9 @@ ENV_VARS: dict[str, str] = {
     "max_queue": "MODELD_MAX_QUEUE",
     "eviction": "MODELD_EVICTION",
     "prompt_cache_mib": "MODELD_PROMPT_CACHE_MIB",
+    "http": "MODELD_HTTP",
+    "api_key": "MODELD_API_KEY",
+    "http_origins": "MODELD_HTTP_ORIGINS",
 }
 CONFIG_ENV = "MODELD_CONFIG"
 
@@ -220,6 +239,41 @@ def _parse_log_level(value: object) -> str:
     return text
 
 
+
+
+def parse_http_address(text: str) -> tuple[str, int] | None:
+    """``"host:port"`` (IPv6 in brackets) → (host, port); ``off`` → None; ValueError else."""
+    value = text.strip()
+    if value.lower() in ("off", "none", "false", "no", "0", ""):
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        raise ValueError(f"expected HOST:PORT or off, got {text!r}")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad port in {text!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    return host in LOOPBACK_HOSTS or host.startswith("127.")
+
+
+def _parse_http(value: object) -> str:
+    text = str(value)
+    return text.strip() if parse_http_address(text) else "off"
+
+
+def _parse_api_key(value: object) -> str | None:
+    text = str(value).strip()
+    return text or None
+
+
+def _parse_origins(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return tuple(str(i).strip().rstrip("/") for i in items if str(i).strip())
+
+
 def _parse_eviction(value: object) -> str:
     from modeld.cache.eviction import POLICIES
 
@@ -251,6 +305,9 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "max_queue": _parse_int,
     "eviction": _parse_eviction,
     "prompt_cache_mib": _parse_int,
+    "http": _parse_http,
+    "api_key": _parse_api_key,
+    "http_origins": _parse_origins,
 }
 
 # Friendlier spellings accepted in the config file and CLI overrides.

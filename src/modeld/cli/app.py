@@ -132,6 +132,10 @@ def serve(
         float | None,
         typer.Option(help="Kill a runner that sends no heartbeat for this many seconds."),
     ] = None,
+    http: Annotated[
+        str | None,
+        typer.Option(help='HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'),
+    ] = None,
 ) -> None:
     """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
     from modeld.daemon import server as daemon
@@ -145,6 +149,7 @@ def serve(
         log_level=log_level,
         prompt_cache_mib=prompt_cache_mib,
         runner_stall_s=runner_stall,
+        http=http,
     )
     if preload:
         from modeld.cli.autostart import preload_in_background

@@ -142,10 +142,13 @@ class Daemon:
             format_bytes(self.usable_bytes),
             self.settings.max_models,
         )
+        door = self._front_door()
         try:
             self._loop()
         finally:
             log.info("shutting down")
+            if door is not None:
+                door.stop()
             self.sched.shutdown()
             self.sup.close()
             self.sock.close(linger=0)
@@ -154,6 +157,15 @@ class Daemon:
                 signal.signal(s, handler)
         log.info("stopped")
         return 0
+
+    def _front_door(self) -> Any:
+        """The HTTP front door (Ollama/OpenAI APIs) when ``http`` is not off: a client of this
+        daemon's own socket, so it goes through the same requests as the CLI."""
+        if self.settings.http_address is None:
+            return None
+        from modeld.http.serve import start
+
+        return start(self.settings, self.endpoint)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("received %s", signal.Signals(signum).name)
@@ -431,10 +443,17 @@ def serve(settings: Settings) -> int:
     """Run the daemon in the foreground until SIGINT/SIGTERM or a shutdown request."""
     setup_logging(settings)
     try:
+        if settings.http_address is not None:
+            from modeld.http.serve import check_exposure
+
+            check_exposure(settings)
         return Daemon(settings).run()
     except DaemonRunningError as exc:
         log.error("%s", exc)
         return 1
+    except InvalidRequestError as exc:
+        log.error("%s — %s", exc.message, exc.hint)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-timeout", type=float)
     p.add_argument("--load-timeout", type=float)
     p.add_argument("--runner-stall", type=float, help="kill a runner silent this many seconds")
+    p.add_argument("--http", help='HTTP front door "host:port", or off')
     p.add_argument("--max-queue", type=int, help="waiting requests before new ones are refused")
     p.add_argument("--prompt-cache-mib", type=int, help="prompt snapshots per runner; 0 off")
     p.add_argument("--threads", type=int)
@@ -471,6 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         "queue_timeout_s": a.queue_timeout,
         "load_timeout_s": a.load_timeout,
         "runner_stall_s": a.runner_stall,
+        "http": a.http,
         "max_queue": a.max_queue,
         "prompt_cache_mib": a.prompt_cache_mib,
         "threads": a.threads,

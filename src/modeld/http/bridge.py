@@ -1,0 +1,115 @@
+"""The HTTP side's client of the daemon: the same protocol v1 requests the CLI sends.
+
+The daemon's event loop stays the one owner of state: every HTTP request becomes one or more
+ZeroMQ requests on the daemon's socket, so keep-alive, eviction, queueing, context growth,
+errors and stats behave exactly as for the CLI. One DEALER per HTTP request (an ipc connect costs
+microseconds), on the asyncio flavour of pyzmq so the HTTP event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from modeld import protocol
+from modeld.errors import DaemonUnavailableError, ModeldError, error_from_dict
+
+#: Silence from the daemon this long (no chunk, no done) is answered with an error.
+REPLY_TIMEOUT_S = 3600.0
+
+
+class Session:
+    """One HTTP request's conversation with the daemon."""
+
+    def __init__(self, sock: zmq.asyncio.Socket, prefix: str) -> None:
+        self.sock = sock
+        self._ids = itertools.count(1)
+        self._prefix = prefix
+
+    async def send(self, type_: str, **body: Any) -> str:
+        rid = f"{self._prefix}-{next(self._ids)}"
+        await self.sock.send_multipart(protocol.encode(protocol.request(type_, rid, **body)))
+        return rid
+
+    async def recv(self, rid: str) -> protocol.Message:
+        """The next reply (chunk/done/error) to ``rid``."""
+        while True:
+            if not await self.sock.poll(int(REPLY_TIMEOUT_S * 1000)):
+                raise DaemonUnavailableError("no reply from the daemon",
+                                             hint="check the daemon log")
+            try:
+                msg = protocol.decode(await self.sock.recv_multipart())
+            except protocol.ProtocolError:
+                continue
+            if msg.id == rid and msg.type in protocol.REPLY_TYPES:
+                return msg
+
+    async def call(self, type_: str, **body: Any) -> dict[str, Any]:
+        """A request answered by one ``done`` (its body), or its typed error raised."""
+        rid = await self.send(type_, **body)
+        while True:
+            msg = await self.recv(rid)
+            if msg.type == "done":
+                return dict(msg.body)
+            if msg.type == "error":
+                raise error_from_dict(dict(msg.body))
+
+    async def stream(self, type_: str, **body: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """("chunk", {text}) ... then ("done", body); an error reply is raised. Leaving early
+        (the HTTP client went away) cancels the request at once, not at the next token."""
+        rid = await self.send(type_, **body)
+        finished = False
+        try:
+            while True:
+                msg = await self.recv(rid)
+                if msg.type == "chunk":
+                    yield "chunk", dict(msg.body)
+                    continue
+                finished = True
+                if msg.type == "error":
+                    raise error_from_dict(dict(msg.body))
+                yield "done", dict(msg.body)
+                return
+        finally:
+            if not finished:  # no await here: this runs while the task is being cancelled
+                with contextlib.suppress(zmq.ZMQError):
+                    self.sock.send_multipart(
+                        protocol.encode(protocol.request("cancel", f"{rid}-x", target=rid)),
+                        zmq.NOBLOCK,
+                    )
+
+
+class Bridge:
+    """Opens :class:`Session` s to the daemon at ``endpoint``."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.ctx = zmq.asyncio.Context()
+        self._n = itertools.count(1)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Session]:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 500)  # a final cancel still reaches the daemon
+        sock.connect(self.endpoint)
+        try:
+            yield Session(sock, f"http-{os.getpid():x}-{next(self._n)}")
+        finally:
+            sock.close()
+
+    async def call(self, type_: str, **body: Any) -> dict[str, Any]:
+        async with self.session() as s:
+            return await s.call(type_, **body)
+
+    def close(self) -> None:
+        self.ctx.destroy(linger=0)
+
+
+__all__ = ["Bridge", "ModeldError", "Session"]

@@ -1,0 +1,130 @@
+"""What the Ollama and OpenAI routes share: request bodies, model names, options, statuses."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+
+#: HTTP status for each modeld error code (both APIs use the same statuses).
+STATUS: dict[str, int] = {
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.INVALID_MODEL: 400,
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.CONTEXT_EXCEEDED: 400,
+    ErrorCode.INSUFFICIENT_MEMORY: 503,
+    ErrorCode.SHUTTING_DOWN: 503,
+    ErrorCode.TIMEOUT: 503,  # no room within queue_timeout, or the queue is full
+    ErrorCode.DAEMON_UNAVAILABLE: 503,
+    ErrorCode.RUNNER_CRASHED: 500,
+    ErrorCode.CANCELLED: 499,
+    ErrorCode.PROTOCOL_MISMATCH: 500,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+def status_of(exc: ModeldError) -> int:
+    return STATUS.get(exc.code, 500)
+
+
+def message_of(exc: ModeldError) -> str:
+    """modeld's message with its hint: what went wrong and what to do next."""
+    return f"{exc.message} ({exc.hint})" if exc.hint else exc.message
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object, at most ``limit`` bytes (else a 400-class error)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(limit)
+    data = bytearray()
+    async for part in request.stream():
+        data += part
+        if len(data) > limit:
+            raise BodyTooLarge(limit)
+    if not data.strip():
+        return {}
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"the body is not JSON: {exc}",
+                                  hint="send a JSON object") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
+    return doc
+
+
+class BodyTooLarge(InvalidRequestError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body is larger than {limit} bytes",
+                         hint="send less, or raise max_message_bytes")
+
+
+def model_ref(name: object) -> str | None:
+    """An API model name as a modeld reference: ``name:tag`` (Ollama's tags) loses the tag,
+    ``default`` or nothing is the built-in model; paths pass as they are."""
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str):
+        raise InvalidRequestError("'model' must be a string", hint="name a model: GET /api/tags")
+    ref = name.strip()
+    if "/" not in ref and ":" in ref:
+        ref = ref.rsplit(":", 1)[0]
+    return None if ref in ("", "default") else ref
+
+
+def display_name(row_name: str) -> str:
+    return row_name
+
+
+def iso_now() -> str:
+    t = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+
+def iso_time(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+#: max_tokens for "no limit": generation ends at end-of-text or at the end of the context.
+UNLIMITED = 1 << 20
+
+
+def sampling(src: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
+    """modeld generate options from an API's field names (``mapping``: api name -> modeld)."""
+    out: dict[str, Any] = {}
+    for api_name, ours in mapping.items():
+        value = src.get(api_name)
+        if value is None:
+            continue
+        if ours == "max_tokens" and isinstance(value, int) and value <= 0:
+            value = UNLIMITED  # Ollama's -1: until the end of the text or of the context
+        if ours == "stop" and isinstance(value, str):
+            value = [value]
+        out[ours] = value
+    return out
+
+
+async def stream_or_error(body: AsyncIterator[bytes], media_type: str,
+                          error: Callable[[ModeldError], Response]) -> Response:
+    """Stream ``body``; an error before its first piece is answered with its HTTP status
+    instead (a wrong model name is a 404, not a 200 stream carrying an error)."""
+    try:
+        first = await anext(body)
+    except StopAsyncIteration:
+        first = b""
+    except ModeldError as exc:
+        return error(exc)
+
+    async def rest() -> AsyncIterator[bytes]:
+        yield first
+        async for part in body:
+            yield part
+
+    return StreamingResponse(rest(), media_type=media_type)

@@ -1,0 +1,306 @@
+"""Ollama's API (``/api/*``) on modeld: the requests the ``ollama`` client, Open WebUI and
+editor plugins send, with Ollama's conventions (NDJSON streams, nanosecond durations, an empty
+prompt loads the model, ``keep_alive: 0`` unloads it, ``name:tag`` model names)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from modeld import __version__
+from modeld.config import Settings
+from modeld.describe import list_models
+from modeld.errors import InvalidRequestError, ModeldError
+from modeld.http.bridge import Bridge
+from modeld.http.common import (
+    UNLIMITED,
+    iso_now,
+    iso_time,
+    message_of,
+    model_ref,
+    read_json,
+    sampling,
+    status_of,
+    stream_or_error,
+)
+
+OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p",
+           "top_k": "top_k", "seed": "seed", "stop": "stop", "num_ctx": "n_ctx"}  # fmt: skip
+NS = 1_000_000_000
+
+
+def error(exc: ModeldError) -> JSONResponse:
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
+
+
+def _options(doc: dict[str, Any]) -> dict[str, Any]:
+    opts = doc.get("options") or {}
+    if not isinstance(opts, dict):
+        raise InvalidRequestError("'options' must be an object", hint="see Ollama's API docs")
+    out = sampling(opts, OPTIONS)
+    out.setdefault("max_tokens", UNLIMITED)
+    if doc.get("keep_alive") is not None:
+        out["keep_alive"] = doc["keep_alive"]
+    return out
+
+
+def _done_record(name: str, body: dict[str, Any], started: float) -> dict[str, Any]:
+    t = body.get("timings", {})
+    load_s = float(t.get("load_s") or 0.0)
+    return {
+        "model": name, "created_at": iso_now(), "done": True,
+        "done_reason": "length" if body.get("finish_reason") == "length" else "stop",
+        "total_duration": int((time.monotonic() - started) * NS),
+        "load_duration": int(load_s * NS),
+        "prompt_eval_count": int(t.get("prompt_tokens") or 0),
+        "prompt_eval_duration": int(float(t.get("prompt_eval_s") or 0.0) * NS),
+        "eval_count": int(t.get("completion_tokens") or 0),
+        "eval_duration": int(float(t.get("generation_s") or 0.0) * NS),
+    }  # fmt: skip
+
+
+class OllamaAPI:
+    def __init__(self, bridge: Bridge, settings: Settings) -> None:
+        self.bridge, self.settings = bridge, settings
+        self.limit = int(settings.max_message_bytes)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.root, methods=["GET", "HEAD"]),
+            Route("/api/version", self.version, methods=["GET"]),
+            Route("/api/generate", self.generate, methods=["POST"]),
+            Route("/api/chat", self.chat, methods=["POST"]),
+            Route("/api/embed", self.embed, methods=["POST"]),
+            Route("/api/embeddings", self.embeddings, methods=["POST"]),
+            Route("/api/tags", self.tags, methods=["GET"]),
+            Route("/api/ps", self.ps, methods=["GET"]),
+            Route("/api/show", self.show, methods=["POST"]),
+        ]
+
+    async def root(self, request: Request) -> Response:
+        return PlainTextResponse("Ollama is running")
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    # ------------------------------------------------------------------ generation
+
+    async def generate(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            ref = model_ref(doc.get("model"))
+            prompt = doc.get("prompt") or ""
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("'prompt' must be a string", hint="send text")
+            if not prompt and not doc.get("system"):
+                return await self._load_or_unload(doc, ref, "response")
+            opts = _options(doc)
+            if doc.get("raw"):
+                what: dict[str, Any] = {"prompt": prompt}
+                opts["raw"] = True
+            else:
+                messages = [{"role": "system", "content": str(doc["system"])}] \
+                    if doc.get("system") else []
+                messages.append({"role": "user", "content": prompt})
+                what = {"messages": messages}
+        except ModeldError as exc:
+            return error(exc)
+        return await self._generation(doc, ref, what, opts, "response")
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            ref = model_ref(doc.get("model"))
+            messages = doc.get("messages") or []
+            if not isinstance(messages, list):
+                raise InvalidRequestError("'messages' must be a list", hint="see the API docs")
+            if not messages:
+                return await self._load_or_unload(doc, ref, "message")
+            clean = [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")}
+                     for m in messages if isinstance(m, dict)]
+            opts = _options(doc)
+        except ModeldError as exc:
+            return error(exc)
+        return await self._generation(doc, ref, {"messages": clean}, opts, "message")
+
+    async def _generation(self, doc: dict[str, Any], ref: str | None, what: dict[str, Any],
+                          opts: dict[str, Any], field: str) -> Response:
+        name = str(doc.get("model") or "default")
+        started = time.monotonic()
+
+        def piece(text: str) -> dict[str, Any]:
+            body: Any = {"role": "assistant", "content": text} if field == "message" else text
+            return {"model": name, "created_at": iso_now(), field: body, "done": False}
+
+        if doc.get("stream") is False:
+            try:
+                async with self.bridge.session() as s:
+                    parts: list[str] = []
+                    done: dict[str, Any] = {}
+                    async for kind, body in s.stream("generate", model=ref, options=opts,
+                                                     **what):
+                        if kind == "chunk":
+                            parts.append(str(body.get("text", "")))
+                        else:
+                            done = body
+            except ModeldError as exc:
+                return error(exc)
+            record = piece("".join(parts))
+            record.update(_done_record(name, done, started))
+            if field == "response":
+                record["context"] = []
+            return JSONResponse(record)
+
+        async def lines() -> AsyncIterator[bytes]:
+            sent = False
+            async with self.bridge.session() as s:
+                try:
+                    async for kind, body in s.stream("generate", model=ref, options=opts, **what):
+                        if kind == "chunk":
+                            yield _line(piece(str(body.get("text", ""))))
+                        else:
+                            last = piece("")
+                            last.update(_done_record(name, body, started))
+                            yield _line(last)
+                        sent = True
+                except ModeldError as exc:
+                    if not sent:
+                        raise  # before any output: an HTTP error status (see stream_or_error)
+                    yield _line({"error": message_of(exc)})  # mid-stream: Ollama's way
+
+        return await stream_or_error(lines(), "application/x-ndjson", error)
+
+    async def _load_or_unload(self, doc: dict[str, Any], ref: str | None, field: str
+                              ) -> Response:
+        """Ollama: an empty prompt loads the model; with ``keep_alive: 0`` it unloads it."""
+        name = str(doc.get("model") or "default")
+        body: Any = {"role": "assistant", "content": ""} if field == "message" else ""
+        unload = doc.get("keep_alive") in (0, "0", "0s", "0m")
+        try:
+            if unload:
+                await self.bridge.call("unload", model=ref)
+            else:
+                await self.bridge.call("load", model=ref, mode="generate",
+                                       keep_alive=doc.get("keep_alive"))
+        except ModeldError as exc:
+            if not (unload and exc.code == "model_not_found" and "not loaded" in exc.message):
+                return error(exc)
+        return JSONResponse({"model": name, "created_at": iso_now(), field: body, "done": True,
+                             "done_reason": "unload" if unload else "load"})
+
+    # ------------------------------------------------------------------ embeddings
+
+    async def embed(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            inputs = doc.get("input")
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            if not isinstance(inputs, list) or not inputs:
+                raise InvalidRequestError("'input' must be a string or a list of strings",
+                                          hint="send text to embed")
+            started = time.monotonic()
+            opts = doc.get("options") or {}
+            body = await self.bridge.call(
+                "embed", model=model_ref(doc.get("model")), inputs=[str(i) for i in inputs],
+                keep_alive=doc.get("keep_alive"),
+                n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None)
+        except ModeldError as exc:
+            return error(exc)
+        t = body.get("timings", {})
+        return JSONResponse({
+            "model": str(doc.get("model") or "default"), "embeddings": body["embeddings"],
+            "total_duration": int((time.monotonic() - started) * NS),
+            "load_duration": int(float(t.get("load_s") or 0.0) * NS),
+            "prompt_eval_count": int(t.get("prompt_tokens") or 0),
+        })
+
+    async def embeddings(self, request: Request) -> Response:
+        """The older single-text endpoint: ``prompt`` in, ``embedding`` out."""
+        try:
+            doc = await read_json(request, self.limit)
+            body = await self.bridge.call(
+                "embed", model=model_ref(doc.get("model")), inputs=[str(doc.get("prompt", ""))],
+                keep_alive=doc.get("keep_alive"))
+        except ModeldError as exc:
+            return error(exc)
+        return JSONResponse({"embedding": body["embeddings"][0]})
+
+    # ------------------------------------------------------------------ inventory
+
+    async def tags(self, request: Request) -> Response:
+        listed = await asyncio.to_thread(list_models, self.settings)
+        return JSONResponse({"models": [_tag(m) for m in listed["models"]]})
+
+    async def ps(self, request: Request) -> Response:
+        try:
+            body = await self.bridge.call("ps")
+        except ModeldError as exc:
+            return error(exc)
+        models = []
+        for row in body.get("models", []):
+            if row.get("state") not in ("ready", "loading") or row.get("mode") != "generate":
+                continue
+            left = row.get("keep_alive_left_s")
+            expires = time.time() + (left if isinstance(left, (int, float)) else 10 * 365 * 86400)
+            name = str(row.get("name"))
+            models.append({
+                "name": name, "model": name, "size": int(row.get("accounted_bytes") or 0),
+                "digest": _digest(str(row.get("path"))), "details": _details(row),
+                "expires_at": iso_time(expires), "size_vram": 0,
+                "context_length": row.get("n_ctx"),
+            })  # fmt: skip
+        return JSONResponse({"models": models})
+
+    async def show(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            name = doc.get("model") or doc.get("name")
+            body = await self.bridge.call("show", model=model_ref(name), mode="generate")
+        except ModeldError as exc:
+            return error(exc)
+        info = body.get("info", {})
+        return JSONResponse({
+            "license": "", "modelfile": "", "parameters": "",
+            "template": "", "details": _details(info),
+            "model_info": {f"general.{k}": v for k, v in info.items()
+                           if isinstance(v, (str, int, float, bool))},
+            "capabilities": ["completion"] + (["embedding"] if info.get("pooling_type") else []),
+            "modeld": {k: body.get(k) for k in ("n_ctx", "ctx_reason", "estimate_bytes",
+                                               "fits", "plan", "plan_reason", "would_evict")},
+        })  # fmt: skip
+
+
+def _line(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+def _digest(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()
+
+
+def _details(src: dict[str, Any]) -> dict[str, Any]:
+    arch = src.get("architecture")
+    return {"format": "gguf", "family": arch or "", "families": [arch] if arch else None,
+            "parameter_size": str(src.get("size_label") or ""),
+            "quantization_level": str(src.get("quantization") or "")}
+
+
+def _tag(m: dict[str, Any]) -> dict[str, Any]:
+    name = str(m.get("name"))
+    modified = 0.0
+    with contextlib.suppress(OSError):
+        modified = os.stat(str(m.get("path"))).st_mtime
+    return {"name": name, "model": name, "modified_at": iso_time(modified),
+            "size": int(m.get("size") or 0), "digest": _digest(str(m.get("path"))),
+            "details": _details(m)}

@@ -1,0 +1,209 @@
+"""OpenAI's API (``/v1/*``) on modeld: chat and text completions (server-sent events ending in
+``[DONE]``, or one JSON document with ``usage``), embeddings (``encoding_format`` ``float`` or
+``base64`` — the official SDK asks for base64 by default: ollama#6934) and the model list.
+``keep_alive`` is accepted here too (ollama#9355)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from modeld.config import Settings
+from modeld.describe import list_models
+from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.http.bridge import Bridge
+from modeld.http.common import (
+    UNLIMITED,
+    message_of,
+    model_ref,
+    read_json,
+    sampling,
+    status_of,
+    stream_or_error,
+)
+
+OPTIONS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
+           "temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
+           "top_k": "top_k", "keep_alive": "keep_alive", "num_ctx": "n_ctx"}  # fmt: skip
+_TYPES = {ErrorCode.MODEL_NOT_FOUND: "not_found_error", ErrorCode.INVALID_REQUEST:
+          "invalid_request_error", ErrorCode.CONTEXT_EXCEEDED: "invalid_request_error",
+          ErrorCode.INVALID_MODEL: "invalid_request_error"}  # fmt: skip
+
+
+def error(exc: ModeldError) -> JSONResponse:
+    status = status_of(exc)
+    kind = _TYPES.get(exc.code, "server_error" if status >= 500 else "invalid_request_error")
+    return JSONResponse({"error": {"message": message_of(exc), "type": kind, "param": None,
+                                   "code": exc.code.value}}, status_code=status)
+
+
+def _usage(done: dict[str, Any]) -> dict[str, int]:
+    t = done.get("timings", {})
+    prompt, completion = int(t.get("prompt_tokens") or 0), int(t.get("completion_tokens") or 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _finish(done: dict[str, Any]) -> str:
+    return "length" if done.get("finish_reason") == "length" else "stop"
+
+
+class OpenAIAPI:
+    def __init__(self, bridge: Bridge, settings: Settings) -> None:
+        self.bridge, self.settings = bridge, settings
+        self.limit = int(settings.max_message_bytes)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+        ]
+
+    async def chat(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            messages = doc.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise InvalidRequestError("'messages' must be a non-empty list",
+                                          hint="send at least one message")
+            clean = [{"role": str(m.get("role", "user")), "content": _content(m.get("content"))}
+                     for m in messages if isinstance(m, dict)]
+            opts = sampling(doc, OPTIONS)
+            opts.setdefault("max_tokens", UNLIMITED)
+        except ModeldError as exc:
+            return error(exc)
+        return await self._complete(doc, {"messages": clean}, opts, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            prompt = doc.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1:
+                prompt = prompt[0]
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("'prompt' must be a string",
+                                          hint="send one prompt per request")
+            opts = sampling(doc, OPTIONS)
+            opts.setdefault("max_tokens", 16)  # the API's documented default
+            opts["raw"] = True
+        except ModeldError as exc:
+            return error(exc)
+        return await self._complete(doc, {"prompt": prompt}, opts, chat=False)
+
+    async def _complete(self, doc: dict[str, Any], what: dict[str, Any], opts: dict[str, Any],
+                        chat: bool) -> Response:
+        name = str(doc.get("model") or "default")
+        ref = model_ref(doc.get("model"))
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+
+        def choice(text: str | None, finish: str | None, delta: bool) -> dict[str, Any]:
+            if chat:
+                key = "delta" if delta else "message"
+                content = {} if text is None else {"content": text}
+                return {"index": 0, key: {"role": "assistant", **content},
+                        "finish_reason": finish}
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+        if not doc.get("stream"):
+            try:
+                async with self.bridge.session() as s:
+                    parts, done = [], {}
+                    async for kind, body in s.stream("generate", model=ref, options=opts,
+                                                     **what):
+                        if kind == "chunk":
+                            parts.append(str(body.get("text", "")))
+                        else:
+                            done = body
+            except ModeldError as exc:
+                return error(exc)
+            return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
+                                 "choices": [choice("".join(parts), _finish(done), False)],
+                                 "usage": _usage(done)})
+
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
+
+        def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+            payload: dict[str, Any] = {"id": ident, "object": chunk_obj, "created": created,
+                                       "model": name, "choices": choices}
+            if usage is not None:
+                payload["usage"] = usage
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        async def events() -> AsyncIterator[bytes]:
+            sent = False
+            async with self.bridge.session() as s:
+                try:
+                    async for kind, body in s.stream("generate", model=ref, options=opts, **what):
+                        if kind == "chunk":
+                            yield event([choice(str(body.get("text", "")), None, True)])
+                        else:
+                            yield event([choice(None if chat else "", _finish(body), True)])
+                            if include_usage:
+                                yield event([], _usage(body))
+                        sent = True
+                except ModeldError as exc:
+                    if not sent:
+                        raise
+                    err = {"error": {"message": message_of(exc), "code": exc.code.value}}
+                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+
+        return await stream_or_error(events(), "text/event-stream", error)
+
+    async def embeddings(self, request: Request) -> Response:
+        try:
+            doc = await read_json(request, self.limit)
+            inputs = doc.get("input")
+            if isinstance(inputs, str):
+                inputs = [inputs]
+            if not isinstance(inputs, list) or not inputs or not all(
+                    isinstance(i, str) for i in inputs):
+                raise InvalidRequestError("'input' must be a string or a list of strings",
+                                          hint="token arrays are not accepted; send text")
+            fmt = doc.get("encoding_format") or "float"
+            if fmt not in ("float", "base64"):
+                raise InvalidRequestError(f"encoding_format {fmt!r} is not supported",
+                                          hint='use "float" or "base64"')
+            body = await self.bridge.call("embed", model=model_ref(doc.get("model")),
+                                          inputs=inputs, keep_alive=doc.get("keep_alive"))
+        except ModeldError as exc:
+            return error(exc)
+        data = []
+        for i, vec in enumerate(body["embeddings"]):
+            value: Any = vec
+            if fmt == "base64":  # little-endian float32, as the SDK decodes it
+                value = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": value})
+        tokens = int(body.get("timings", {}).get("prompt_tokens") or 0)
+        return JSONResponse({"object": "list", "data": data,
+                             "model": str(doc.get("model") or "default"),
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def models(self, request: Request) -> Response:
+        listed = await asyncio.to_thread(list_models, self.settings)
+        return JSONResponse({"object": "list", "data": [
+            {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld"}
+            for m in listed["models"]]})
+
+
+def _content(value: object) -> str:
+    """A message's content: a string, or OpenAI's list of parts (the text parts joined)."""
+    if isinstance(value, list):
+        return "".join(str(p.get("text", "")) for p in value
+                       if isinstance(p, dict) and p.get("type") == "text")
+    return "" if value is None else str(value)
