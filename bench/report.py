@@ -24,7 +24,7 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency", "chaos")  # fmt: skip
+         "cli_startup", "concurrency", "http_api", "chaos")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -253,6 +253,20 @@ def _conc(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _http(doc: dict[str, Any]) -> list[str]:
+    return [
+        *_pair(doc, "warm_modeld_s", "warm_router_s", "modeld (HTTP)", "llama-server router", "s"
+               ),
+        "",
+        "| | modeld over HTTP (SSE) | in-process | ratio |",
+        "|---|---:|---:|---:|",
+        f"| tokens/s, median | {_f(_med(doc['http_tokens_per_s']), 1)} | "
+        f"{_f(_med(doc['inproc_tokens_per_s']), 1)} | {_f(doc.get('stream_ratio'))} |",
+        "",
+        f"Peer: {doc.get('peer_command')}.",
+    ]
+
+
 def _chaos(doc: dict[str, Any]) -> list[str]:
     faults = ", ".join(f"{k} {v}" for k, v in sorted(doc.get("faults", {}).items())) or "none"
     leaked = doc.get("leaked", {})
@@ -280,7 +294,7 @@ def _chaos(doc: dict[str, Any]) -> list[str]:
 
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
-           "chaos": _chaos}
+           "chaos": _chaos, "http_api": _http}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -6,7 +6,8 @@
     .venv/bin/python bench/run.py --smoke --out /tmp/x   # tiny models, one round (the test)
 
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
-streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own).
+streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
+http_api (its own daemon, and llama.cpp's llama-server router from bench/peer.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace")
+ALL = (*DAEMON_BENCHES, "trace", "http_api")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -89,6 +90,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
                     _record(ctx, name, fn, d, *extra, prefix_tokens=200)
                 else:
                     _record(ctx, name, fn, d, *extra)
+    if "http_api" in names and not ctx.smoke:  # needs llama-server built (bench/peer.py)
+        import b_http
+
+        _record(ctx, "http_api", b_http.http_api)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
