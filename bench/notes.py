@@ -155,4 +155,19 @@ NOTES: dict[str, str] = {
         "share 2 cores, so running them at once gains nothing here; p99 is a request queued "
         "behind the other clients' requests for its model."
     ),
+    "chaos": (
+        "What the run shows: every request ended with `done` or a typed error (the typed errors "
+        "are what the faults cause: `runner_crashed` for requests on a killed or stopped runner, "
+        "`model_not_found` for unloading a model that is not loaded); no greedy reply or "
+        "embedding differed from its reference; the daemon answered throughout and its "
+        "descriptors and runner processes came back to where they were. Stalls detected (50) "
+        "are the SIGSTOPs (runner and spare) not overtaken by a SIGKILL; each cost one "
+        "`runner_stall_s` (3 s here). Found and left: `invalid_model` answers (103 requests, most"
+        " of them embeds) come from runners SIGKILLed while loading: a runner killed during a "
+        "load counts as a failed load of that file and the file is not retried for "
+        "`failure_cooldown_s` (30 s). For an OOM kill that back-off is right; for a kill from "
+        "outside it makes the model unavailable for 30 s. Telling the two apart (the kernel's "
+        "OOM record) is the next step. The machine was shared with other test runs (load "
+        "average up to 8.5 on 2 cores), which only slows the run down."
+    ),
 }
