@@ -24,7 +24,7 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency", "http_api", "chaos")  # fmt: skip
+         "cli_startup", "concurrency", "http_api", "chaos", "parallel")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -292,9 +292,44 @@ def _chaos(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _parallel(doc: dict[str, Any]) -> list[str]:
+    """The concurrency table: modeld beside llama-server's router with the same N."""
+    out = ["| | modeld | llama-server router | modeld / router |", "|---|---:|---:|---:|"]
+    single = doc.get("single_tokens_per_s") or {}
+    m1, r1 = single.get("modeld"), single.get("router")
+    out.append(f"| 1 stream, tokens/s | {_f(m1, 1)} | {_f(r1, 1)} | "
+               f"{_f(m1 / r1 if m1 and r1 else None, 2)} |")
+    for n, res in (doc.get("by_n") or {}).items():
+        m, r = res["modeld"], res["router"]
+        out += [
+            f"| {n} clients x {doc.get('per_client')} requests, aggregate tokens/s | "
+            f"{_f(m['tokens_per_s'], 1)} | {_f(r['tokens_per_s'], 1)} | "
+            f"{_f(res['ratio_tokens_per_s'], 2)} |",
+            f"| {n} clients, p50 request latency | {_f(m['p50_s'], 2)} s | "
+            f"{_f(r['p50_s'], 2)} s | {_f(res['ratio_p50'], 2)} |",
+            f"| {n} clients, p99 request latency | {_f(m['p99_s'], 2)} s | "
+            f"{_f(r['p99_s'], 2)} s | {_f(res['ratio_p99'], 2)} |",
+        ]
+    ttft = doc.get("ttft_s") or {}
+    for side in ("modeld", "router"):
+        t = ttft.get(side) or {}
+        out.append(f"| {side}: TTFT idle / joining 3 streams | {_ms(t.get('idle'))} | "
+                   f"{_ms(t.get('joining'))} | |")
+    out += ["", f"modeld `--parallel 1` (one sequence per runner, as before): "
+            f"{_f(single.get('modeld_parallel_1'), 1)} tokens/s on one stream.", ""]
+    for n, res in (doc.get("by_n") or {}).items():
+        m, r = res["modeld"], res["router"]
+        out.append(f"- N={n}: modeld ran `parallel` {res.get('modeld_parallel')} "
+                   f"({res.get('modeld_parallel_reason')}); replies differing from their "
+                   f"reference: modeld {m['mismatch']}/{m['requests']}, router "
+                   f"{r['mismatch']}/{r['requests']}; errors: modeld {len(m['errors'])}, "
+                   f"router {len(r['errors'])}.")
+    return out
+
+
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
-           "chaos": _chaos, "http_api": _http}
+           "chaos": _chaos, "http_api": _http, "parallel": _parallel}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

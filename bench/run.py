@@ -7,7 +7,7 @@
 
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
-http_api (its own daemon, and llama.cpp's llama-server router from bench/peer.py).
+http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "parallel")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -64,6 +64,7 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
     import b_cli
     import b_conc
     import b_daemon
+    import b_parallel
     import b_trace
 
     wanted = [n for n in names if n in DAEMON_BENCHES]
@@ -99,6 +100,8 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
         else:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
+    if "parallel" in names:  # its own daemons beside llama-server (bench/peer.py builds it)
+        _record(ctx, "parallel", b_parallel.parallel_bench)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     harness.compile_bytecode()
     ctx.log(f"modeld benchmarks: {harness.machine()['cpu']}, threads {ctx.threads}, "
             f"rounds {ctx.rounds}, results in {out}")
-    run(ctx, _selected(args.only), trace_n)
+    names = _selected(args.only)
+    if args.smoke and not args.only:  # the peer build takes minutes: only when named
+        names = [n for n in names if n != "parallel"]
+    run(ctx, names, trace_n)
     if not args.no_report:
         import report
 

@@ -39,8 +39,8 @@ _modeld_spec() {
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --help -h"
-            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --help -h"
+            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel"
             positional=()
             ;;
         "stop")
@@ -60,8 +60,8 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --json --help -h"
-            value_opts="--ctx --keep-alive"
+            opts="--ctx --keep-alive --pin --embed --parallel --json --help -h"
+            value_opts="--ctx --keep-alive --parallel"
             positional=(model)
             ;;
         "unload")

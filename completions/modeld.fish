@@ -53,14 +53,14 @@ function __modeld_value_opts --description 'options of a command that take a val
     switch "$argv[1]"
         case ''
         case 'serve'
-            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http
+            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel
         case 'stop'
         case 'run'
             printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx
         case 'embed'
             printf '%s\n' --keep-alive
         case 'load'
-            printf '%s\n' --ctx --keep-alive
+            printf '%s\n' --ctx --keep-alive --parallel
         case 'unload'
         case 'ps'
         case 'stats'
@@ -97,6 +97,7 @@ complete -c modeld -n '__modeld_is serve' -l log-level -x -a 'debug info warning
 complete -c modeld -n '__modeld_is serve' -l prompt-cache-mib -x -d 'Prompt-state cache per generating model, in MiB (0: off).'
 complete -c modeld -n '__modeld_is serve' -l runner-stall -x -d 'Kill a runner that sends no heartbeat for this many seconds.'
 complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'
+complete -c modeld -n '__modeld_is serve' -l parallel -x -d 'Requests one model decodes together (0: auto, 4 if memory allows).'
 complete -c modeld -n '__modeld_is serve' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is stop' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is stop' -l help -s h -d 'Show this message and exit.'
@@ -121,6 +122,7 @@ complete -c modeld -n '__modeld_is load' -l ctx -x -d 'Context length (rounded u
 complete -c modeld -n '__modeld_is load' -l keep-alive -x -a '5m 30m 1h 0 -1' -d 'How long to keep the model loaded: "5m", seconds, 0, -1.'
 complete -c modeld -n '__modeld_is load' -l pin -d 'Never evict it for memory.'
 complete -c modeld -n '__modeld_is load' -l embed -d 'Load in embedding mode.'
+complete -c modeld -n '__modeld_is load' -l parallel -x -d 'Requests it decodes together (default: the setting, or auto).'
 complete -c modeld -n '__modeld_is load' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is load' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is load 0' -a '(__modeld_models)' -d 'model'

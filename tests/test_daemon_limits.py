@@ -42,7 +42,7 @@ def slow_load_model(model_factory: Factory) -> Path:
 def test_first_load_is_sized_with_the_measured_runner_baseline(
     daemon_factory: Factory, tiny_model: Path
 ) -> None:
-    d = daemon_factory(wait=False)
+    d = daemon_factory(wait=False, env={"MODELD_PARALLEL": "1"})  # one sequence's estimate
     until(d.socket_path.exists, what="the daemon's socket")
     c = d.client()
     row = c.load(str(tiny_model))  # sent while the spare runner is still importing llama_cpp

@@ -17,6 +17,8 @@ def row(**over: Any) -> dict[str, Any]:
         "state": "ready",
         "n_ctx": 8192,
         "ctx_reason": "config ceiling 8192 (training context 32768)",
+        "parallel": 4,
+        "parallel_reason": "automatic, as llama-server",
         "measured_bytes": 418 * 2**20,
         "estimate_bytes": 440 * 2**20,
         "in_flight": 0,
@@ -42,11 +44,21 @@ def test_ps_row_cells() -> None:
         "gen",
         "ready",
         "418/440 MiB",
-        "8192",
+        "8192x4",
         "0/0",
         "3m45s",
         "1m ago",
     )
+
+
+def test_ps_ctx_cell_shows_parallel_sequences() -> None:
+    assert pstable.ctx_cell(2048, 4) == "2048x4"
+    assert pstable.ctx_cell(2048, 1) == "2048"
+    assert pstable.ctx_cell(None, 4) == "-"
+    (cells,) = pstable.rows([row(parallel=None, in_flight=3, queued=5)], NOW)
+    assert cells[4:6] == ("8192", "3/5")
+    text = pstable.text([row(parallel_reason="the parallel setting")], NOW, verbose=True)
+    assert "parallel: the parallel setting" in text
 
 
 def test_ps_until_column() -> None:

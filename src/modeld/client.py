@@ -301,10 +301,13 @@ class Client:
         n_ctx: int | None = None,
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
+        parallel: int | None = None,
     ) -> dict[str, Any]:
-        """Load (or touch) a model; returns its entry as one ``ps`` row."""
+        """Load (or touch) a model; returns its entry as one ``ps`` row. ``parallel``: the
+        requests it decodes together (None: the daemon's setting, else automatic)."""
         reply = self._call(
-            "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned
+            "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,
+            parallel=parallel,
         )
         row = reply.get("model")
         return row if isinstance(row, dict) else reply

@@ -56,6 +56,7 @@ class Settings:
     http: str = DEFAULT_HTTP  # the Ollama/OpenAI HTTP front door: "host:port", or "off"
     api_key: str | None = None  # required (Authorization: Bearer) when http is not loopback
     http_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none by default
+    parallel: int | None = None  # sequences one runner decodes together; None → auto (≤ 4)
 
     @property
     def prompt_cache_bytes(self) -> int:
@@ -112,6 +113,7 @@ ENV_VARS: dict[str, str] = {
     "http": "MODELD_HTTP",
     "api_key": "MODELD_API_KEY",
     "http_origins": "MODELD_HTTP_ORIGINS",
+    "parallel": "MODELD_PARALLEL",
 }
 CONFIG_ENV = "MODELD_CONFIG"
 
@@ -308,6 +310,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "http": _parse_http,
     "api_key": _parse_api_key,
     "http_origins": _parse_origins,
+    "parallel": _parse_optional_int,
 }
 
 # Friendlier spellings accepted in the config file and CLI overrides.
@@ -389,6 +392,8 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
         raise bad("threads", "must be at least 1 (or 0/auto)")
     if s.max_queue < 1:
         raise bad("max_queue", "must be at least 1")
+    if s.parallel is not None and not 1 <= s.parallel <= 64:
+        raise bad("parallel", "must be between 1 and 64 (or 0/auto)")
     if not 0 <= s.prompt_cache_mib <= 1 << 20:
         raise bad("prompt_cache_mib", "must be between 0 (off) and 1048576")
 

@@ -27,8 +27,10 @@ def show_data(
     baseline: int,
     settings: Settings,
     n_ctx: int | None = None,
+    loaded_parallel: tuple[int, str] | None = None,
 ) -> dict[str, Any]:
-    """The show document for ``key`` planned against ``cache`` (not mutated)."""
+    """The show document for ``key`` planned against ``cache`` (not mutated);
+    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it)."""
     out: dict[str, Any] = {
         "name": name,
         "path": key.path,
@@ -40,7 +42,7 @@ def show_data(
     requested = None if n_ctx is None else sizing.round_up(n_ctx)
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
-        out.update(_already_loaded(info, loaded, name, settings))
+        out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
         return out
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings)
@@ -53,9 +55,11 @@ def show_data(
         fits=plan.action != "refuse",
         n_ctx=size.n_ctx,
         ctx_reason=size.reason,
+        parallel=size.parallel,
+        parallel_reason=size.parallel_reason,
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
-        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings),
+        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,
@@ -67,15 +71,17 @@ def show_data(
 
 
 def _already_loaded(
-    info: ModelInfo, entry: Entry, name: str, settings: Settings
+    info: ModelInfo, entry: Entry, name: str, settings: Settings, parallel: tuple[int, str]
 ) -> dict[str, Any]:
     """A model loaded with enough context: the dry run plans nothing (it is never its own
     victim); the figures are the entry's own."""
-    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings)
+    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings, parallel[0])
     return {
         "fits": True,
         "n_ctx": entry.n_ctx,
         "ctx_reason": entry.ctx_reason,
+        "parallel": parallel[0],
+        "parallel_reason": parallel[1],
         "estimate_bytes": estimate["total"],
         "need_bytes": 0,
         "accounted_bytes": entry.accounted_bytes,

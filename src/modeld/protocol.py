@@ -41,6 +41,9 @@ REQUEST_TYPES = frozenset(
 REPLY_TYPES = frozenset({"chunk", "done", "error"})
 MODES = ("generate", "embed")
 MAX_ID_LENGTH = 128
+#: Most sequences one runner decodes together (``parallel``; llama.cpp allows 256; more than
+#: this only splits a context into slivers on a CPU).
+MAX_PARALLEL = 64
 
 
 class ProtocolError(InvalidRequestError):
@@ -170,6 +173,9 @@ class GenerateOptions:
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
     raw: bool = False
+    #: Greedy output must not depend on other requests (None: true at temperature 0). Such a
+    #: request runs alone on its runner when batching could change its tokens.
+    deterministic: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,7 @@ class LoadRequest:
     n_ctx: int | None = None
     keep_alive: str | int | float | None = None
     pinned: bool = False
+    parallel: int | None = None  # sequences decoded together (None: the daemon's setting)
 
 
 @dataclass(frozen=True)
@@ -262,7 +269,12 @@ def parse_request(msg: Message) -> ParsedRequest:
         return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx())
     if t == "load":
         return LoadRequest(
-            b.opt_str("model"), b.mode("generate"), b.n_ctx(), b.keep_alive(), b.flag("pinned")
+            b.opt_str("model"),
+            b.mode("generate"),
+            b.n_ctx(),
+            b.keep_alive(),
+            b.flag("pinned"),
+            b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
         )
     if t == "unload":
         everything = b.flag("all")
@@ -386,6 +398,9 @@ class _Body:
         raw = src.get("raw", False)
         if not isinstance(raw, bool):
             raise self.fail("'raw' must be true or false")
+        deterministic = src.get("deterministic")
+        if deterministic is not None and not isinstance(deterministic, bool):
+            raise self.fail("'deterministic' must be true or false")
         return GenerateOptions(
             max_tokens=self.int_field(src, "max_tokens", 1, 1 << 20, d.max_tokens) or d.max_tokens,
             temperature=self.float_field(src, "temperature", 0.0, 100.0, d.temperature),
@@ -396,4 +411,5 @@ class _Body:
             keep_alive=self.keep_alive(src),
             n_ctx=self.n_ctx(src),
             raw=raw,
+            deterministic=deterministic,
         )

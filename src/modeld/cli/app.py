@@ -136,6 +136,10 @@ def serve(
         str | None,
         typer.Option(help='HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'),
     ] = None,
+    parallel: Annotated[
+        int | None,
+        typer.Option(help="Requests one model decodes together (0: auto, 4 if memory allows)."),
+    ] = None,
 ) -> None:
     """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
     from modeld.daemon import server as daemon
@@ -150,6 +154,7 @@ def serve(
         prompt_cache_mib=prompt_cache_mib,
         runner_stall_s=runner_stall,
         http=http,
+        parallel=parallel,
     )
     if preload:
         from modeld.cli.autostart import preload_in_background
@@ -249,6 +254,12 @@ def load(
     keep_alive: KeepAliveOpt = None,
     pin: Annotated[bool, typer.Option("--pin", help="Never evict it for memory.")] = False,
     embedding: Annotated[bool, typer.Option("--embed", help="Load in embedding mode.")] = False,
+    parallel: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=64, help="Requests it decodes together (default: the setting, or auto)."
+        ),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
@@ -263,6 +274,7 @@ def load(
             n_ctx=ctx,
             keep_alive=keep_alive,
             pinned=pin,
+            parallel=parallel,
         )
     # The daemon answers {"model": <ps row>}; accept a bare row too.
     row = reply["model"] if isinstance(reply.get("model"), dict) else reply

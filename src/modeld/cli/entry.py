@@ -106,6 +106,7 @@ _LOAD_OPTS: dict[str, Callable[[str], object] | None] = {
     "--keep-alive": str,
     "--pin": None,
     "--embed": None,
+    "--parallel": int,
     "--json": None,
 }
 
@@ -268,7 +269,8 @@ def _run(args: list[str]) -> None:
 
 
 def _load(args: list[str]) -> None:
-    """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed] [--json]``."""
+    """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed] [--parallel N]
+    [--json]``."""
     import json
     import time
 
@@ -284,6 +286,7 @@ def _load(args: list[str]) -> None:
         n_ctx=o.get("--ctx"),
         keep_alive=o.get("--keep-alive"),
         pinned=bool(o.get("--pin")),
+        parallel=o.get("--parallel"),
     )
     reply = _wait_streaming(
         session, rid, _Status(f"loading {model or 'the default model'}"), lambda _c: None

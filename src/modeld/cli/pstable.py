@@ -68,8 +68,16 @@ def until(m: dict[str, object]) -> str:
     return compact_duration(float(left))
 
 
+def ctx_cell(n_ctx: object, parallel: object) -> str:
+    """``8192``, or ``2048x4`` for four sequences of 2048 tokens each."""
+    if n_ctx is None:
+        return "-"
+    return f"{n_ctx}x{parallel}" if isinstance(parallel, int) and parallel > 1 else str(n_ctx)
+
+
 def rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
-    """The table cells; REQ is in-flight/queued requests, MODE ``gen`` or ``embed``."""
+    """The table cells; CTX is n_ctx, ``x N`` when N sequences of it decode together
+    (``parallel``), REQ active (decoding) / queued requests, MODE ``gen`` or ``embed``."""
     out: list[tuple[str, ...]] = []
     for m in models:
         last = m.get("last_used")
@@ -81,7 +89,7 @@ def rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
                 "gen" if mode == "generate" else mode,
                 str(m.get("state")),
                 mem_pair(m.get("measured_bytes"), m.get("estimate_bytes")),
-                "-" if n_ctx is None else str(n_ctx),
+                ctx_cell(n_ctx, m.get("parallel")),
                 f"{m.get('in_flight', 0)}/{m.get('queued', 0)}",
                 until(m),
                 ago(now - float(last)) if isinstance(last, (int, float)) else "-",
@@ -96,6 +104,7 @@ def details(m: dict[str, object]) -> list[tuple[str, str]]:
     keep = m.get("keep_alive_s")
     items = [
         ("context", m.get("ctx_reason")),
+        ("parallel", m.get("parallel_reason")),
         ("path", m.get("path")),
         ("runner pid", m.get("runner_pid")),
         ("load time", f"{load_s:.2f}s" if isinstance(load_s, (int, float)) else None),

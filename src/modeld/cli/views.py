@@ -51,6 +51,7 @@ def show_view(data: dict[str, Any]) -> list[Any]:
     est: dict[str, Any] = data.get("estimate", {})
     mem_rows = [
         ("context (n_ctx)", f"{data.get('n_ctx')}  ({data.get('ctx_reason')})"),
+        ("parallel", f"{data.get('parallel', 1)}  ({data.get('parallel_reason') or '-'})"),
         ("estimate", fmt_bytes(data.get("estimate_bytes"))),
     ]
     for part in ("weights_file", "weights_anon", "kv_cache", "compute", "output", "prompt_cache"):

@@ -39,18 +39,26 @@ class Job:
     ctx_retries: int = 0
     cancel_sent: bool = False
     client_gone: bool = False
+    parallel: int | None = None  # a load's own ``parallel`` (None: the setting)
+    alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
 @dataclass(eq=False)
 class Slot:
-    """Daemon-side state of one cache entry: its runner and its FIFO queue."""
+    """Daemon-side state of one cache entry: its runner, the requests it decodes now (up to
+    ``parallel``, by runner rid) and its FIFO queue."""
 
     key: ModelKey
     name: str
     runner_id: str
     info: ModelInfo
     queue: deque[Job] = field(default_factory=deque)
-    current: Job | None = None
+    active: dict[str, Job] = field(default_factory=dict)
+    parallel: int = 1  # in effect: what the runner's ``loaded`` reported (1 until then)
+    planned_parallel: int = 1  # what the load asked the runner for
+    parallel_reason: str = "one sequence"
+    asked_parallel: int | None = None  # the load request's own value (a different one reloads)
+    batch_invariant: bool = False  # the runner says batching never changes greedy tokens
     retire: EvictionReason | None = None  # evict once idle (file changed, explicit unload)
     load_started: float = field(default_factory=time.monotonic)
     runner_pid: int | None = None
@@ -119,11 +127,23 @@ def done_body(
 
 
 _EMPTY_ROW: dict[str, Any] = {
+    "parallel": None, "parallel_reason": None,
     "n_ctx": None, "measured_bytes": None, "estimate_bytes": None, "accounted_bytes": 0,
     "in_flight": 0, "use_count": 0, "last_used": None, "keep_alive_s": None,
     "keep_alive_left_s": None, "forever": False, "pinned": False, "runner_id": None,
     "runner_pid": None, "load_seconds": None, "retiring": None, "last_unload_reason": None,
 }  # fmt: skip
+
+
+def _parallel_reason(slot: Slot | None) -> str | None:
+    if slot is None:
+        return None
+    why = slot.parallel_reason
+    if slot.parallel != slot.planned_parallel:
+        why = f"{slot.parallel} in effect (the runner's), {slot.planned_parallel} planned: {why}"
+    if not slot.batch_invariant and slot.parallel > 1:
+        why += "; deterministic greedy requests run alone"
+    return why
 
 
 def ps_rows(
@@ -148,6 +168,8 @@ def ps_rows(
             "state": d["state"],
             "n_ctx": entry.n_ctx,
             "ctx_reason": entry.ctx_reason,
+            "parallel": slot.parallel if slot else None,
+            "parallel_reason": _parallel_reason(slot),
             "measured_bytes": entry.measured_bytes,
             "estimate_bytes": entry.estimate_bytes,
             "accounted_bytes": entry.accounted_bytes,

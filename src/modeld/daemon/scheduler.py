@@ -69,8 +69,9 @@ class Scheduler(SchedulerCore):
             err = error_from_dict(msg)
             self._load_failed(slot, err)
         elif mtype in ("chunk", "done", "error"):
-            job = slot.current
-            if job is None or msg.get("rid") != job.runner_rid:
+            rid = msg.get("rid")
+            job = slot.active.get(rid) if isinstance(rid, str) else None
+            if job is None:
                 log.debug("stale %s from runner %s", mtype, runner.id)
                 return
             if mtype == "chunk":
@@ -135,15 +136,19 @@ class Scheduler(SchedulerCore):
         entry = self.cache.get(slot.key)
         if entry is None:
             return
+        parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
+        slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
+        slot.batch_invariant = msg.get("greedy_batch_invariant") is True
         load_s = self._clock() - slot.load_started
         self.cache.load_succeeded(
             slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
         )
         log.info(
-            "loaded %s in %.2f s: n_ctx %d, measured %s (estimate %s)",
+            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)",
             slot.name,
             load_s,
             entry.n_ctx,
+            slot.parallel,
             format_bytes(measured or 0),
             format_bytes(entry.estimate_bytes),
         )
@@ -207,7 +212,8 @@ class Scheduler(SchedulerCore):
         self._after_release(slot)
 
     def _release(self, slot: Slot, job: Job) -> None:
-        slot.current = None
+        """One sequence ended; the keep-alive clock starts when the last one has."""
+        slot.active.pop(job.runner_rid, None)
         if self.cache.get(slot.key) is not None:
             self.cache.release(slot.key, job.keep_alive_s)
 
@@ -225,7 +231,7 @@ class Scheduler(SchedulerCore):
         try:
             job.n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, self.baseline, self.settings,
-                prompt_tokens, int(job.payload.get("max_tokens", 256)),
+                prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
@@ -281,9 +287,9 @@ class Scheduler(SchedulerCore):
                 self.slots.pop(slot.key, None)
                 if entry is not None:
                     self.cache.remove(slot.key, EvictionReason.CRASH)
-                if slot.current is not None:
+                for job in list(slot.active.values()):
                     self._finish(
-                        slot.current,
+                        job,
                         RunnerCrashedError(
                             f"the runner of {slot.name} crashed: {why}",
                             hint="retry; the model is loaded again on the next request"
@@ -294,7 +300,7 @@ class Scheduler(SchedulerCore):
                                      "stalled_s": runner.stalled_s},
                         ),
                     )
-                    slot.current = None
+                slot.active.clear()
                 requeue = list(slot.queue)
                 slot.queue.clear()
                 for job in requeue:
@@ -318,7 +324,7 @@ class Scheduler(SchedulerCore):
 
     def _cancel_job(self, job: Job) -> None:
         slot = self.slots.get(job.key)
-        if slot is not None and slot.current is job:
+        if slot is not None and slot.active.get(job.runner_rid) is job:
             if not job.cancel_sent:
                 job.cancel_sent = True
                 self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))

@@ -150,10 +150,11 @@ class SchedulerCore:
         if not self._sized_with_measured_baseline(key, name, jobs, waiting):
             return
         requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
+        asked = next((j.parallel for j in jobs if j.parallel is not None), None)
         try:
             info = self.model_info(key)
             size = sizing.size_for(
-                info, key.mode, self.cache, key, self.baseline, requested, self.settings
+                info, key.mode, self.cache, key, self.baseline, requested, self.settings, asked
             )
         except ModeldError as exc:
             self._fail_admission(key, jobs, exc)
@@ -282,22 +283,25 @@ class SchedulerCore:
             keep_alive_s=keep if keep is not None else self.settings.keep_alive_s,
         )
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
+        slot.parallel = slot.planned_parallel = size.parallel
+        slot.parallel_reason = size.parallel_reason
+        slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
         self.slots[key] = slot
         for job in jobs:
             slot.queue.append(job)
             self.cache.enqueue(key)
         log.info(
-            "loading %s in runner %s: n_ctx %d (%s), estimate %s",
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s",
             name,
             runner.id,
             size.n_ctx,
             size.reason,
+            size.parallel,
+            size.parallel_reason,
             format_bytes(size.need_bytes),
         )
         threads = self.settings.threads or self.cpu_threads
-        self.sup.send(
-            runner.id,
-            runner_protocol.load(
+        msg = runner_protocol.load(
                 key.path,
                 mode=key.mode,
                 n_ctx=size.n_ctx,
@@ -307,8 +311,10 @@ class SchedulerCore:
                 # a waiting request is the warm-up: a separate one would only delay it
                 warm_up=not any(j.kind != "load" for j in jobs),
                 prompt_cache_dir=self.prompt_cache_dir,
-            ),
         )
+        if size.parallel > 1:  # a runner without multi-sequence decoding reports 1 (or none)
+            msg["parallel"] = size.parallel
+        self.sup.send(runner.id, msg)
 
     def _take_runner(self) -> Runner:
         if self.spare is not None and self.spare in self.sup.runners:
@@ -342,18 +348,27 @@ class SchedulerCore:
     # ------------------------------------------------------------------ dispatch
 
     def _pump(self, slot: Slot) -> None:
-        """Send the next queued request of ``slot`` to its runner (one at a time, FIFO)."""
+        """Send queued requests of ``slot`` to its runner, FIFO, up to ``slot.parallel`` at
+        once. A deterministic greedy request (``Job.alone``) waits for the runner to be free
+        and has it to itself, unless the runner reports batching never changes greedy tokens.
+        A request that needs a reload waits until nothing runs (a busy runner is never
+        stopped)."""
         entry = self.cache.get(slot.key)
         while (
             entry is not None
             and entry.state is EntryState.READY
-            and slot.current is None
             and slot.queue
+            and len(slot.active) < max(1, slot.parallel)
             and self.slots.get(slot.key) is slot
         ):
             job = slot.queue[0]
-            if job.n_ctx is not None and job.n_ctx > entry.n_ctx:
-                self._reload(slot)
+            if not slot.batch_invariant and slot.active and (
+                job.alone or any(j.alone for j in slot.active.values())
+            ):
+                return
+            if self._needs_reload(slot, job, entry.n_ctx):
+                if not slot.active:
+                    self._reload(slot)
                 return
             slot.queue.popleft()
             self.cache.dequeue(slot.key)
@@ -364,20 +379,32 @@ class SchedulerCore:
                 self._finish(job, protocol.done(job.rid, model=self.row(slot.key)))
                 continue
             self.cache.acquire(slot.key)
-            slot.current = job
             slot.last_client = job.client
             self._seq += 1
             job.runner_rid = f"q{self._seq}"
+            slot.active[job.runner_rid] = job
             msg = dict(job.payload, rid=job.runner_rid, n_threads=self._threads_for_request())
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
 
+    @staticmethod
+    def _needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
+        """A larger context, or (an explicit ``load``) another ``parallel`` than loaded."""
+        if job.n_ctx is not None and job.n_ctx > n_ctx:
+            return True
+        return (
+            job.kind == "load"
+            and job.parallel is not None
+            and job.parallel not in (slot.asked_parallel, slot.planned_parallel)
+        )
+
     def _threads_for_request(self) -> int:
         """CPU threads for a request about to start: the configured count, else the usable
-        CPUs shared among the runners generating right now (this one included)."""
+        CPUs shared among the runners generating right now (this one included; a runner's
+        sequences share its decode calls, so they count once)."""
         if self.settings.threads:
             return self.settings.threads
-        active = max(1, sum(1 for s in self.slots.values() if s.current is not None))
+        active = max(1, sum(1 for s in self.slots.values() if s.active))
         return max(1, self.cpu_threads // active)
 
     def _reload(self, slot: Slot) -> None:
@@ -414,7 +441,7 @@ class SchedulerCore:
         return (
             entry is not None
             and entry.state is EntryState.READY
-            and slot.current is None
+            and not slot.active
             and not slot.queue
             and entry.in_flight == 0
         )

@@ -329,7 +329,10 @@ class Daemon:
                 payload["prompt"] = req.prompt
             else:
                 payload["messages"] = [dict(m) for m in req.messages or ()]
-            return Job(
+            # The promise of today: a greedy reply does not depend on what else runs.
+            alone = o.temperature == 0.0 and o.deterministic is not False
+            payload["deterministic"] = alone
+            job = Job(
                 client,
                 rid,
                 "generate",
@@ -339,6 +342,8 @@ class Daemon:
                 keep_alive_of(o.keep_alive, self.settings),
                 _ctx(o.n_ctx),
             )
+            job.alone = alone
+            return job
         if isinstance(req, protocol.EmbedRequest):
             key, name = self._key(req.model, "embed")
             return Job(
@@ -363,6 +368,7 @@ class Daemon:
             keep_alive_of(req.keep_alive, self.settings),
             _ctx(req.n_ctx),
             req.pinned,
+            parallel=req.parallel,
         )
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
@@ -389,9 +395,10 @@ class Daemon:
 
         key, name = self._key(req.model, req.mode)
         sched = self.sched
+        slot = sched.slots.get(key)
         out = describe.show_data(
             sched.model_info(key), key, name, sched.cache, sched.baseline, self.settings,
-            req.n_ctx,
+            req.n_ctx, None if slot is None else (slot.parallel, slot.parallel_reason),
         )
         out["loaded"] = sched.row(key) if key in sched.slots else None
         return out
@@ -474,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-queue", type=int, help="waiting requests before new ones are refused")
     p.add_argument("--prompt-cache-mib", type=int, help="prompt snapshots per runner; 0 off")
     p.add_argument("--threads", type=int)
+    p.add_argument("--parallel", type=int, help="requests one model decodes together (0: auto)")
     p.add_argument("--no-spare", action="store_true", help="do not pre-start a spare runner")
     p.add_argument("--eviction", choices=("cost", "lru"), help="victim order (default cost)")
     p.add_argument("--log-level")
@@ -495,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_queue": a.max_queue,
         "prompt_cache_mib": a.prompt_cache_mib,
         "threads": a.threads,
+        "parallel": a.parallel,
         "log_level": a.log_level,
         "spare_runner": False if a.no_spare else None,
         "eviction": a.eviction,

@@ -5,6 +5,11 @@ the budget is ``min(memory_fraction x usable RAM, memory_cap)``; a load reserves
 estimate plus the runner process baseline and, in generate mode, its prompt cache
 (``prompt_cache_mib``); n_ctx is planned against what is free plus every
 evictable entry (:meth:`CachePolicy.budget_available_for`).
+
+With ``parallel`` N a generate-mode runner decodes N sequences together and each has n_ctx
+cells of its own: the KV cache and buffers are those of N x n_ctx cells in N sequences. The
+automatic N is :data:`AUTO_PARALLEL` (llama-server's default slot count) or the largest smaller
+one whose N contexts of at least ``ctx_floor`` fit; an explicit N is lowered the same way.
 """
 
 from __future__ import annotations
@@ -20,10 +25,14 @@ from modeld.errors import (
     ModelNotFoundError,
     format_bytes,
 )
+from modeld.memory import MemoryEstimate
 from modeld.modelinfo import ModelInfo
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 STEP = 256
+
+#: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
+AUTO_PARALLEL = 4
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,8 @@ class Sizing:
     estimate_bytes: int  # the model in the runner (weights, KV, buffers)
     need_bytes: int  # estimate + prompt cache + runner baseline: what the cache reserves
     reason: str
+    parallel: int = 1  # sequences decoded together, each with n_ctx cells
+    parallel_reason: str = "one sequence"
 
 
 def round_up(n: int, step: int = STEP) -> int:
@@ -65,26 +76,38 @@ def prompt_cache_bytes(mode: str, settings: Settings | None) -> int:
     return settings.prompt_cache_bytes if settings is not None else PROMPT_CACHE_MIB << 20
 
 
-def _estimate(info: ModelInfo, n_ctx: int, mode: str) -> int:
-    from modeld import memory
-
-    return int(memory.estimate(info, n_ctx, mode="embed" if mode == "embed" else "generate").total)
-
-
-def breakdown(
-    info: ModelInfo, n_ctx: int, mode: str, settings: Settings | None = None
-) -> dict[str, object]:
-    """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
-    without ``settings`` the prompt cache is counted at its default size."""
+def estimate_n(
+    info: ModelInfo, n_ctx: int, *, mode: str = "generate", parallel: int = 1, prompt_cache: int = 0
+) -> MemoryEstimate:
+    """The estimate of ``parallel`` sequences of ``n_ctx`` cells each (one context of
+    ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it)."""
     from modeld import memory
 
     kind: memory.Mode = "embed" if mode == "embed" else "generate"
+    n = max(1, parallel)
+    return memory.estimate(info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache)
+
+
+def _estimate(info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1) -> int:
+    return int(estimate_n(info, n_ctx, mode=mode, parallel=parallel).total)
+
+
+def breakdown(
+    info: ModelInfo, n_ctx: int, mode: str, settings: Settings | None = None, parallel: int = 1
+) -> dict[str, object]:
+    """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
+    without ``settings`` the prompt cache is counted at its default size."""
     cache = prompt_cache_bytes(mode, settings)
-    return memory.estimate(info, n_ctx, mode=kind, prompt_cache=cache).to_dict()
+    return estimate_n(info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache).to_dict()
 
 
 def _choose(
-    info: ModelInfo, mode: str, budget: int, requested: int | None, settings: Settings
+    info: ModelInfo,
+    mode: str,
+    budget: int,
+    requested: int | None,
+    settings: Settings,
+    parallel: int = 1,
 ) -> tuple[int, int, str]:
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
     from modeld import ctx
@@ -95,9 +118,41 @@ def _choose(
         floor=settings.ctx_floor,
         ceiling=settings.ctx_ceiling,
         requested=requested,
+        estimate_fn=estimate_n,
         mode="embed" if mode == "embed" else "generate",
+        parallel=parallel,
     )
     return int(choice.n_ctx), int(choice.estimate.total), str(choice.reason)
+
+
+def parallel_wanted(mode: str, asked: int | None, settings: Settings) -> tuple[int, str]:
+    """(N, where it came from) before memory is considered: the load's value, the setting, or
+    :data:`AUTO_PARALLEL`; always 1 to embed (one request at a time, batched inputs)."""
+    if mode == "embed":
+        return 1, "embedding: one request at a time"
+    if asked is not None:
+        return asked, "requested by the load"
+    if settings.parallel is not None:
+        return settings.parallel, "the parallel setting"
+    return AUTO_PARALLEL, "automatic, as llama-server"
+
+
+def _fitting_parallel(
+    info: ModelInfo,
+    mode: str,
+    budget: int,
+    requested: int | None,
+    settings: Settings,
+    want: int,
+) -> tuple[int, int, int, str]:
+    """(N, n_ctx, estimate, ctx reason) for the largest N <= ``want`` whose N contexts fit
+    ``budget``; InsufficientMemoryError (of N = 1) when not even one does."""
+    for n in range(want, 1, -1):
+        try:
+            return (n, *_choose(info, mode, budget, requested, settings, n))
+        except InsufficientMemoryError:
+            continue
+    return (1, *_choose(info, mode, budget, requested, settings, 1))
 
 
 def size_for(
@@ -108,22 +163,27 @@ def size_for(
     baseline: int,
     requested: int | None,
     settings: Settings,
+    parallel: int | None = None,
 ) -> Sizing:
-    """The n_ctx and reservation for loading ``key`` now.
+    """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
     Planned against free + evictable memory; when even the smallest context does not fit there
     but would fit once busy models finish, the smallest is returned (the cache plan then says
-    "wait"). Raises InsufficientMemoryError when it can never fit.
+    "wait"). Raises InsufficientMemoryError when it can never fit. ``parallel``: the load's
+    own value (None: the setting, else automatic); lowered until its contexts fit.
     """
     extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
     available = cache.budget_available_for(key) - extra
+    want, source = parallel_wanted(mode, parallel, settings)
     try:
-        n_ctx, est, reason = _choose(info, mode, available, requested, settings)
+        n, n_ctx, est, reason = _fitting_parallel(
+            info, mode, available, requested, settings, want
+        )
     except InsufficientMemoryError:
         pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
         whole = cache.budget_bytes - pinned - extra
         try:
-            n_ctx, est, reason = _choose(info, mode, whole, requested, settings)
+            n, n_ctx, est, reason = _fitting_parallel(info, mode, whole, requested, settings, want)
         except InsufficientMemoryError as exc:
             exc.details.setdefault("budget_bytes", cache.budget_bytes)
             exc.details.setdefault("runner_baseline_bytes", baseline)
@@ -133,9 +193,12 @@ def size_for(
             )
             raise
         small = round_up(requested) if requested else min(n_ctx, round_up(settings.ctx_floor))
-        n_ctx, est = small, _estimate(info, small, mode)
+        n_ctx, est = small, _estimate(info, small, mode, n)
         reason = f"smallest context while waiting for busy models ({reason})"
-    return Sizing(n_ctx, est, est + extra, reason)
+    why = source if n == want else (
+        f"{source} asked for {want}; {n} contexts of {n_ctx} tokens are what fit in memory"
+    )
+    return Sizing(n_ctx, est, est + extra, reason, n, why)
 
 
 def max_context(
@@ -145,15 +208,17 @@ def max_context(
     key: ModelKey,
     baseline: int,
     settings: Settings,
+    parallel: int = 1,
 ) -> int:
-    """The largest n_ctx ``key`` could ever get in this budget (0 when nothing fits)."""
+    """The largest n_ctx (per sequence of ``parallel``) ``key`` could ever get in this budget
+    (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
     budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
     lo, hi = 0, limit // STEP
     while lo < hi:  # binary search over multiples of 256
         mid = (lo + hi + 1) // 2
-        if _estimate(info, mid * STEP, mode) <= budget:
+        if _estimate(info, mid * STEP, mode, parallel) <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -169,6 +234,7 @@ def context_for_prompt(
     settings: Settings,
     prompt_tokens: int,
     max_tokens: int,
+    parallel: int = 1,
 ) -> int:
     """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
     answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit."""
@@ -179,7 +245,7 @@ def context_for_prompt(
             hint="shorten the prompt",
             details={"prompt_tokens": prompt_tokens, "n_ctx_train": train},
         )
-    fits = max_context(info, key.mode, cache, key, baseline, settings)
+    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel)
     if fits < prompt_tokens + 1:
         raise ContextExceededError(
             f"the prompt has {prompt_tokens} tokens but at most {fits} fit in the memory "
