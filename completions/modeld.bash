@@ -34,7 +34,7 @@ _modeld_spec() {
     _modeld_variadic=0
     case $1 in
         "")
-            opts="--version --install-completion --show-completion --help -h"
+            opts="--version --help -h"
             value_opts=""
             positional=()
             ;;

@@ -84,8 +84,6 @@ complete -c modeld -n '__fish_use_subcommand' -a show -d 'Model metadata, the co
 complete -c modeld -n '__fish_use_subcommand' -a list -d 'GGUF models in the models directory, aliases, and the built-in default model.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
-complete -c modeld -n '__fish_use_subcommand' -l install-completion -d 'Install completion for the current shell.'
-complete -c modeld -n '__fish_use_subcommand' -l show-completion -d 'Show completion for the current shell, to copy it or customize the installation.'
 complete -c modeld -n '__fish_use_subcommand' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is serve' -l socket -x -d 'ZeroMQ endpoint to bind (ipc://… or tcp://…).'
 complete -c modeld -n '__modeld_is serve' -l memory-fraction -x -d 'Share of usable memory the cache may use (0-1).'

@@ -333,7 +333,8 @@ def test_permission_denied_on_the_socket(tmp_path: Path) -> None:
     s.listen(1)
     env = _env_with_socket(path)
     try:
-        os.chmod(env.root, 0o755)
+        os.chmod(env.root, 0o755)  # the other user reads the (empty) config file
+        os.chmod(env.root / "config.toml", 0o644)
         for extra in ({}, FAST_OFF):
             out = subprocess.run(
                 ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from modeld import __version__, protocol
-from modeld.cli import entry
+from modeld.cli import entry, fastwire
 from modeld.cli._help import HELP
 
 MODELD = str(Path(sys.executable).parent / "modeld")
@@ -31,7 +31,7 @@ def _run(args: list[str], env: dict[str, str], **extra: str) -> subprocess.Compl
 
 
 def test_protocol_version_matches() -> None:
-    assert entry.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
+    assert fastwire.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
 
 
 def test_prerendered_help_is_fresh() -> None:
@@ -111,19 +111,19 @@ def test_endpoint_follows_env_and_config(tmp_path: Path, monkeypatch: pytest.Mon
     cfg = tmp_path / "config.toml"
     monkeypatch.setenv("MODELD_CONFIG", str(cfg))
     monkeypatch.setenv("MODELD_SOCKET", f"ipc://{tmp_path}/a.sock")
-    assert entry._endpoint() == f"ipc://{tmp_path}/a.sock"
+    assert fastwire._endpoint() == f"ipc://{tmp_path}/a.sock"
     monkeypatch.delenv("MODELD_SOCKET")
-    with pytest.raises(entry._Fallthrough):  # explicit config file missing: full CLI errors
-        entry._endpoint()
+    with pytest.raises(fastwire._Fallthrough):  # explicit config file missing: full CLI errors
+        fastwire._endpoint()
     cfg.write_text('keep_alive = "10m"\n')
     monkeypatch.setenv("MODELD_RUNTIME_DIR", str(tmp_path / "run"))
-    assert entry._endpoint() == f"ipc://{tmp_path / 'run' / 'modeld.sock'}"
+    assert fastwire._endpoint() == f"ipc://{tmp_path / 'run' / 'modeld.sock'}"
     cfg.write_text('socket = "ipc:///elsewhere.sock"\n')
-    with pytest.raises(entry._Fallthrough):  # the full CLI parses and validates it
-        entry._endpoint()
+    with pytest.raises(fastwire._Fallthrough):  # the full CLI parses and validates it
+        fastwire._endpoint()
     cfg.write_text("not toml [\n")
-    with pytest.raises(entry._Fallthrough):
-        entry._endpoint()
+    with pytest.raises(fastwire._Fallthrough):
+        fastwire._endpoint()
 
 
 def test_fast_path_imports_neither_typer_nor_pyzmq(
@@ -225,7 +225,7 @@ def test_default_config_file_matches_paths(
     monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert entry._default_config_file() == str(paths.config_file())
+    assert fastwire._default_config_file() == str(paths.config_file())
 
 
 @pytest.mark.parametrize(
@@ -240,17 +240,17 @@ def test_default_config_file_matches_paths(
 )
 def test_json_helpers_agree_with_json(value: object) -> None:
     text = json.dumps(value, separators=(",", ":"), allow_nan=False)
-    assert entry.dumps(value) == text
-    assert entry.loads(text.encode()) == json.loads(text)
-    assert entry.loads(json.dumps(value, indent=2).encode()) == value
+    assert fastwire.dumps(value) == text
+    assert fastwire.loads(text.encode()) == json.loads(text)
+    assert fastwire.loads(json.dumps(value, indent=2).encode()) == value
 
 
 @pytest.mark.parametrize("bad", [b'{"x": NaN}', b'{"x": 1} junk', b"", b"{", b"\xff"])
 def test_json_loads_refuses_what_json_refuses(bad: bytes) -> None:
     with pytest.raises(ValueError):
-        entry.loads(bad)
+        fastwire.loads(bad)
     with pytest.raises(ValueError):
-        entry.dumps(float("nan"))
+        fastwire.dumps(float("nan"))
 
 
 @pytest.mark.parametrize(
@@ -278,7 +278,7 @@ def test_socket_endpoint_matches_paths(
         monkeypatch.delenv(name, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v.format(tmp=tmp_path))
-    fast, slow = entry._socket_endpoint(), paths.socket_endpoint()
+    fast, slow = fastwire._socket_endpoint(), paths.socket_endpoint()
     if "://" in fast and not fast.startswith("ipc://"):
         assert fast == slow
     else:

@@ -56,6 +56,6 @@ def test_discard_and_clear_release_bytes() -> None:
     store.add(snap((1,)))
     store.add(snap((2,)))
     store.discard((1,))
-    assert [s.tokens for s in store] == [(2,)]
+    assert [s.tokens for s in store.snapshots()] == [(2,)]
     store.clear()
     assert len(store) == 0 and store.used_bytes == 0

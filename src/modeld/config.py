@@ -18,9 +18,9 @@ from typing import Any
 from modeld import paths
 from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
+from modeld.memory import MiB
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
-MiB = 1024 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

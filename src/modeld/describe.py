@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from modeld import memory
+from modeld import ctx, memory
 from modeld.cache.policy import CachePolicy, Entry, ModelKey
 from modeld.config import Settings
 from modeld.daemon import sizing
@@ -39,7 +39,7 @@ def show_data(
         "budget_bytes": cache.budget_bytes,
         "runner_baseline_bytes": baseline,
     }
-    requested = None if n_ctx is None else sizing.round_up(n_ctx)
+    requested = None if n_ctx is None else ctx.round_up(n_ctx)
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
         out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
@@ -156,7 +156,7 @@ def describe_local(
 
     resolved = registry.resolve(ref, settings)
     info = gguf.read_model_info(resolved.path)
-    key = ModelKey.for_file(resolved.path, "embed" if mode == "embed" else "generate")
+    key = ModelKey.for_file(resolved.path, memory.mode_of(mode))
     budget, _usable = sizing.memory_budget(settings)
     cache = CachePolicy(budget, settings.max_models, time.monotonic)
     data = show_data(info, key, resolved.name, cache, memory.RUNNER_BASELINE, settings, n_ctx)

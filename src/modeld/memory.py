@@ -94,6 +94,16 @@ MAX_PARALLEL_SEQUENCES = 256
 RUNNER_BASELINE = 48 * MiB
 
 Mode = Literal["generate", "embed"]
+MODES: tuple[Mode, ...] = ("generate", "embed")
+
+
+def mode_of(value: str) -> Mode:
+    """A request's or key's mode as the typed :data:`Mode` (anything but a known mode is an
+    error, never a silent "generate")."""
+    for mode in MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"unknown mode {value!r} (one of {', '.join(MODES)})")
 
 
 @dataclass(frozen=True)
@@ -146,11 +156,6 @@ class MemoryEstimate:
     def with_baseline(self) -> int:
         """A whole runner process holding this model."""
         return self.total + self.runner_baseline
-
-    @property
-    def need(self) -> int:
-        """A whole runner process with this model and a full prompt cache."""
-        return self.total + self.prompt_cache + self.runner_baseline
 
     def to_dict(self) -> dict[str, object]:
         """JSON-safe form for ``show``/``ps`` and the benchmark files."""

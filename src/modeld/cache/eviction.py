@@ -15,11 +15,10 @@ Pure logic: counts advance per request served, not with wall time, so tests are 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
 
 from modeld.cache.types import Entry, ModelKey
+from modeld.memory import MiB
 
-EvictionPolicy = Literal["lru", "cost"]
 POLICIES: tuple[str, ...] = ("lru", "cost")
 HALF_LIFE_REQUESTS = 100.0  # a request's weight halves after this many later requests
 MAX_TRACKED = 256  # keys remembered (the least popular are forgotten first)
@@ -28,7 +27,6 @@ _MIN_LOAD_S = 0.01
 #: measured 0.1-0.3 s per switch (bench trace). Without it, noise in the load time of
 #: fast-loading models (0.04-0.09 s for the same file) outweighed their popularity.
 RELOAD_OVERHEAD_S = 0.25
-_MIB = 1 << 20
 
 
 class EvictionScorer:
@@ -70,7 +68,7 @@ class EvictionScorer:
 
     def value(self, entry: Entry) -> float:
         """What keeping ``entry`` is worth per byte: requests x reload seconds / MiB held."""
-        size_mib = max(1.0, entry.accounted_bytes / _MIB)
+        size_mib = max(1.0, entry.accounted_bytes / MiB)
         return self.popularity(entry.key) * self.reload_seconds(entry.key) / size_mib
 
     def order(self, entries: Iterable[Entry]) -> list[Entry]:

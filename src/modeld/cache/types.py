@@ -20,8 +20,8 @@ from modeld.errors import (
     ModeldError,
     error_from_dict,
 )
+from modeld.memory import Mode as Mode  # re-exported: the key's mode
 
-Mode = Literal["generate", "embed"]
 Action = Literal["admit", "evict", "wait", "refuse"]
 
 DEFAULT_KEEP_ALIVE_S = 300.0

@@ -24,37 +24,13 @@ from __future__ import annotations
 import os
 import sys
 
-from modeld.cli.fastwire import (
-    PROTOCOL_VERSION,
-    Session,
-    _alive,
-    _default_config_file,
-    _endpoint,
-    _Fallthrough,
-    _socket_endpoint,
-    done_body,
-    dumps,
-    loads,
-    request,
-)
+from modeld.cli.fastwire import Session, _Fallthrough, done_body, request
 
 TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "Session",
-    "_alive",
-    "_default_config_file",
-    "_endpoint",
-    "_socket_endpoint",
-    "dumps",
-    "fast",
-    "loads",
-    "main",
-    "request",
-]
+__all__ = ["fast", "main"]
 
 HELP_WIDTH = 80  # click renders help at min(terminal columns, 80)
 

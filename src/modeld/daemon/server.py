@@ -25,7 +25,7 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, paths, protocol
+from modeld import __version__, ctx, memory, paths, protocol
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings, load_settings
 from modeld.daemon import sizing
@@ -299,7 +299,7 @@ class Daemon:
 
         resolved = registry.resolve(ref, self.settings)
         try:
-            key = ModelKey.for_file(resolved.path, "embed" if mode == "embed" else "generate")
+            key = ModelKey.for_file(resolved.path, memory.mode_of(mode))
         except OSError as exc:
             raise ModelNotFoundError(
                 f"cannot open {resolved.path}: {exc.strerror}", hint="check the path"
@@ -424,7 +424,7 @@ class Daemon:
 
 
 def _ctx(n_ctx: int | None) -> int | None:
-    return None if n_ctx is None else sizing.round_up(n_ctx)
+    return None if n_ctx is None else ctx.round_up(n_ctx)
 
 
 # ---------------------------------------------------------------------- entry points

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from modeld import memory
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
+from modeld.ctx import STEP, largest_fitting, round_up
 from modeld.errors import (
     ContextExceededError,
     InsufficientMemoryError,
@@ -28,8 +30,6 @@ from modeld.errors import (
 from modeld.memory import MemoryEstimate
 from modeld.modelinfo import ModelInfo
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
-
-STEP = 256
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
 AUTO_PARALLEL = 4
@@ -45,10 +45,6 @@ class Sizing:
     reason: str
     parallel: int = 1  # sequences decoded together, each with n_ctx cells
     parallel_reason: str = "one sequence"
-
-
-def round_up(n: int, step: int = STEP) -> int:
-    return max(step, -(-int(n) // step) * step)
 
 
 def default_threads() -> int:
@@ -83,7 +79,7 @@ def estimate_n(
     ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it)."""
     from modeld import memory
 
-    kind: memory.Mode = "embed" if mode == "embed" else "generate"
+    kind = memory.mode_of(mode)
     n = max(1, parallel)
     return memory.estimate(info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache)
 
@@ -119,7 +115,7 @@ def _choose(
         ceiling=settings.ctx_ceiling,
         requested=requested,
         estimate_fn=estimate_n,
-        mode="embed" if mode == "embed" else "generate",
+        mode=memory.mode_of(mode),
         parallel=parallel,
     )
     return int(choice.n_ctx), int(choice.estimate.total), str(choice.reason)
@@ -215,14 +211,8 @@ def max_context(
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
     budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
-    lo, hi = 0, limit // STEP
-    while lo < hi:  # binary search over multiples of 256
-        mid = (lo + hi + 1) // 2
-        if _estimate(info, mid * STEP, mode, parallel) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo * STEP
+    found = largest_fitting(lambda n: _estimate(info, n, mode, parallel) <= budget, STEP, limit)
+    return found or 0
 
 
 def context_for_prompt(

@@ -1,9 +1,10 @@
 """The runner process: owns one llama_cpp.Llama and serves the daemon over the runner protocol.
 
-Started by the daemon as ``python -m modeld.runner --endpoint EP --id RUNNER_ID``. It is the
-only module that imports llama_cpp, and it does so at start-up so a pre-started spare runner has
-already paid for Python and the import. One process per model because llama.cpp may abort the
-process on bad input, and process exit is the only sure way to give memory back (DESIGN.md §2).
+Started by the daemon as ``python -m modeld.runner --endpoint EP --id RUNNER_ID``. It imports
+llama_cpp at start-up (as do the generation and llama-log modules of this package), so a
+pre-started spare runner has already paid for Python and the import. One process per model
+because llama.cpp may abort the process on bad input, and process exit is the only sure way to
+give memory back (docs/architecture.md, "Why these choices").
 
 The loop serves one request at a time. During a generation it polls the socket between tokens
 (and between prompt pieces) for ``cancel``/``shutdown``, so a cancel stops within one token.

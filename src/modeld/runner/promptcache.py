@@ -11,7 +11,7 @@ also adds to the model's memory estimate. Pure: the buffers are opaque here
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sized
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,9 +63,6 @@ class SnapshotStore(Sized):
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def __iter__(self) -> Iterator[Snapshot]:
-        return iter(list(self._items.values()))
 
     @property
     def enabled(self) -> bool:

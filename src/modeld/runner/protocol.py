@@ -25,7 +25,6 @@ from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
-RUNNER_PROTOCOL_VERSION = 1
 #: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
 MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
