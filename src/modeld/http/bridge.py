@@ -108,6 +108,18 @@ class Bridge:
         async with self.session() as s:
             return await s.call(type_, **body)
 
+    async def collect(self, type_: str, **body: Any) -> tuple[str, dict[str, Any]]:
+        """A streamed request read to its end: (the whole text, the ``done`` body)."""
+        parts: list[str] = []
+        done: dict[str, Any] = {}
+        async with self.session() as s:
+            async for kind, msg in s.stream(type_, **body):
+                if kind == "chunk":
+                    parts.append(str(msg.get("text", "")))
+                else:
+                    done = msg
+        return "".join(parts), done
+
     def close(self) -> None:
         self.ctx.destroy(linger=0)
 

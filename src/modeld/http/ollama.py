@@ -144,18 +144,11 @@ class OllamaAPI:
 
         if doc.get("stream") is False:
             try:
-                async with self.bridge.session() as s:
-                    parts: list[str] = []
-                    done: dict[str, Any] = {}
-                    async for kind, body in s.stream("generate", model=ref, options=opts,
-                                                     **what):
-                        if kind == "chunk":
-                            parts.append(str(body.get("text", "")))
-                        else:
-                            done = body
+                text, done = await self.bridge.collect("generate", model=ref, options=opts,
+                                                       **what)
             except ModeldError as exc:
                 return error(exc)
-            record = piece("".join(parts))
+            record = piece(text)
             record.update(_done_record(name, done, started))
             if field == "response":
                 record["context"] = []

@@ -120,18 +120,12 @@ class OpenAIAPI:
 
         if not doc.get("stream"):
             try:
-                async with self.bridge.session() as s:
-                    parts, done = [], {}
-                    async for kind, body in s.stream("generate", model=ref, options=opts,
-                                                     **what):
-                        if kind == "chunk":
-                            parts.append(str(body.get("text", "")))
-                        else:
-                            done = body
+                text, done = await self.bridge.collect("generate", model=ref, options=opts,
+                                                       **what)
             except ModeldError as exc:
                 return error(exc)
             return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
-                                 "choices": [choice("".join(parts), _finish(done), False)],
+                                 "choices": [choice(text, _finish(done), False)],
                                  "usage": _usage(done)})
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
