@@ -387,3 +387,42 @@ def test_show_explains_a_reload_at_a_larger_context(cli: CliEnv, tiny_model: Pat
     assert f"n_ctx {bigger_ctx}" in grow["plan_reason"] and "frees" in grow["plan_reason"]
     text = cli.run("show", str(tiny_model), "--ctx", str(bigger_ctx))
     assert text.returncode == 0 and "reload" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "setting"),
+    [("MODELD_LOG_DIR", "log_dir"), ("MODELD_RUNTIME_DIR", "socket"),
+     ("MODELD_SOCKET", "socket")],
+)
+def test_serve_on_a_path_under_a_file(tmp_path: Path, variable: str, setting: str) -> None:
+    """A file where `modeld serve` needs a directory: one line naming the path and the
+    setting, exit 2 (a setting to fix), no traceback; `run` autostarting says the same."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    env = CliEnv.create(autostart=True)
+    value = f"ipc://{afile}/modeld.sock" if variable == "MODELD_SOCKET" else str(afile)
+    env.env[variable] = value
+    if variable != "MODELD_SOCKET":
+        env.env.pop("MODELD_SOCKET")  # derived from the runtime dir
+    try:
+        out = env.run("serve")
+        assert out.returncode == 2, out.stderr
+        line = error_line(out.stderr)[0]
+        assert str(afile) in line and f"({setting})" in line
+        if variable == "MODELD_LOG_DIR":
+            started = env.run("run", "default", "hello there")
+            assert started.returncode == 2, started.stderr
+            assert error_line(started.stderr)[0] == line
+    finally:
+        env.cleanup()
+
+
+def test_serve_on_an_ipc_path_too_long_for_a_unix_socket(tmp_path: Path) -> None:
+    env = CliEnv.create()
+    env.env["MODELD_SOCKET"] = f"ipc://{tmp_path}/{'x' * 120}.sock"
+    try:
+        out = env.run("serve")
+        assert out.returncode == 2, out.stderr
+        assert "cannot serve on ipc://" in error_line(out.stderr)[0]
+    finally:
+        env.cleanup()

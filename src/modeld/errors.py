@@ -156,6 +156,18 @@ def error_from_dict(data: dict[str, object]) -> ModeldError:
     return err
 
 
+def unusable_path(exc: OSError, setting: str) -> InvalidRequestError:
+    """An OSError on a path modeld must create or open (a log or runtime directory, a socket):
+    one line naming the path and the setting that chose it, instead of a traceback."""
+    path = exc.filename if exc.filename is not None else "?"
+    return InvalidRequestError(
+        f"cannot use {path} ({setting}): {exc.strerror or exc}",
+        hint=f"point {setting} elsewhere (`modeld config` shows where it is set), or fix "
+        "that path (a file where a directory belongs, or permissions)",
+        details={"path": str(path), "setting": setting, "errno": exc.errno},
+    )
+
+
 def format_bytes(n: float) -> str:
     """Human-readable binary size, e.g. ``241.0 MiB``; used in error messages."""
     value = float(n)

@@ -40,10 +40,24 @@ def runtime_dir() -> Path:
 
 
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` with mode 0700 (and fix the mode if it already exists and is ours)."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """Create ``path`` with mode 0700; an existing one is tightened only if it is modeld's own
+    runtime dir. A socket put in a shared directory (``/tmp``, a home directory) must not take
+    that directory from everyone else: the daemon makes the socket itself 0600."""
+    import stat
+
+    try:
+        path.mkdir(mode=0o700, parents=True)
+        return path
+    except FileExistsError:
+        if not path.is_dir():
+            raise
     st = path.stat()
-    if st.st_uid == os.getuid() and (st.st_mode & 0o077):
+    if (
+        st.st_uid == os.getuid()
+        and st.st_mode & 0o077
+        and not st.st_mode & stat.S_ISVTX  # /tmp and its kind are shared by design
+        and path == runtime_dir()
+    ):
         path.chmod(0o700)
     return path
 

@@ -17,7 +17,7 @@ import time
 from modeld import paths
 from modeld.cli import render
 from modeld.config import Settings
-from modeld.errors import DaemonUnavailableError, ModeldError
+from modeld.errors import DaemonUnavailableError, ModeldError, unusable_path
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,14 @@ def start_daemon(settings: Settings, timeout: float = START_TIMEOUT_S) -> None:
     from modeld.client import Client
 
     log_dir = settings.log_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
     out_path = log_dir / "daemon-autostart.log"
     env = dict(os.environ, MODELD_SOCKET=settings.socket)
-    with open(out_path, "ab") as out:
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        out = open(out_path, "ab")  # noqa: SIM115 - closed below, after Popen
+    except OSError as exc:
+        raise unusable_path(exc, "log_dir") from None
+    with out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "modeld", "serve"],
             stdin=subprocess.DEVNULL,

@@ -38,6 +38,7 @@ from modeld.errors import (
     ModelNotFoundError,
     ShuttingDownError,
     format_bytes,
+    unusable_path,
 )
 
 log = logging.getLogger("modeld.daemon")
@@ -66,8 +67,11 @@ class Daemon:
     def _lock(self) -> None:
         """Take the flock that keeps a second daemon off this socket; clean a stale socket."""
         lock_path = paths.lock_file(self.endpoint)
-        paths.ensure_private_dir(lock_path.parent)
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            paths.ensure_private_dir(lock_path.parent)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise unusable_path(exc, "socket") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -113,7 +117,15 @@ class Daemon:
         self.sock.setsockopt(zmq.MAXMSGSIZE, int(self.settings.max_message_bytes))
         self.sock.setsockopt(zmq.SNDHWM, 100_000)
         self.sock.setsockopt(zmq.RCVHWM, 100_000)
-        self.sock.bind(self.endpoint)
+        try:
+            self.sock.bind(self.endpoint)
+        except zmq.ZMQError as exc:  # address in use, a path too long for a unix socket, ...
+            raise InvalidRequestError(
+                f"cannot serve on {self.endpoint}: {exc.strerror}",
+                hint="use another --socket / MODELD_SOCKET (an ipc path must stay under "
+                "~100 bytes)",
+                details={"endpoint": self.endpoint},
+            ) from None
         sock_path = paths.ipc_path(self.endpoint)
         if sock_path is not None:
             os.chmod(sock_path, 0o600)
@@ -433,14 +445,18 @@ def _ctx(n_ctx: int | None) -> int | None:
 def setup_logging(settings: Settings) -> Path:
     """Log to ``<log dir>/modeld.log`` and stderr (systemd captures the latter)."""
     log_dir = Path(settings.log_dir or paths.log_dir())
-    log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / "modeld.log"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        file_handler = logging.FileHandler(log_file)
+    except OSError as exc:
+        raise unusable_path(exc, "log_dir") from None
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
     root = logging.getLogger("modeld")
     root.setLevel(getattr(logging, settings.log_level.upper(), logging.INFO))
     for handler in list(root.handlers):
         root.removeHandler(handler)
-    for handler in (logging.FileHandler(log_file), logging.StreamHandler(sys.stderr)):
+    for handler in (file_handler, logging.StreamHandler(sys.stderr)):
         handler.setFormatter(fmt)
         root.addHandler(handler)
     return log_file
