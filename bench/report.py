@@ -263,6 +263,9 @@ def _http(doc: dict[str, Any]) -> list[str]:
         f"| tokens/s, median | {_f(_med(doc['http_tokens_per_s']), 1)} | "
         f"{_f(_med(doc['inproc_tokens_per_s']), 1)} | {_f(doc.get('stream_ratio'))} |",
         "",
+        f"Idle daemon RSS with the front door on (before any load): "
+        f"{(doc.get('idle_rss_bytes') or 0) / MiB:.1f} MiB.",
+        "",
         f"Peer: {doc.get('peer_command')}.",
     ]
 
