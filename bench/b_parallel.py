@@ -30,6 +30,7 @@ from typing import Any
 from harness import Context, daemon, percentile, target
 
 MAX_TOKENS = 48
+STREAM_TOKENS = 120  # the 3 streams a joining request arrives during (cancelled after it)
 PER_CLIENT = 3
 TOPICS = ("the history of the lighthouse", "a recipe for bread", "why the sky is blue",
           "the rules of chess", "how bees make honey", "the first railway",
@@ -158,7 +159,7 @@ def _modeld_streams(side: ModeldSide, stop: threading.Event) -> Callable[[], Non
         started = threading.Barrier(4, timeout=300)
 
         def run(i: int) -> None:
-            with side.stream(prompt(50 + i), 400) as gen:
+            with side.stream(prompt(50 + i), STREAM_TOKENS) as gen:
                 it = iter(gen)
                 next(it)
                 started.wait()
@@ -177,7 +178,7 @@ def _router_streams(side: RouterSide, stop: threading.Event) -> Callable[[], Non
         started = threading.Barrier(4, timeout=300)
 
         def run(i: int) -> None:
-            with side.stream_lines(prompt(50 + i), 400) as r:
+            with side.stream_lines(prompt(50 + i), STREAM_TOKENS) as r:
                 seen = False
                 for _line in r:
                     if not seen:
@@ -202,7 +203,6 @@ def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
 
     rounds = rounds or min(ctx.rounds, 3)
     model = ctx.model
-    n_prompts = max(clients) * PER_CLIENT
     out: dict[str, Any] = {"title": "Parallel decoding: modeld beside llama-server",
                            "what": __doc__.split("\n\n")[1].strip(), "model": model.name,
                            "max_tokens": MAX_TOKENS, "per_client": PER_CLIENT, "rounds": rounds,
@@ -214,7 +214,7 @@ def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
             sides: dict[str, Any] = {"modeld": ModeldSide(d, model), "router": RouterSide(r, model)}
             d.client().load(str(model), parallel=n)
             row = next(x for x in d.client().ps() if x["path"].endswith(model.name))
-            refs = {name: _refs(s, n_prompts) for name, s in sides.items()}
+            refs = {name: _refs(s, n * PER_CLIENT) for name, s in sides.items()}
             runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
             for k in range(rounds):
                 for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
