@@ -314,10 +314,10 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
             f"{_f(r['p99_s'], 2)} s | {_f(res['ratio_p99'], 2)} |",
         ]
     ttft = doc.get("ttft_s") or {}
-    for side in ("modeld", "router"):
-        t = ttft.get(side) or {}
-        out.append(f"| {side}: TTFT idle / joining 3 streams | {_ms(t.get('idle'))} | "
-                   f"{_ms(t.get('joining'))} | |")
+    tm, tr = ttft.get("modeld") or {}, ttft.get("router") or {}
+    for when, label in (("idle", "TTFT, idle model"), ("joining", "TTFT, joining 3 streams")):
+        a, b = tm.get(when), tr.get(when)
+        out.append(f"| {label} | {_ms(a)} | {_ms(b)} | {_f(a / b if a and b else None, 2)} |")
     out += ["", f"modeld `--parallel 1` (one sequence per runner, as before): "
             f"{_f(single.get('modeld_parallel_1'), 1)} tokens/s on one stream.", ""]
     for n, res in (doc.get("by_n") or {}).items():
