@@ -31,12 +31,20 @@ def test_n_sequences_cost_the_kv_of_all_of_them() -> None:
     assert four.weights_file == one.weights_file  # the weights are shared
 
 
-def test_automatic_is_four_when_memory_allows_else_fewer() -> None:
+def test_automatic_is_one_until_runners_batch() -> None:
+    """Planned sequences cost KV cache: none is planned that no runner would decode."""
     info = make_info()
-    s = Settings(prompt_cache_mib=0)
+    roomy = sizing.size_for(info, "generate", cache(8 << 30), KEY, BASE, None,
+                            Settings(prompt_cache_mib=0))
+    assert roomy.parallel == sizing.AUTO_PARALLEL == 1
+    assert roomy.parallel_reason == sizing.AUTO_REASON
+
+
+def test_asked_for_four_gets_what_fits() -> None:
+    info = make_info()
+    s = Settings(prompt_cache_mib=0, parallel=4)
     roomy = sizing.size_for(info, "generate", cache(8 << 30), KEY, BASE, None, s)
-    assert roomy.parallel == sizing.AUTO_PARALLEL == 4
-    assert roomy.parallel_reason == "automatic, as llama-server"
+    assert roomy.parallel == 4 and roomy.parallel_reason == "the parallel setting"
     # room for two contexts of the floor (2048), not four: two, and the reason says why
     two = sizing.estimate_n(info, 2048, parallel=2).total
     tight = cache(two + BASE + MiB)

@@ -8,8 +8,8 @@ evictable entry (:meth:`CachePolicy.budget_available_for`).
 
 With ``parallel`` N a generate-mode runner decodes N sequences together and each has n_ctx
 cells of its own: the KV cache and buffers are those of N x n_ctx cells in N sequences. The
-automatic N is :data:`AUTO_PARALLEL` (llama-server's default slot count) or the largest smaller
-one whose N contexts of at least ``ctx_floor`` fit; an explicit N is lowered the same way.
+automatic N is :data:`AUTO_PARALLEL` (1 until runners batch sequences); an explicit N is lowered
+to the largest one whose N contexts of at least ``ctx_floor`` fit.
 """
 
 from __future__ import annotations
@@ -32,7 +32,11 @@ from modeld.modelinfo import ModelInfo
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
-AUTO_PARALLEL = 4
+AUTO_PARALLEL = 1
+#: Why: the runners decode one sequence at a time so far (the multi-sequence batch of issue 12 is
+#: not built), and planning 4 sequences would charge the budget and ``show`` 4x the KV cache
+#: that no runner allocates. llama-server's 4 becomes the automatic value with that runner.
+AUTO_REASON = "automatic: 1 until runners decode several sequences in one batch"
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ def parallel_wanted(mode: str, asked: int | None, settings: Settings) -> tuple[i
         return asked, "requested by the load"
     if settings.parallel is not None:
         return settings.parallel, "the parallel setting"
-    return AUTO_PARALLEL, "automatic, as llama-server"
+    return AUTO_PARALLEL, AUTO_REASON
 
 
 def _fitting_parallel(
