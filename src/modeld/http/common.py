@@ -10,7 +10,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.http.bridge import Bridge
 
 #: HTTP status for each modeld error code (both APIs use the same statuses).
 STATUS: dict[str, int] = {
@@ -64,6 +66,25 @@ class BodyTooLarge(InvalidRequestError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the request body is larger than {limit} bytes",
                          hint="send less, or raise max_message_bytes")
+
+
+class API:
+    """What both APIs' route classes hold: the bridge to the daemon, the settings, and the
+    body limit (``max_message_bytes``)."""
+
+    def __init__(self, bridge: Bridge, settings: Settings) -> None:
+        self.bridge, self.settings = bridge, settings
+        self.limit = int(settings.max_message_bytes)
+
+
+def input_list(doc: dict[str, Any], hint: str) -> list[Any]:
+    """The ``input`` of an embedding request as a non-empty list (one string becomes a list)."""
+    inputs = doc.get("input")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidRequestError("'input' must be a string or a list of strings", hint=hint)
+    return inputs
 
 
 def model_ref(name: object) -> str | None:

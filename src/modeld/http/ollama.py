@@ -18,12 +18,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from modeld import __version__
-from modeld.config import Settings
 from modeld.describe import list_models
 from modeld.errors import InvalidRequestError, ModeldError
-from modeld.http.bridge import Bridge
 from modeld.http.common import (
+    API,
     UNLIMITED,
+    input_list,
     iso_now,
     iso_time,
     message_of,
@@ -69,10 +69,7 @@ def _done_record(name: str, body: dict[str, Any], started: float) -> dict[str, A
     }  # fmt: skip
 
 
-class OllamaAPI:
-    def __init__(self, bridge: Bridge, settings: Settings) -> None:
-        self.bridge, self.settings = bridge, settings
-        self.limit = int(settings.max_message_bytes)
+class OllamaAPI(API):
 
     def routes(self) -> list[Route]:
         return [
@@ -196,12 +193,7 @@ class OllamaAPI:
     async def embed(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
-            inputs = doc.get("input")
-            if isinstance(inputs, str):
-                inputs = [inputs]
-            if not isinstance(inputs, list) or not inputs:
-                raise InvalidRequestError("'input' must be a string or a list of strings",
-                                          hint="send text to embed")
+            inputs = input_list(doc, "send text to embed")
             started = time.monotonic()
             opts = doc.get("options") or {}
             body = await self.bridge.call(

@@ -18,12 +18,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from modeld.config import Settings
 from modeld.describe import list_models
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
-from modeld.http.bridge import Bridge
 from modeld.http.common import (
+    API,
     UNLIMITED,
+    input_list,
     message_of,
     model_ref,
     read_json,
@@ -58,10 +58,7 @@ def _finish(done: dict[str, Any]) -> str:
     return "length" if done.get("finish_reason") == "length" else "stop"
 
 
-class OpenAIAPI:
-    def __init__(self, bridge: Bridge, settings: Settings) -> None:
-        self.bridge, self.settings = bridge, settings
-        self.limit = int(settings.max_message_bytes)
+class OpenAIAPI(API):
 
     def routes(self) -> list[Route]:
         return [
@@ -162,13 +159,11 @@ class OpenAIAPI:
     async def embeddings(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
-            inputs = doc.get("input")
-            if isinstance(inputs, str):
-                inputs = [inputs]
-            if not isinstance(inputs, list) or not inputs or not all(
-                    isinstance(i, str) for i in inputs):
+            hint = "token arrays are not accepted; send text"
+            inputs = input_list(doc, hint)
+            if not all(isinstance(i, str) for i in inputs):
                 raise InvalidRequestError("'input' must be a string or a list of strings",
-                                          hint="token arrays are not accepted; send text")
+                                          hint=hint)
             fmt = doc.get("encoding_format") or "float"
             if fmt not in ("float", "base64"):
                 raise InvalidRequestError(f"encoding_format {fmt!r} is not supported",
