@@ -53,6 +53,13 @@ class InProc:
         self.proc.stdin.flush()
         return self._read()
 
+    def stream_rate(self, prompt: str, max_tokens: int, counts: list[int]) -> float:
+        """Decode rate of one streamed completion (chunks after the first / first to last);
+        the chunk count goes to ``counts``."""
+        out = self.cmd(cmd="stream", prompt=prompt, max_tokens=max_tokens)
+        counts.append(int(out["chunks"]))
+        return float((out["chunks"] - 1) / (out["t_last"] - out["t_first"]))
+
     def close(self) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(RuntimeError, BrokenPipeError):
@@ -226,9 +233,7 @@ def streaming(ctx: Context, d: Daemon, max_tokens: int = 128) -> dict[str, Any]:
         return (n - 1) / (t_last - t_first)
 
     def inproc_rate() -> float:
-        out = worker.cmd(cmd="stream", prompt=STORY, max_tokens=max_tokens)
-        counts["inproc"].append(int(out["chunks"]))
-        return (out["chunks"] - 1) / (out["t_last"] - out["t_first"])
+        return worker.stream_rate(STORY, max_tokens, counts["inproc"])
 
     try:
         samples = interleave({"modeld": modeld_rate, "inproc": inproc_rate}, ctx.rounds)

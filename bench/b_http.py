@@ -92,9 +92,7 @@ def http_api(ctx: Context, max_tokens: int = 128) -> dict[str, Any]:
             return rate
 
         def inproc_rate() -> float:
-            out = worker.cmd(cmd="stream", prompt=STORY, max_tokens=max_tokens)
-            counts["inproc"].append(int(out["chunks"]))
-            return float((out["chunks"] - 1) / (out["t_last"] - out["t_first"]))
+            return worker.stream_rate(STORY, max_tokens, counts["inproc"])
 
         try:
             streaming = interleave({"http": http_rate, "inproc": inproc_rate}, ctx.rounds)
