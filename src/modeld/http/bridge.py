@@ -19,7 +19,7 @@ import zmq
 import zmq.asyncio
 
 from modeld import protocol
-from modeld.errors import DaemonUnavailableError, ModeldError, error_from_dict
+from modeld.errors import DaemonUnavailableError, error_from_dict
 
 #: Silence from the daemon this long (no chunk, no done) is answered with an error.
 REPLY_TIMEOUT_S = 3600.0
@@ -123,5 +123,3 @@ class Bridge:
     def close(self) -> None:
         self.ctx.destroy(linger=0)
 
-
-__all__ = ["Bridge", "ModeldError", "Session"]

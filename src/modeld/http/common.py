@@ -100,10 +100,6 @@ def model_ref(name: object) -> str | None:
     return None if ref in ("", "default") else ref
 
 
-def display_name(row_name: str) -> str:
-    return row_name
-
-
 def iso_now() -> str:
     t = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
