@@ -31,13 +31,17 @@ def test_n_sequences_cost_the_kv_of_all_of_them() -> None:
     assert four.weights_file == one.weights_file  # the weights are shared
 
 
-def test_automatic_is_one_until_runners_batch() -> None:
-    """Planned sequences cost KV cache: none is planned that no runner would decode."""
+def test_automatic_is_four_when_memory_allows() -> None:
+    """llama-server's automatic slot count, lowered when four contexts do not fit."""
     info = make_info()
     roomy = sizing.size_for(info, "generate", cache(8 << 30), KEY, BASE, None,
                             Settings(prompt_cache_mib=0))
-    assert roomy.parallel == sizing.AUTO_PARALLEL == 1
+    assert roomy.parallel == sizing.AUTO_PARALLEL == 4
     assert roomy.parallel_reason == sizing.AUTO_REASON
+    two = sizing.estimate_n(info, 2048, parallel=2).total
+    tight = sizing.size_for(info, "generate", cache(two + BASE + MiB), KEY, BASE, None,
+                            Settings(prompt_cache_mib=0))
+    assert (tight.parallel, tight.n_ctx) == (2, 2048)
 
 
 def test_asked_for_four_gets_what_fits() -> None:

@@ -311,9 +311,8 @@ class SchedulerCore:
                 # a waiting request is the warm-up: a separate one would only delay it
                 warm_up=not any(j.kind != "load" for j in jobs),
                 prompt_cache_dir=self.prompt_cache_dir,
+                parallel=size.parallel,
         )
-        if size.parallel > 1:  # a runner without multi-sequence decoding reports 1 (or none)
-            msg["parallel"] = size.parallel
         self.sup.send(runner.id, msg)
 
     def _take_runner(self) -> Runner:

@@ -8,7 +8,7 @@ evictable entry (:meth:`CachePolicy.budget_available_for`).
 
 With ``parallel`` N a generate-mode runner decodes N sequences together and each has n_ctx
 cells of its own: the KV cache and buffers are those of N x n_ctx cells in N sequences. The
-automatic N is :data:`AUTO_PARALLEL` (1 until runners batch sequences); an explicit N is lowered
+automatic N is :data:`AUTO_PARALLEL` (llama-server's 4); an explicit N is lowered
 to the largest one whose N contexts of at least ``ctx_floor`` fit.
 """
 
@@ -32,11 +32,8 @@ from modeld.modelinfo import ModelInfo
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
-AUTO_PARALLEL = 1
-#: Why: the runners decode one sequence at a time so far (the multi-sequence batch of issue 12 is
-#: not built), and planning 4 sequences would charge the budget and ``show`` 4x the KV cache
-#: that no runner allocates. llama-server's 4 becomes the automatic value with that runner.
-AUTO_REASON = "automatic: 1 until runners decode several sequences in one batch"
+AUTO_PARALLEL = 4
+AUTO_REASON = "automatic (4, as llama-server)"
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ SETTING_HELP = {
     "prompt_cache_mib": "MiB of evaluated-prompt snapshots each generating model keeps (part of"
     " its memory estimate); 0 turns the prompt cache off.",
     "parallel": "Requests one generating model decodes together, each with its own context;"
-    " auto or 0 is 1 until runners batch sequences; fewer when memory cannot hold them.",
+    " auto or 0 is 4 (as llama-server); fewer when memory cannot hold them.",
 }
 
 # Variables read outside the settings table.

@@ -52,36 +52,83 @@ def make_sampler(
     return sampler
 
 
+class DecodeBatch:
+    """llama-cpp-python's batch filled token by token: each token with its position, its
+    sequence and whether its logits are wanted (``LlamaBatch.set_batch`` knows only seq 0)."""
+
+    def __init__(self, llm: llama_cpp.Llama) -> None:
+        self.llm = llm
+        self.batch = llm._batch.batch
+        self.capacity = int(llm.n_batch)
+        self.n = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append one token; returns its index in the batch (its logits row, when wanted)."""
+        b, i = self.batch, self.n
+        if i >= self.capacity:
+            raise ValueError(f"a decode batch holds at most {self.capacity} tokens")
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+        b.seq_id[i][0] = seq
+        self.n = i + 1
+        return i
+
+    def decode(self) -> None:
+        """Evaluate the tokens added since the last decode (then the batch is empty again)."""
+        self.batch.n_tokens, self.n = self.n, 0
+        self.llm._ctx.decode(self.llm._batch)
+
+
 class PromptState:
-    """The one sequence in a generate-mode context, tracked token by token."""
+    """One sequence of a generate-mode context (``seq``), tracked token by token.
+
+    A runner decoding several sequences has one per sequence, sharing one snapshot ``store``;
+    the shared decode calls are made by :mod:`modeld.runner.batch`, which tells each state what
+    was evaluated (:meth:`begin`, :meth:`evaluated`, :meth:`prompt_done`). :meth:`prepare` and
+    :meth:`decode` do the same with decode calls of their own (one sequence).
+    """
 
     def __init__(
         self,
         llm: llama_cpp.Llama,
         cache_bytes: int,
         align: int = promptplan.ALIGN,
+        *,
+        seq: int = 0,
+        store: SnapshotStore | None = None,
     ) -> None:
         self.llm = llm
         self.ctx = llm._ctx.ctx
+        self.seq = seq
+        self.shared = int(llama_cpp.llama_n_seq_max(self.ctx)) > 1  # other sequences in the KV
         self.n_batch = int(llm.n_batch)
         # a piece must fit the batch llama-cpp-python allocated (n_batch may be set below C)
         self.align = max(1, min(align, self.n_batch))
         self.n_vocab = int(llm.n_vocab())
         self.n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
-        self.store = SnapshotStore(cache_bytes)
+        self.store = store if store is not None else SnapshotStore(cache_bytes)
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self.stable = 0
         self._pending: Any = None  # logits row of an exact hit, sampled before any decode
         self._candidates: _Candidates | None = None  # made on the first exact hit
+        self._stable_before = 0  # the stable prefix before the prompt's latest piece
+        self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
+        self._alone = True  # every piece of the prompt so far was decoded without other tokens
+        self._batch: DecodeBatch | None = None  # for prepare()/decode(): made on first use
         # set by persist(): where close() saves the snapshots, and what that file holds now
         self._saved_at: tuple[Path, promptfile.Identity] | None = None
         self._on_disk: tuple[Snapshot, ...] = ()
 
     # ---------------------------------------------------------------- KV bookkeeping
 
+    def _clear(self) -> None:
+        if self.shared:
+            llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, -1, -1)
+        else:  # also puts the cache head back at cell 0, as a fresh context has it
+            self.llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+
     def reset(self) -> None:
         """Forget the KV cache (after a warm-up, or when its content is unknown)."""
-        self.llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self._clear()
         self.tokens, self.stable, self._pending = [], 0, None
         self.llm.n_tokens = 0
 
@@ -94,9 +141,9 @@ class PromptState:
         if keep <= 0:
             self.reset()
             return 0
-        ok = bool(llama_cpp.llama_memory_seq_rm(self._memory(), 0, keep, -1))
+        ok = bool(llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, keep, -1))
         if ok and keep < len(self.tokens) and self.n_swa > 0:
-            pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._memory(), 0))
+            pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._memory(), self.seq))
             ok = 0 <= pos_min <= max(0, keep - self.n_swa)  # llama-server's rule
         if not ok:
             self.reset()
@@ -107,29 +154,48 @@ class PromptState:
 
     def _decode(self, start: int, part: Sequence[int]) -> None:
         """One decode call for positions ``[start, start+len(part))``, logits for the last."""
-        llm = self.llm
+        if self._batch is None:
+            self._batch = DecodeBatch(self.llm)
+        for i, token in enumerate(part):
+            self._batch.add(token, start + i, self.seq, i == len(part) - 1)
         try:
-            llm._batch.set_batch(batch=part, n_past=start, logits_all=False)
-            llm._ctx.decode(llm._batch)
+            self._batch.decode()
         except BaseException:
             self.reset()  # the cache may hold part of the batch: start clean next time
             raise
-        self.stable = promptplan.stable_after(self.stable, (start, start + len(part)), self.align)
+        self.evaluated((start, start + len(part)), part, alone=True)
+
+    def evaluated(self, piece: promptplan.Piece, part: Sequence[int], *, alone: bool) -> None:
+        """``part`` (positions ``piece``) is now in the KV cache. ``alone``: it was the only
+        content of its decode call; a piece decoded beside other sequences' tokens never counts
+        as stable (llama.cpp's CPU results depend on the batch's shape)."""
+        self._stable_before, self._last = self.stable, piece
+        self._alone = self._alone and alone
+        if alone:
+            self.stable = promptplan.stable_after(self.stable, piece, self.align)
+        else:
+            self.stable = min(self.stable, piece[0])
         self.tokens.extend(part)
-        llm.n_tokens = len(self.tokens)
+        self.llm.n_tokens = len(self.tokens)
+
+    def failed(self) -> None:
+        """A shared decode holding this sequence's tokens failed: its cells are unknown."""
+        self.reset()
 
     # ---------------------------------------------------------------- the prompt
 
-    def prepare(
-        self, prompt: Sequence[int], reproducible: bool, between: Callable[[], None]
-    ) -> Prepared:
-        """Make the KV cache hold ``prompt`` with its last logits ready to sample.
+    def begin(
+        self, prompt: Sequence[int], reproducible: bool
+    ) -> tuple[Prepared, list[promptplan.Piece]]:
+        """Plan ``prompt``: restore or keep what can be reused, and return the pieces still to
+        evaluate (none for an exact hit, whose logits :meth:`sample` then uses).
 
         ``reproducible`` (greedy): aligned pieces, stable reuse only, so the logits are
-        bitwise those of a fresh evaluation. ``between`` runs between pieces (cancel check).
+        bitwise those of a fresh evaluation.
         """
         prompt = list(prompt)
         self._pending = None
+        self._alone = True
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable)
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible, self.align)
@@ -140,31 +206,43 @@ class PromptState:
                 self.store.use(snap)
                 if choice.exact:
                     self._pending = snap.logits
-                    return Prepared(len(prompt), "exact")
+                    return Prepared(len(prompt), "exact"), []
                 source = "snapshot"
             else:
                 choice = promptplan.Plan(-1, 0)
         keep = self._truncate(choice.keep)
-        stable_before = self.stable
-        last: promptplan.Piece = (0, 0)
-        for i, (start, end) in enumerate(
-            promptplan.pieces(keep, len(prompt), reproducible, self.n_batch, self.align)
-        ):
+        self._stable_before, self._last = self.stable, (keep, keep)
+        todo = promptplan.pieces(keep, len(prompt), reproducible, self.n_batch, self.align)
+        return Prepared(keep, source if keep else "none"), todo
+
+    def prompt_done(self, n_prompt: int, logits_index: int = -1) -> None:
+        """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
+        decode: keep a snapshot of it (if it fits)."""
+        stable = self._alone and promptplan.logits_stable(
+            self._stable_before, self._last, n_prompt, self.align
+        )
+        self._snapshot(stable, logits_index)
+
+    def prepare(
+        self, prompt: Sequence[int], reproducible: bool, between: Callable[[], None]
+    ) -> Prepared:
+        """Make the KV cache hold ``prompt`` with its last logits ready to sample, with decode
+        calls of its own. ``between`` runs between pieces (cancel check)."""
+        prepared, todo = self.begin(prompt, reproducible)
+        for i, (start, end) in enumerate(todo):
             if i:
                 between()
-            stable_before = self.stable
             self._decode(start, prompt[start:end])
-            last = (start, end)
-        logits_stable = promptplan.logits_stable(stable_before, last, len(prompt), self.align)
-        self._snapshot(logits_stable)
-        return Prepared(keep, source if keep else "none")
+        if todo:
+            self.prompt_done(len(prompt))
+        return prepared
 
     def _restore(self, snap: Snapshot) -> bool:
-        self.llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
+        self._clear()
         # The sequence API, not llama_state_set_data: restoring a whole context state leaves the
         # cache head at cell 0, so sliding-window layers put the next tokens in other cells than
         # a fresh evaluation does (logits differed by 1e-3); a sequence restore places them.
-        read = llama_cpp.llama_state_seq_set_data(self.ctx, snap.state, snap.state_size, 0)
+        read = llama_cpp.llama_state_seq_set_data(self.ctx, snap.state, snap.state_size, self.seq)
         if read != snap.state_size:
             log.warning("prompt cache: a restore read %d of %d bytes", read, snap.state_size)
             self.store.discard(snap.tokens)
@@ -174,20 +252,20 @@ class PromptState:
         self.llm.n_tokens = len(self.tokens)
         return True
 
-    def _snapshot(self, logits_stable: bool) -> None:
+    def _snapshot(self, logits_stable: bool, logits_index: int = -1) -> None:
         """Keep the state just evaluated (the whole prompt, before any decode) if it fits."""
         store = self.store
         if not store.enabled:
             return
         tokens = tuple(self.tokens)
         logits_size = 4 * self.n_vocab
-        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, 0))
+        size = int(llama_cpp.llama_state_seq_get_size(self.ctx, self.seq))
         if not store.wants(tokens, snapshot_bytes(size, logits_size, len(tokens)), logits_stable):
             store.skipped += 1
             return
         state = (ctypes.c_uint8 * size)()
-        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, state, size, 0))
-        row = llama_cpp.llama_get_logits_ith(self.ctx, -1)
+        written = int(llama_cpp.llama_state_seq_get_data(self.ctx, state, size, self.seq))
+        row = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
         if not written or not row:
             return
         logits = (ctypes.c_float * self.n_vocab)()
@@ -237,10 +315,11 @@ class PromptState:
 
     # ---------------------------------------------------------------- tokens
 
-    def sample(self, sampler: llama_cpp._internals.LlamaSampler) -> int:
-        """The next token: from the last decode's logits, or an exact hit's stored row."""
+    def sample(self, sampler: llama_cpp._internals.LlamaSampler, logits_index: int = -1) -> int:
+        """The next token: from row ``logits_index`` of the last decode, or an exact hit's
+        stored row."""
         if self._pending is None:
-            return int(sampler.sample(self.llm._ctx, -1))
+            return int(sampler.sample(self.llm._ctx, logits_index))
         logits, self._pending = self._pending, None
         if self._candidates is None:
             self._candidates = _Candidates(self.n_vocab)
@@ -249,6 +328,10 @@ class PromptState:
     def decode(self, token: int) -> None:
         """Append a sampled token (a batch of one: never part of the stable prefix)."""
         self._decode(len(self.tokens), [token])
+
+    def decoded(self, token: int) -> None:
+        """A sampled token was evaluated in a shared decode call (never stable)."""
+        self.tokens.append(token)
 
 
 class _Candidates:

@@ -15,6 +15,7 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import logging
@@ -22,7 +23,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,23 +34,20 @@ import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import memory, probe
-from modeld.errors import ContextExceededError, ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import ErrorCode, InvalidRequestError
 from modeld.memory import MiB
 from modeld.runner import chat
 from modeld.runner import protocol as rp
-from modeld.runner.generation import PromptState, make_sampler
+from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
+from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
-from modeld.runner.textstream import TextStream, pool_and_normalize
+from modeld.runner.promptcache import SnapshotStore
+from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
 
 log = logging.getLogger("modeld.runner")
 
 EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without pooling (memory.py)
-#: Streamed text is sent at most this often (the first piece at once). Each message wakes the
-#: daemon and the client; on 2 cores one per token cost ~3% of the decode rate because they
-#: preempt llama.cpp's threads (bench streaming: 0.96-0.97 of in-process, 0.985 coalesced).
-CHUNK_INTERVAL_S = 0.04
-RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
 
@@ -71,7 +69,8 @@ class Runner(RunnerServer):
         super().__init__(sock, runner_id, parent_pid)
         self.baseline = probe.own_memory(gpu=True)
         self.llm: llama_cpp.Llama | None = None
-        self.state: PromptState | None = None  # generate mode: the KV cache and its snapshots
+        self.state: PromptState | None = None  # generate mode: sequence 0 (owns persistence)
+        self.engine: BatchEngine | None = None  # generate mode: all sequences, decoded together
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -140,7 +139,12 @@ class Runner(RunnerServer):
             self.send(rp.load_failed(exc.code, exc.message, exc.hint))
             return
         if spec.mode == "generate":
-            self.state = PromptState(llm, spec.prompt_cache_mib * MiB)
+            store = SnapshotStore(spec.prompt_cache_mib * MiB)
+            n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
+            states = [PromptState(llm, 0, seq=i, store=store) for i in range(n_seq)]
+            self.state = states[0]
+            self.engine = BatchEngine(llm, states, self)
+            self.engine.chat_qa = self.chat_format == chat.QA
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
                 if restored:
@@ -150,9 +154,14 @@ class Runner(RunnerServer):
             self.warm_up()
         warmup_s = time.perf_counter() - t1
         memory = probe.own_memory(gpu=True)
+        parallel = len(self.engine.states) if self.engine is not None else 1
         self.send(
             rp.loaded(
-                n_ctx=llm.n_ctx(),
+                n_ctx=llm.n_ctx() // parallel,
+                parallel=parallel,
+                # measured (docs/benchmarks.md): a sequence decoded beside others gets other
+                # logits on this CPU backend, so deterministic greedy requests run alone
+                greedy_batch_invariant=parallel == 1,
                 n_ctx_train=llm._model.n_ctx_train(),
                 load_s=load_s,
                 warmup_s=warmup_s,
@@ -165,9 +174,10 @@ class Runner(RunnerServer):
             )
         )
         log.info(
-            "loaded %s n_ctx=%d mode=%s in %.3fs (warm-up %.3fs), footprint %s",
+            "loaded %s n_ctx=%d x %d mode=%s in %.3fs (warm-up %.3fs), footprint %s",
             spec.path,
-            llm.n_ctx(),
+            llm.n_ctx() // parallel,
+            parallel,
             spec.mode,
             load_s,
             warmup_s,
@@ -189,8 +199,9 @@ class Runner(RunnerServer):
     def _close(self) -> None:
         """Close the model; its prompt snapshots go to disk (if asked) and out of memory."""
         if self.state is not None:
-            self.state.close()
+            self.state.close()  # the store all sequences share
             self.state = None
+        self.engine = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None
@@ -243,86 +254,11 @@ class Runner(RunnerServer):
         self.threads = n_threads
 
     def handle_generate(self, msg: dict[str, Any]) -> None:
+        """Serve this request and every one that arrives while it runs, decoded together."""
         spec = rp.parse_generate(msg)
-        llm = self._require("generate")
-        state = self.state
-        assert state is not None
-        self.apply_threads(spec.n_threads)
-        tokens, format_stops = self.prompt_tokens(spec)
-        n_ctx = llm.n_ctx()
-        if len(tokens) >= n_ctx:
-            raise _context_exceeded(len(tokens), n_ctx)
-        llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
-        sampler = make_sampler(
-            llm, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p
-        )
-        stream = TextStream((*spec.stop, *format_stops))
-        strip_lead = not spec.raw and self.chat_format == chat.QA
-        vocab = llm._model.vocab
-        rid = spec.rid
-        completion, reused = 0, 0
-        finish = "length"
-        t0 = time.perf_counter()
-        t_first: float | None = None
-        unsent, last_send = "", 0.0
-        try:
-            self.check_interrupt(rid)
-            # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
-            prepared = state.prepare(
-                tokens, spec.temperature == 0.0, lambda: self.check_interrupt(rid)
-            )
-            reused = prepared.reused
-            while True:
-                token = state.sample(sampler)
-                if t_first is None:
-                    t_first = time.perf_counter()
-                if llama_cpp.llama_vocab_is_eog(vocab, token):
-                    finish = "stop"
-                    break
-                completion += 1
-                out = stream.feed(llm.detokenize([token]))
-                if strip_lead and out:  # the reply need not start with the space after "Answer:"
-                    out = out.lstrip()
-                    strip_lead = not out
-                if out:  # coalesced: one message per CHUNK_INTERVAL_S, not per token
-                    unsent += out
-                    now = time.perf_counter()
-                    if now - last_send >= CHUNK_INTERVAL_S:
-                        self.send(rp.chunk(rid, unsent, completion))
-                        unsent, last_send = "", now
-                if stream.stopped:
-                    finish = "stop"
-                    break
-                if completion >= spec.max_tokens or len(tokens) + completion >= n_ctx:
-                    break
-                self.check_interrupt(rid)
-                state.decode(token)
-        except Interrupted as exc:
-            details = {"completion_tokens": completion, "prompt_tokens": len(tokens)}
-            message = f"generation stopped: {exc.reason}"
-            self.send(rp.error(rid, ErrorCode.CANCELLED, message, details))
-            return
-        finally:  # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
-            sampler.close()  # type: ignore[no-untyped-call]
-        t_end = time.perf_counter()
-        tail = unsent + stream.finish()
-        if tail:
-            self.send(rp.chunk(rid, tail, completion))
-        if stream.stopped:
-            finish = "stop"
-        first = t_first if t_first is not None else t_end
-        self.send(
-            rp.done_generate(
-                rid,
-                finish_reason=finish,
-                prompt_tokens=len(tokens),
-                prompt_tokens_reused=reused,
-                completion_tokens=completion,
-                prompt_eval_s=first - t0,
-                generation_s=t_end - first,
-                memory=probe.own_memory(),
-            )
-        )
+        self._require("generate")
+        assert self.engine is not None
+        self.engine.run(spec)
 
     # ---------------------------------------------------------------- embed
 
@@ -342,7 +278,7 @@ class Runner(RunnerServer):
                 if n == 0:
                     raise InvalidRequestError("cannot embed an empty input")
                 if n > limit:
-                    raise _context_exceeded(n, limit)
+                    raise context_exceeded(n, limit)
                 total += n
                 vectors.append(self._embed_one(llm, text, spec.rid))
         except Interrupted as exc:
@@ -401,29 +337,47 @@ class Runner(RunnerServer):
 
 
 def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:
-    """The one place a Llama is created: flash attention on, SWA caches at window size."""
-    return llama_cpp.Llama(
-        model_path=spec.path,
-        n_ctx=spec.n_ctx,
+    """The one place a Llama is created: flash attention on, SWA caches at window size, and
+    ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
+    n_seq = spec.parallel if spec.mode == "generate" else 1
+    with _sequences(n_seq):
+        return llama_cpp.Llama(
+            model_path=spec.path,
+            n_ctx=spec.n_ctx * n_seq,
         n_batch=n_batch,
-        n_ubatch=n_batch if spec.mode == "embed" else min(512, n_batch),
-        n_threads=spec.n_threads,
-        n_threads_batch=spec.n_threads,
-        seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
-        flash_attn=True,
-        swa_full=False,
-        logits_all=False,
-        embedding=spec.mode == "embed",
-        verbose=False,
-    )
+            n_ubatch=n_batch if spec.mode == "embed" else min(512, n_batch),
+            n_threads=spec.n_threads,
+            n_threads_batch=spec.n_threads,
+            seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
+            flash_attn=True,
+            swa_full=False,
+            logits_all=False,
+            embedding=spec.mode == "embed",
+            verbose=False,
+        )
 
 
-def _context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
-    return ContextExceededError(
-        f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
-        hint="load the model with a larger n_ctx, or shorten the prompt",
-        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
-    )
+@contextlib.contextmanager
+def _sequences(n_seq: int) -> Iterator[None]:
+    """Make the context ``Llama`` creates hold ``n_seq`` sequences, each in its own KV stream
+    of ``n_ctx / n_seq`` cells (llama-server's layout without ``--kv-unified``: a sequence
+    attends only to its own cells). ``Llama`` has no such argument, and its context is created
+    in its constructor, so its source of default context parameters answers for it meanwhile."""
+    if n_seq <= 1:
+        yield
+        return
+    default = llama_cpp.llama_cpp.llama_context_default_params
+
+    def with_sequences() -> llama_cpp.llama_context_params:
+        params: llama_cpp.llama_context_params = default()
+        params.n_seq_max, params.kv_unified = n_seq, False
+        return params
+
+    llama_cpp.llama_cpp.llama_context_default_params = with_sequences
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_context_default_params = default
 
 
 def render_template(

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeld.errors import ErrorCode
-from modeld.protocol import ProtocolError
+from modeld.protocol import MAX_PARALLEL, ProtocolError
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
@@ -74,8 +74,11 @@ def load(
     prompt_cache_mib: int = PROMPT_CACHE_MIB,
     warm_up: bool = True,
     prompt_cache_dir: str | None = None,
+    parallel: int = 1,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
+
+    ``parallel``: sequences decoded together (generate mode), each with ``n_ctx`` cells.
 
     ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
     ``warm_up``: run a short evaluation before replying; skipped when a request is about to
@@ -95,6 +98,8 @@ def load(
     }
     if prompt_cache_dir is not None:
         msg["prompt_cache_dir"] = prompt_cache_dir
+    if parallel > 1:  # absent means one sequence (what runners before parallel decoding did)
+        msg["parallel"] = parallel
     if chat_format is not None:
         msg["chat_format"] = chat_format
     return msg
@@ -328,6 +333,7 @@ class LoadSpec:
     prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
     warm_up: bool = True
     prompt_cache_dir: str | None = None
+    parallel: int = 1  # sequences decoded together (generate mode)
 
 
 @dataclass(frozen=True)
@@ -380,6 +386,7 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
         warm_up=warm_up,
         prompt_cache_dir=cache_dir,
+        parallel=_int(msg, "parallel", 1, MAX_PARALLEL, 1),
     )
 
 

@@ -111,6 +111,33 @@ class RunnerServer:
             else:
                 self.pending.append(msg)
 
+    def between_steps(self, active: set[str]) -> list[dict[str, Any]]:
+        """Between decode steps of the generate requests ``active``: answer ``memory`` now,
+        return what concerns them (``cancel``, new ``generate`` requests, and a ``stop`` with
+        its reason on shutdown or when the daemon is gone), queue anything else."""
+        out: list[dict[str, Any]] = []
+        if not self.parent_alive():
+            self.stopping = True
+            return [{"type": "stop", "reason": "the daemon is gone"}]
+        while self.sock.poll(0, zmq.POLLIN):
+            msg = self._recv_nowait()
+            if msg is None:
+                continue
+            kind = msg["type"]
+            if kind in ("cancel", "generate"):
+                if kind == "cancel" and msg.get("rid") not in active:
+                    log.debug("ignoring cancel for %r (not running)", msg.get("rid"))
+                    continue
+                out.append(msg)
+            elif kind == "shutdown":
+                self.stopping = True
+                out.append({"type": "stop", "reason": "the runner is shutting down"})
+            elif kind == "memory":
+                self.handle_memory()
+            else:
+                self.pending.append(msg)
+        return out
+
     # ---------------------------------------------------------------- loop
 
     def serve(self, hello: Mapping[str, Any]) -> int:
