@@ -64,10 +64,16 @@ GENERATED: dict[str, tuple[str, dict[str, Any]]] = {
 }  # fmt: skip
 
 DEFAULT = "gemma-3-270m-q4_k_m"
+#: (model, n_ctx per sequence, mode): "generate xN" is a real runner decoding N sequences
 FULL_CASES: list[tuple[str, int, str]] = [
     (DEFAULT, 512, "generate"),
     (DEFAULT, 4096, "generate"),
     (DEFAULT, 32768, "generate"),
+    (DEFAULT, 4096, "generate x1"),
+    (DEFAULT, 4096, "generate x4"),
+    (DEFAULT, 2048, "generate x8"),
+    ("gemma3-swa-f16-80M", 2048, "generate x4"),
+    ("llama-f16-170M", 1024, "generate x8"),
     ("llama-f16-170M", 512, "generate"),
     ("llama-f16-170M", 4096, "generate"),
     ("llama-q8_0-90M", 4096, "generate"),
@@ -130,6 +136,8 @@ def measure(
     """Run one case in a child process; its snapshots as dicts of rss/anon/file bytes."""
     if mode == "embed":
         return measure_embed(path, n_ctx, timeout=timeout)
+    if mode.startswith("generate x"):
+        return measure_parallel(path, n_ctx, parallel_of(mode), timeout=timeout)
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_ubatch)],
         capture_output=True,
@@ -273,6 +281,65 @@ def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, 
         link.close()
 
 
+# ----------------------------------------------------------------------------- parallel: the runner
+
+
+def parallel_of(mode: str) -> int:
+    """N of a "generate xN" case (1 for the plain cases)."""
+    return int(mode.rsplit("x", 1)[1]) if mode.startswith("generate x") else 1
+
+
+def measure_parallel(
+    path: Path, n_ctx: int, parallel: int, *, timeout: float = 600
+) -> dict[str, Any]:
+    """Generate as modeld does with ``parallel`` sequences of ``n_ctx`` cells: a real runner
+    loads the model, generates once alone ("short": 32-token prompt), then runs ``parallel``
+    requests at once, each with a prompt of one micro-batch ("final": every sequence's cells
+    and the shared batch in use); snapshots from its ``hello`` baseline and ``done`` replies."""
+    from modeld.runner import protocol as rp
+
+    link = _RunnerLink(timeout)
+    try:
+        hello = link.recv()
+        base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
+        link.send(rp.load(path, n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0, prompt_cache_mib=0,
+                          parallel=parallel))
+        loaded = link.recv()
+        if loaded.get("type") != "loaded" or loaded.get("parallel") != parallel:
+            raise RuntimeError(f"runner could not load {path} x{parallel}: {loaded}")
+
+        def run(texts: list[str]) -> list[dict[str, Any]]:
+            for i, text in enumerate(texts):
+                link.send(rp.generate(f"g{i}", prompt=text, raw=True, max_tokens=32,
+                                      temperature=0.0))
+            finals = []
+            while len(finals) < len(texts):
+                msg = link.recv()
+                if msg["type"] == "error":
+                    raise RuntimeError(f"generation failed: {msg}")
+                if msg["type"] == "done":
+                    finals.append(msg)
+            return finals
+
+        short = run([_filler(60)])[0]
+        per_word = int(short["usage"]["prompt_tokens"]) / 60  # this tokenizer's tokens per word
+        words = int(min(512, n_ctx - 48) / per_word)  # about one micro-batch of tokens each
+        finals = run([f"{i} {_filler(words)}" for i in range(parallel)])
+        final = max(finals, key=lambda m: int(m["memory"]["rss"]))
+        snaps = {"load": loaded["memory"], "short": short["memory"], "final": final["memory"]}
+        data: dict[str, Any] = {
+            "base": base,
+            "llama_cpp": hello.get("llama_cpp_version", "?"),
+            "tokens": max(int(m["usage"]["prompt_tokens"]) for m in finals),
+            "via": "modeld.runner",
+        }
+        for name, snap in snaps.items():
+            data[name] = {k: int(snap[k]) - base[k] for k in ("rss", "anon", "file")}
+        return data
+    finally:
+        link.close()
+
+
 # ----------------------------------------------------------------------------- parent side
 
 
@@ -303,9 +370,13 @@ def run_case(
     if mode == "embed":  # the estimate's own defaults are the runner's embed batch sizes
         est = memory.estimate(info, n_ctx, mode="embed", prompt_cache=0)
         n_ubatch = n_ctx if info.is_embedding_model else min(memory.EMBED_N_BATCH, n_ctx)
+    elif mode.startswith("generate x"):  # what the daemon reserves for N sequences
+        from modeld.daemon import sizing
+
+        est = sizing.estimate_n(info, n_ctx, parallel=parallel_of(mode))
     else:
         est = memory.estimate(info, n_ctx, n_ubatch=n_ubatch, n_batch=n_ubatch, prompt_cache=0)
-    naive = memory.naive_estimate(info, n_ctx)
+    naive = memory.naive_estimate(info, n_ctx * parallel_of(mode))  # all N contexts
     m = measure(path, n_ctx, n_ubatch=n_ubatch, mode=mode)
     final, short = m["final"]["rss"], m["short"]["rss"]
     return {

@@ -38,6 +38,7 @@ def calibrate() -> ModuleType:
         ("llama-q8_0-90M", 4096, "generate"),
         ("llama-q8_0-90M", 1024, "embed"),
         ("gemma-3-270m-q4_k_m", 512, "embed"),  # 262k vocabulary: logits dominate
+        ("gemma-3-270m-q4_k_m", 2048, "generate x4"),  # a runner decoding 4 sequences
     ],
 )
 def test_estimate_within_ten_percent(
@@ -55,6 +56,9 @@ def test_estimate_within_ten_percent(
     )
     # the anonymous part (KV, compute, repacked weights) is modelled too, not just the total
     assert abs(r["estimate_anon"] - measured["anon"]) <= 0.25 * measured["anon"] + (8 << 20)
+    if mode.startswith("generate x"):  # the runner's N sequences, all with a full prompt
+        assert r["via"] == "modeld.runner"
+        assert r["embed_tokens"] >= 400
     if mode == "embed":  # measured by the runner itself, after an input that fills the context
         assert r["via"] == "modeld.runner"
         assert r["embed_chunk"] == memory.EMBED_CHUNK

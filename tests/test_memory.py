@@ -92,6 +92,17 @@ def test_kv_cells_rule(
     assert cells == expected
 
 
+def test_parallel_sequences_have_a_kv_stream_each() -> None:
+    """The runner's N sequences (``kv_unified`` false): each stream keeps window + ubatch
+    sliding cells, so N streams cost N times that (measured: docs/benchmarks.md, x4 and x8)."""
+    info = make_info(block_count=6, sliding_window=512, sliding_layers=(True,) * 5 + (False,))
+    assert memory.kv_cells(info, 4 * 4096, n_seq=4, unified=False) == (16384, 4 * 1024)
+    assert memory.kv_cells(info, 4 * 4096, n_seq=4) == (16384, 4 * 512 + 512)
+    assert memory.kv_cells(info, 4 * 512, n_seq=4, unified=False) == (2048, 2048)  # capped
+    generate = memory.estimate(info, 4 * 4096, n_seq=4)
+    assert generate.swa_cells == 4096  # the estimate of generate mode is per stream
+
+
 def test_kv_cells_without_sliding_layers() -> None:
     assert memory.kv_cells(make_info(), 1000) == (1024, 0)
 

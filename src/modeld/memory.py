@@ -199,14 +199,27 @@ def _layer_bytes_per_cell(info: ModelInfo, layer: int, bk: float, bv: float) -> 
 
 
 def kv_cells(
-    info: ModelInfo, n_ctx: int, *, swa_full: bool = False, n_ubatch: int = 512, n_seq: int = 1
+    info: ModelInfo,
+    n_ctx: int,
+    *,
+    swa_full: bool = False,
+    n_ubatch: int = 512,
+    n_seq: int = 1,
+    unified: bool = True,
 ) -> tuple[int, int]:
-    """(cells of full-attention layers, cells of sliding-window layers) as llama.cpp sizes them."""
+    """(cells of full-attention layers, cells of sliding-window layers) as llama.cpp sizes them.
+
+    ``unified`` False (the runner's parallel sequences): one KV stream of ``n_ctx / n_seq``
+    cells per sequence, and each stream's sliding layers keep ``n_swa + n_ubatch`` cells.
+    """
     full = pad_cells(n_ctx)
     if not any(info.sliding_layers) or not info.sliding_window:
         return full, 0
     if swa_full:
         return full, full
+    if not unified and n_seq > 1:
+        per_seq = pad_cells(n_ctx // n_seq)
+        return full, n_seq * pad_cells(min(per_seq, info.sliding_window + n_ubatch))
     return full, pad_cells(min(full, info.sliding_window * n_seq + n_ubatch))
 
 
@@ -225,10 +238,13 @@ def kv_cache_bytes(
     swa_full: bool = False,
     n_ubatch: int = 512,
     n_seq: int = 1,
+    unified: bool = True,
 ) -> int:
     """The KV cache llama.cpp allocates for ``n_ctx`` (sliding layers sized by their window)."""
     bk, bv = kv_type_bytes(type_k), kv_type_bytes(type_v)
-    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    full, swa = kv_cells(
+        info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq, unified=unified
+    )
     total = 0.0
     for i in range(info.block_count):
         sliding = i < len(info.sliding_layers) and info.sliding_layers[i] and swa > 0
@@ -276,6 +292,7 @@ def compute_bytes(
     n_ubatch: int = 512,
     n_seq: int = 1,
     logits_rows: int = 1,
+    unified: bool = True,
 ) -> int:
     """Compute-buffer pages a full micro-batch touches (not what llama.cpp reserves).
 
@@ -287,7 +304,7 @@ def compute_bytes(
     ff = info.feed_forward_length or 4 * info.embedding_length
     width = COMPUTE_PER_EMBD * info.embedding_length + COMPUTE_PER_FF * ff + COMPUTE_PER_Q * q_width
     acts = ub * 4 * width
-    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=ub, n_seq=n_seq)
+    full, swa = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=ub, n_seq=n_seq, unified=unified)
     mask_cells = full + swa
     if flash_attn:
         attn = mask_cells * ub * MASK_BYTES_FA
@@ -369,10 +386,16 @@ def estimate(
     approximate = False
 
     w_file, w_anon = weight_bytes(info, mmap=mmap, repack=repack)
+    # the runner's parallel sequences have a KV stream each; llama-cpp-python's embedding
+    # context keeps its n_seq_max sequences in one unified cache
+    unified = embed
     kv = kv_cache_bytes(
-        info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq
+        info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch,
+        n_seq=n_seq, unified=unified,
+    )  # fmt: skip
+    full_cells, swa_cells = kv_cells(
+        info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq, unified=unified
     )
-    full_cells, swa_cells = kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
     compute = compute_bytes(
         info,
         n_ctx,
@@ -381,6 +404,7 @@ def estimate(
         n_ubatch=run_ubatch,
         n_seq=n_seq,
         logits_rows=logits_rows,
+        unified=unified,
     )
     if chunked:  # logits + embeddings for n_seq_max rows, reserved and touched at load
         output = max(n_seq, run_ubatch) * 4 * (info.vocab_size + info.embedding_length)
