@@ -8,7 +8,10 @@ greedy, 48 tokens per request, raw prompts (no chat template) on both. Measured:
   dispatches as modeld did before parallel decoding, for the no-regression target);
 - N clients x 3 requests each (N = 4 and 8, the same N as ``parallel``): aggregate completion
   tokens/s over the wall time, p50/p99 request latency;
-- time to first token of a request arriving while 3 others stream, against an idle model's;
+- time to first token of a request arriving while 3 others stream, against an idle model's
+  (fresh prompts on both: no prompt-cache hit): ``joining`` at moments spread over the streams'
+  steps (the target), ``joining_step_start`` right after their first tokens (a decode step has
+  just begun, the worst moment: reported beside it);
 - every reply is checked against its reference (the same prompt alone on an idle model of the
   same server): a reply that is empty or differs is counted (``mismatch``).
 
@@ -40,6 +43,12 @@ TOPICS = ("the history of the lighthouse", "a recipe for bread", "why the sky is
 
 def prompt(i: int) -> str:
     return f"Write a short essay about {TOPICS[i % len(TOPICS)]}. Essay {i}:"
+
+
+def fresh_prompt(i: int) -> str:
+    """A prompt no earlier request shares a prefix with (beyond BOS): the time to first token
+    then includes its evaluation on both sides, not a prompt-cache hit."""
+    return f"{i * 7919 % 1000} {TOPICS[i % len(TOPICS)]}: a short essay, number {i}."
 
 
 Request = Callable[[str, int], tuple[str, int]]  # (prompt, max_tokens) -> (text, tokens)
@@ -147,11 +156,22 @@ def _single(side: Any) -> float:
     return k / (time.perf_counter() - t)
 
 
-def _joining_ttft(side: Any, streams: Callable[[], None]) -> float:
-    """TTFT of a request sent while 3 others stream (``streams`` starts them and returns
-    once each has produced its first token)."""
+#: delays (s) after the 3 streams' first tokens at which joining requests are sent: one right
+#: away (just after a decode step began: it waits for that whole step), then moments spread
+#: over a few steps (an arrival at any moment of a step, as requests really arrive)
+JOIN_DELAYS = (0.0, 0.013, 0.047, 0.029, 0.071, 0.005, 0.061, 0.037, 0.021)
+
+
+def _joining_ttft(side: Any, streams: Callable[[], None], texts: list[str],
+                  delays: list[float]) -> list[float]:
+    """TTFTs of requests sent one after another while 3 others stream (``streams`` starts them
+    and returns once each has produced its first token), each after its delay."""
     streams()
-    return float(side.first_token_s(prompt(99)))
+    out = []
+    for text, delay in zip(texts, delays, strict=True):
+        time.sleep(delay)
+        out.append(float(side.first_token_s(text)))
+    return out
 
 
 def _modeld_streams(side: ModeldSide, stop: threading.Event) -> Callable[[], None]:
@@ -261,17 +281,21 @@ def _single_and_ttft(d: Any, model: Path, sides: dict[str, Any], rounds: int) ->
         _single(before)  # warm
         single: dict[str, list[float]] = {name: [] for name in (*sides, "modeld_parallel_1")}
         ttft: dict[str, dict[str, list[float]]] = {
-            name: {"idle": [], "joining": []} for name in sides}
+            name: {"idle": [], "joining": [], "joining_step_start": []} for name in sides}
         for k in range(rounds):
             single["modeld_parallel_1"].append(_single(before))
             for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
                 s = sides[name]
                 single[name].append(_single(s))
-                ttft[name]["idle"].append(s.first_token_s(prompt(99)))
+                ttft[name]["idle"].append(s.first_token_s(fresh_prompt(100 + k)))
                 stop = threading.Event()
                 start = (_modeld_streams(s, stop) if name == "modeld"
                          else _router_streams(s, stop))
-                ttft[name]["joining"].append(_joining_ttft(s, start))
+                texts = [fresh_prompt(1000 + 10 * k + j) for j in range(4)]
+                delays = [0.0, *(JOIN_DELAYS[1 + (3 * k + j) % 8] for j in range(3))]
+                first, *rest = _joining_ttft(s, start, texts, delays)
+                ttft[name]["joining_step_start"].append(first)
+                ttft[name]["joining"] += rest
                 stop.set()
                 time.sleep(0.5)  # the streams see stop at their next token
                 if name == "modeld":
@@ -280,6 +304,7 @@ def _single_and_ttft(d: Any, model: Path, sides: dict[str, Any], rounds: int) ->
                     time.sleep(1.0)
     out["single_tokens_per_s"] = {k: statistics.median(v) for k, v in single.items()}
     out["ttft_s"] = {k: {w: statistics.median(x) for w, x in v.items()} for k, v in ttft.items()}
+    out["ttft_samples_s"] = ttft
     mt = out["ttft_s"]["modeld"]
     out["ttft_joining_ratio"] = mt["joining"] / mt["idle"]
     out["single_ratio_vs_before"] = (out["single_tokens_per_s"]["modeld"]

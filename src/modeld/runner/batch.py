@@ -1,12 +1,13 @@
-"""Continuous batching: the runner's generate requests share one ``llama_decode`` per step.
+"""Continuous batching: the runner's generate requests share the decode calls of each step.
 
 Each request holds one sequence of the context (``parallel`` of them, each with its own KV
-stream of ``n_ctx`` cells). A step decodes the next token of every streaming sequence plus, in
-the room left in the batch, the next piece of a prompt still being evaluated: a request that
-arrives while others stream joins at the next step, and a long prompt is evaluated piece by
-piece between the others' tokens instead of stalling them. Every sequence has its own sampler,
-stop strings, limits, cancellation and ``done`` timings; messages are read between steps, so a
-cancel stops its sequence within one step and leaves the others running.
+stream of ``n_ctx`` cells). A step evaluates the next pieces of prompts still being read (one
+``llama_decode``, up to ``n_batch`` tokens), then the next token of every streaming sequence
+(one ``llama_decode`` for all of them): a request that arrives while others stream joins at
+the next step, and a long prompt is evaluated piece by piece between the others' tokens
+instead of stalling them. Every sequence has its own sampler, stop strings, limits,
+cancellation and ``done`` timings; messages are read between steps, so a cancel stops its
+sequence within one step and leaves the others running.
 
 With ``parallel`` 1 this is the single-stream loop of earlier runners: one sequence, decodes of
 one token, prompts in their own (aligned, when greedy) pieces.
@@ -36,6 +37,9 @@ log = logging.getLogger("modeld.runner")
 #: wakes the daemon and the client; on 2 cores one per token cost ~3% of the decode rate because
 #: they preempt llama.cpp's threads (bench streaming: 0.96-0.97 of in-process, 0.985 coalesced).
 CHUNK_INTERVAL_S = 0.04
+#: A free sequence holding a prefix of a new prompt is chosen over the lowest free one when it
+#: saves at least this many tokens of evaluation (about one step's worth on 2 cores).
+MIN_REUSE = 32
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 
 
@@ -145,10 +149,17 @@ class BatchEngine:
     # ---------------------------------------------------------------- admission
 
     def _free_state(self, prompt: list[int]) -> PromptState:
-        """The free sequence whose cache shares the longest prefix with ``prompt``."""
+        """The free sequence whose cache shares the longest prefix with ``prompt`` (at least
+        :data:`MIN_REUSE` tokens), else the free sequence with the lowest id: busy sequences
+        then stay consecutive, which is what lets one micro-batch hold them all (``_step``)."""
         busy = {s.seq for s in self.streams}
         free = [st for st in self.states if st.seq not in busy]
-        return max(free, key=lambda st: common_prefix(st.tokens, prompt))
+
+        def score(st: PromptState) -> tuple[int, int]:
+            shared = common_prefix(st.tokens, prompt)
+            return (shared if shared >= MIN_REUSE else 0, -st.seq)
+
+        return max(free, key=score)
 
     def _admit(self, spec: rp.GenerateSpec) -> None:
         """Tokenize, plan the prompt on a free sequence, and make its sampler; errors are
@@ -185,18 +196,32 @@ class BatchEngine:
     # ---------------------------------------------------------------- one step
 
     def _step(self) -> None:
-        """One decode: every streaming sequence's next token, then prompt pieces in the room
-        left (the oldest prompt first); then sample every sequence that has new logits."""
-        batch = self.batch
-        rows: list[tuple[Stream, int]] = []
-        pieces: list[tuple[Stream, Piece]] = []
-        for stream in self.streams:
-            if stream.next_token is not None:
-                pos = len(stream.state.tokens)
-                rows.append((stream, batch.add(stream.next_token, pos, stream.seq, True)))
-        decoding = len(rows)
-        room = batch.capacity - batch.n
-        for stream in self.streams:
+        """One step: the next pieces of prompts still being evaluated (one decode call), then
+        the next token of every streaming sequence (another), then sampling.
+
+        Two calls, not one: with a KV stream per sequence llama.cpp splits a batch into
+        micro-batches of equal tokens per sequence (``split_equal``), so a prompt piece beside
+        decode tokens costs a second weight pass anyway; evaluating it first gives the new
+        request its first token one pass sooner, and a piece alone in its call is *stable*
+        (its logits equal a solo evaluation's, so it may be reused for greedy requests). The
+        running streams wait at most one ``n_batch`` piece per step."""
+        pieces = self._plan_pieces()
+        if pieces:
+            self._decode_prompts(pieces)
+            self._read_messages()  # a cancel sent meanwhile stops its stream before its 2nd token
+            if self.stop_all is not None:
+                return
+        streaming = sorted((s for s in self.streams if s.next_token is not None),
+                           key=lambda s: s.seq)
+        if streaming:
+            self._decode_tokens(streaming)
+
+    def _plan_pieces(self) -> list[tuple[Stream, Piece]]:
+        """The prompt parts to evaluate in this step: up to one batch, the oldest prompt first,
+        in sequence-id order (llama.cpp puts consecutive sequence ids in one micro-batch)."""
+        room = self.batch.capacity
+        planned: list[tuple[Stream, Piece]] = []
+        for stream in self.streams:  # arrival order
             if not stream.todo or room <= 0:
                 continue
             start, end = stream.todo[0]
@@ -205,32 +230,56 @@ class BatchEngine:
                 end = start + room
             else:
                 stream.todo.popleft()
+            planned.append((stream, (start, end)))
+            room -= end - start
+        return sorted(planned, key=lambda p: p[0].seq)
+
+    def _decode_prompts(self, pieces: list[tuple[Stream, Piece]]) -> None:
+        batch = self.batch
+        complete: list[tuple[Stream, int]] = []
+        for stream, (start, end) in pieces:
             last = end == len(stream.prompt)
             for pos in range(start, end):
                 index = batch.add(stream.prompt[pos], pos, stream.seq, last and pos == end - 1)
             if last:
-                rows.append((stream, index))
-            pieces.append((stream, (start, end)))
-            room -= end - start
-        alone = len(pieces) == 1 and decoding == 0  # a prompt piece with nothing beside it
+                complete.append((stream, index))
+        if not self._decode([s for s, _ in pieces]):
+            return
+        for stream, (start, end) in pieces:
+            stream.state.evaluated((start, end), stream.prompt[start:end],
+                                   alone=len(pieces) == 1)
+        for stream, index in complete:
+            stream.state.prompt_done(len(stream.prompt), index)
+            self._sampled(stream, stream.state.sample(stream.sampler, index))
+
+    def _decode_tokens(self, streaming: list[Stream]) -> None:
+        batch = self.batch
+        rows: list[tuple[Stream, int, int]] = []
+        for stream in streaming:
+            assert stream.next_token is not None
+            pos = len(stream.state.tokens)
+            index = batch.add(stream.next_token, pos, stream.seq, True)
+            rows.append((stream, stream.next_token, index))
+            stream.next_token = None
+        if not self._decode(streaming):
+            return
+        for stream, token, index in rows:
+            stream.state.decoded(token)
+            self._sampled(stream, stream.state.sample(stream.sampler, index))
+
+    def _decode(self, streams: list[Stream]) -> bool:
+        """Evaluate the batch; when llama.cpp fails, the requests in it end with the error
+        (their cells are unknown: forgotten) and the other sequences go on."""
         try:
-            batch.decode()
+            self.batch.decode()
         except Exception as exc:
-            log.exception("a decode of %d sequence(s) failed", len(self.streams))
-            for stream in list(self.streams):
+            log.exception("a decode of %d sequence(s) failed", len(streams))
+            for stream in streams:
                 stream.state.failed()
                 self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
                                            f"{type(exc).__name__}: {exc}"))
-            return
-        for stream, (start, end) in pieces:
-            stream.state.evaluated((start, end), stream.prompt[start:end], alone=alone)
-        for stream, index in rows:
-            if stream.next_token is not None:
-                stream.state.decoded(stream.next_token)
-                stream.next_token = None
-            else:  # its prompt is complete
-                stream.state.prompt_done(len(stream.prompt), index)
-            self._sampled(stream, stream.state.sample(stream.sampler, index))
+            return False
+        return True
 
     def _sampled(self, stream: Stream, token: int) -> None:
         """Handle one new token of ``stream``: end of generation, text, stop strings, limits."""
