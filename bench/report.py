@@ -315,7 +315,8 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
         ]
     ttft = doc.get("ttft_s") or {}
     tm, tr = ttft.get("modeld") or {}, ttft.get("router") or {}
-    for when, label in (("idle", "TTFT, idle model"), ("joining", "TTFT, joining 3 streams")):
+    for when, label in (("idle", "TTFT, idle model"), ("joining", "TTFT, joining 3 streams"),
+                        ("joining_step_start", "TTFT, joining 3 streams as a step begins")):
         a, b = tm.get(when), tr.get(when)
         out.append(f"| {label} | {_ms(a)} | {_ms(b)} | {_f(a / b if a and b else None, 2)} |")
     out += ["", f"modeld `--parallel 1` (one sequence per runner, as before): "

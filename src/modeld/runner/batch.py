@@ -191,7 +191,7 @@ class BatchEngine:
         stream.reused, stream.todo = prepared.reused, deque(todo)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
-            self._sampled(stream, state.sample(sampler))
+            self._sampled(stream, self._sample(stream))
 
     # ---------------------------------------------------------------- one step
 
@@ -249,8 +249,10 @@ class BatchEngine:
             stream.state.evaluated((start, end), stream.prompt[start:end],
                                    alone=len(pieces) == 1)
         for stream, index in complete:
+            # the first token goes out before the snapshot is copied (the time to first token);
+            # the state and the logits row stay as they are until the next decode
+            self._sampled(stream, self._sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
-            self._sampled(stream, stream.state.sample(stream.sampler, index))
 
     def _decode_tokens(self, streaming: list[Stream]) -> None:
         batch = self.batch
@@ -265,7 +267,7 @@ class BatchEngine:
             return
         for stream, token, index in rows:
             stream.state.decoded(token)
-            self._sampled(stream, stream.state.sample(stream.sampler, index))
+            self._sampled(stream, self._sample(stream, index))
 
     def _decode(self, streams: list[Stream]) -> bool:
         """Evaluate the batch; when llama.cpp fails, the requests in it end with the error
@@ -280,6 +282,10 @@ class BatchEngine:
                                            f"{type(exc).__name__}: {exc}"))
             return False
         return True
+
+    @staticmethod
+    def _sample(stream: Stream, index: int = -1) -> int:
+        return stream.state.sample(stream.sampler, index, greedy=stream.spec.temperature == 0.0)
 
     def _sampled(self, stream: Stream, token: int) -> None:
         """Handle one new token of ``stream``: end of generation, text, stop strings, limits."""

@@ -315,12 +315,26 @@ class PromptState:
 
     # ---------------------------------------------------------------- tokens
 
-    def sample(self, sampler: llama_cpp._internals.LlamaSampler, logits_index: int = -1) -> int:
+    def sample(
+        self,
+        sampler: llama_cpp._internals.LlamaSampler,
+        logits_index: int = -1,
+        *,
+        greedy: bool = False,
+    ) -> int:
         """The next token: from row ``logits_index`` of the last decode, or an exact hit's
-        stored row."""
+        stored row. ``greedy`` (temperature 0): the first highest logit, which is what the
+        greedy chain picks (its repeat penalty is neutral), read in place: the chain would
+        first copy all n_vocab logits into candidates (262k for Gemma: ~4% of a step)."""
         if self._pending is None:
+            if greedy:
+                row = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
+                return int(np.argmax(np.ctypeslib.as_array(row, shape=(self.n_vocab,))))
             return int(sampler.sample(self.llm._ctx, logits_index))
         logits, self._pending = self._pending, None
+        if greedy:
+            row_view = np.frombuffer(memoryview(logits).cast("B"), np.float32, self.n_vocab)
+            return int(np.argmax(row_view))
         if self._candidates is None:
             self._candidates = _Candidates(self.n_vocab)
         return sample_row(sampler, logits, self._candidates)
