@@ -448,7 +448,11 @@ def test_ps_text_fits_80_columns(cli: CliEnv, tiny_model: Path) -> None:
     ]
     assert all(len(line) <= 80 for line in lines), out.stdout
     row = next(line for line in lines if line.startswith(tiny_model.stem))
-    assert re.search(r"\bgen\s+ready\s+[\d.]+/[\d.]+ MiB\s+\d+\s+0/0\s+\S+\s+\d+[smhd] ago$", row)
+    # CTX is n_ctx, or n_ctx x the sequences decoded together (automatic parallel: 4)
+    ctx_cell = r"\d+(x\d+)?"
+    assert re.search(
+        rf"\bgen\s+ready\s+[\d.]+/[\d.]+ MiB\s+{ctx_cell}\s+0/0\s+\S+\s+\d+[smhd] ago$", row
+    )
     verbose = cli.run("ps", "-v")
     assert "context:" in verbose.stdout and "runner pid:" in verbose.stdout
     narrow = cli.run("ps", env_extra={"COLUMNS": "40"})
