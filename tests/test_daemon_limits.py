@@ -23,7 +23,7 @@ from modeld.errors import ErrorCode, RequestTimeoutError
 pytestmark = pytest.mark.slow
 
 Factory = Callable[..., Any]
-LONG = dict(ggufgen.TINY, context_length=32768)
+LONG = dict(ggufgen.TINY, n_embd=256, n_ff=512, context_length=32768)
 #: llama.cpp builds the vocabulary when it loads a model: 600k tokens take over a second on 2
 #: cores (the tiny model loads in milliseconds), a real load that outlasts a short timeout.
 SLOW_LOAD = dict(ggufgen.TINY, n_vocab=600_000)
@@ -92,8 +92,8 @@ def test_queue_timeout_fails_the_waiter_not_the_busy_model(
     d = daemon_factory("--max-models", "1", "--queue-timeout", "0.5")
     watcher = d.client()
     watcher.load(str(long_model), n_ctx=8192)
-    # ~2000 tokens take seconds (attention grows with the context): longer than the timeout
-    busy = d.client().generate(str(long_model), "a", max_tokens=2000, temperature=0)
+    # ~8000 tokens take seconds (attention grows with the context): longer than the timeout
+    busy = d.client().generate(str(long_model), "a", max_tokens=8000, temperature=0)
     stream = iter(busy)
     assert next(stream)
 
@@ -107,7 +107,7 @@ def test_queue_timeout_fails_the_waiter_not_the_busy_model(
     "".join(stream)  # the busy generation is not disturbed by the waiter's timeout
     assert busy.done is not None
     assert busy.done["finish_reason"] == "length"
-    assert busy.done["timings"]["completion_tokens"] == 2000
+    assert busy.done["timings"]["completion_tokens"] == 8000
     assert watcher.stats()["waiting"] == 0
     assert watcher.generate(str(tiny_model), "y", max_tokens=2).text() is not None
 
