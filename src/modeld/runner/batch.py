@@ -27,6 +27,7 @@ import llama_cpp._internals
 from modeld import probe
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
 from modeld.runner import protocol as rp
+from modeld.runner import specs
 from modeld.runner.generation import DecodeBatch, PromptState, make_sampler
 from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.textstream import TextStream
@@ -46,7 +47,7 @@ RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 class Host(Protocol):
     """What the engine needs from its runner: the prompt's tokens, replies, and the socket."""
 
-    def prompt_tokens(self, spec: rp.GenerateSpec) -> tuple[list[int], tuple[str, ...]]: ...
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], tuple[str, ...]]: ...
 
     def apply_threads(self, n_threads: int | None) -> None: ...
 
@@ -59,7 +60,7 @@ class Host(Protocol):
 class Stream:
     """One request on one sequence: its prompt still to evaluate, its sampler and its text."""
 
-    spec: rp.GenerateSpec
+    spec: specs.GenerateSpec
     state: PromptState
     prompt: list[int]
     sampler: llama_cpp._internals.LlamaSampler
@@ -74,6 +75,7 @@ class Stream:
     unsent: str = ""
     last_send: float = 0.0
     finish: str = "length"
+    batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
 
     @property
     def rid(self) -> str:
@@ -95,13 +97,13 @@ class BatchEngine:
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(llm._ctx.ctx))
         self.batch = DecodeBatch(llm)
         self.streams: list[Stream] = []  # admitted, in arrival order
-        self.waiting: deque[rp.GenerateSpec] = deque()  # more than parallel sent: wait a seq
+        self.waiting: deque[specs.GenerateSpec] = deque()  # more than parallel sent: wait a seq
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
 
     # ---------------------------------------------------------------- the loop
 
-    def run(self, first: rp.GenerateSpec) -> None:
+    def run(self, first: specs.GenerateSpec) -> None:
         """Serve ``first`` and every generate request that arrives meanwhile, to the end."""
         self.submit(first)
         while self.streams or self.waiting:
@@ -118,7 +120,7 @@ class BatchEngine:
                                             f"generation stopped: {self.stop_all}"))
                 self.waiting.clear()
 
-    def submit(self, spec: rp.GenerateSpec) -> None:
+    def submit(self, spec: specs.GenerateSpec) -> None:
         self.waiting.append(spec)
 
     def _read_messages(self) -> None:
@@ -141,7 +143,7 @@ class BatchEngine:
                                                     "generation stopped: cancelled"))
             elif kind == "generate":
                 try:
-                    self.submit(rp.parse_generate(msg))
+                    self.submit(specs.parse_generate(msg))
                 except ModeldError as exc:
                     self.host.send(rp.error(msg.get("rid"), exc.code, exc.message,
                                             exc.details, exc.hint))
@@ -161,7 +163,7 @@ class BatchEngine:
 
         return max(free, key=score)
 
-    def _admit(self, spec: rp.GenerateSpec) -> None:
+    def _admit(self, spec: specs.GenerateSpec) -> None:
         """Tokenize, plan the prompt on a free sequence, and make its sampler; errors are
         this request's reply only."""
         try:
@@ -263,6 +265,7 @@ class BatchEngine:
             index = batch.add(stream.next_token, pos, stream.seq, True)
             rows.append((stream, stream.next_token, index))
             stream.next_token = None
+            stream.batched_max = max(stream.batched_max, len(streaming))
         if not self._decode(streaming):
             return
         for stream, token, index in rows:
@@ -336,6 +339,7 @@ class BatchEngine:
                 completion_tokens=stream.completion,
                 prompt_eval_s=first - stream.t0,
                 generation_s=t_end - first,
+                batched_max=stream.batched_max,
                 memory=probe.own_memory(),
             ),
         )
