@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,11 @@ GENERATED: dict[str, tuple[str, dict[str, Any]]] = {
         "llama",
         dict(n_layer=6, n_embd=768, n_head=12, n_head_kv=4, n_ff=2048, n_vocab=32000,
              context_length=8192, dtype="q8_0"),
+    ),
+    "bert-reranker-f16-85M": (
+        "bert",
+        dict(n_layer=12, n_embd=768, n_head=12, n_ff=3072, n_vocab=790, context_length=512,
+             dtype="f16"),
     ),
     "gemma3-swa-f16-80M": (
         "gemma3",
@@ -84,6 +90,7 @@ FULL_CASES: list[tuple[str, int, str]] = [
     ("gemma3-swa-f16-80M", 4096, "embed"),
     ("llama-f16-170M", 2048, "embed"),
     ("llama-q8_0-90M", 1024, "embed"),
+    ("bert-reranker-f16-85M", 512, "rerank"),
 ]
 QUICK_CASES: list[tuple[str, int, str]] = [
     (DEFAULT, 512, "generate"),
@@ -134,8 +141,8 @@ def measure(
     path: Path, n_ctx: int, *, n_ubatch: int = 512, mode: str = "generate", timeout: float = 600
 ) -> dict[str, Any]:
     """Run one case in a child process; its snapshots as dicts of rss/anon/file bytes."""
-    if mode == "embed":
-        return measure_embed(path, n_ctx, timeout=timeout)
+    if mode in ("embed", "rerank"):
+        return measure_embed(path, n_ctx, timeout=timeout, mode=mode)
     if mode.startswith("generate x"):
         return measure_parallel(path, n_ctx, parallel_of(mode), timeout=timeout)
     proc = subprocess.run(
@@ -185,6 +192,22 @@ class _RunnerLink:
                 stderr=subprocess.STDOUT,
             )
 
+    def load(
+        self, path: Path, n_ctx: int, *, mode: str = "generate", parallel: int = 1
+    ) -> tuple[dict[str, Any], dict[str, int], dict[str, Any]]:
+        """The runner's ``hello``, its baseline and its ``loaded`` reply for ``path`` (without
+        the prompt cache: the estimate is compared with prompt_cache=0)."""
+        from modeld.runner import protocol as rp
+
+        hello = self.recv()
+        base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
+        self.send(rp.load(path, mode=mode, n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0,
+                          prompt_cache_mib=0, parallel=parallel))  # fmt: skip
+        loaded = self.recv()
+        if loaded.get("type") != "loaded" or loaded.get("parallel", 1) != parallel:
+            raise RuntimeError(f"runner could not load {path} n_ctx={n_ctx} x{parallel}: {loaded}")
+        return hello, base, loaded
+
     def send(self, msg: dict[str, Any]) -> None:
         from modeld.runner import protocol as rp
 
@@ -193,9 +216,13 @@ class _RunnerLink:
     def recv(self) -> dict[str, Any]:
         from modeld.runner import protocol as rp
 
+        deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
-            if not self.sock.poll(self.timeout_ms):
-                tail = self.log.read_text(errors="replace")[-2000:]
+            # in slices, so a runner that died (a ggml abort) fails the case at once
+            if not self.sock.poll(500):
+                if self.proc.poll() is None and time.monotonic() < deadline:
+                    continue
+                tail = self.log.read_text(errors="replace")[:2000]
                 raise RuntimeError(
                     f"no reply from the runner (exit {self.proc.poll()}); log:\n{tail}"
                 )
@@ -225,28 +252,39 @@ def _filler(n_words: int) -> str:
     return " ".join(f"{words[i % len(words)]}{i % 89}" for i in range(n_words))
 
 
-def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, Any]:
-    """Embed as modeld does: a real runner loads ``path`` in embed mode and embeds a short text,
-    then one that fills the context (sized from the runner's own context_exceeded replies);
-    snapshots from the runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
+def _runner_case(
+    hello: dict[str, Any], base: dict[str, int], snaps: dict[str, Any], tokens: int
+) -> dict[str, Any]:
+    """A case measured by a runner: its snapshots minus its ``hello`` baseline."""
+    data: dict[str, Any] = {
+        "base": base,
+        "llama_cpp": hello.get("llama_cpp_version", "?"),
+        "tokens": tokens,
+        "via": "modeld.runner",
+    }
+    for name, snap in snaps.items():
+        data[name] = {k: int(snap[k]) - base[k] for k in ("rss", "anon", "file")}
+    return data
+
+
+def measure_embed(
+    path: Path, n_ctx: int, *, timeout: float = 600, mode: str = "embed"
+) -> dict[str, Any]:
+    """Embed (or rerank) as modeld does: a real runner loads ``path`` in that mode and embeds a
+    short text, then one that fills the context (sized from the runner's own context_exceeded
+    replies; to rerank: a short query with that text as its document); snapshots from the
+    runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
     from modeld.runner import protocol as rp
 
     link = _RunnerLink(timeout)
     try:
-        hello = link.recv()
-        base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
-        link.send(
-            rp.load(
-                path, mode="embed", n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0,
-                prompt_cache_mib=0,  # measured without the prompt cache (estimate: prompt_cache=0)
-            )
-        )  # fmt: skip
-        loaded = link.recv()
-        if loaded.get("type") != "loaded":
-            raise RuntimeError(f"runner could not load {path} n_ctx={n_ctx}: {loaded}")
+        hello, base, loaded = link.load(path, n_ctx, mode=mode)
 
         def embed(rid: str, text: str) -> dict[str, Any]:
-            link.send(rp.embed(rid, [text]))
+            if mode == "rerank":
+                link.send(rp.rerank(rid, "which text?", [text]))
+            else:
+                link.send(rp.embed(rid, [text]))
             return link.recv()
 
         short = embed("short", _SHORT_TEXT)
@@ -268,15 +306,7 @@ def measure_embed(path: Path, n_ctx: int, *, timeout: float = 600) -> dict[str, 
         else:
             raise RuntimeError(f"could not fill n_ctx={n_ctx}: last reply {reply}")
         snaps = {"load": loaded["memory"], "short": short["memory"], "final": reply["memory"]}
-        data: dict[str, Any] = {
-            "base": base,
-            "llama_cpp": hello.get("llama_cpp_version", "?"),
-            "tokens": int(reply["usage"]["prompt_tokens"]),
-            "via": "modeld.runner",
-        }
-        for name, snap in snaps.items():
-            data[name] = {k: int(snap[k]) - base[k] for k in ("rss", "anon", "file")}
-        return data
+        return _runner_case(hello, base, snaps, int(reply["usage"]["prompt_tokens"]))
     finally:
         link.close()
 
@@ -300,19 +330,14 @@ def measure_parallel(
 
     link = _RunnerLink(timeout)
     try:
-        hello = link.recv()
-        base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
-        link.send(rp.load(path, n_ctx=n_ctx, n_threads=EMBED_THREADS, seed=0, prompt_cache_mib=0,
-                          parallel=parallel))
-        loaded = link.recv()
-        if loaded.get("type") != "loaded" or loaded.get("parallel") != parallel:
-            raise RuntimeError(f"runner could not load {path} x{parallel}: {loaded}")
+        hello, base, loaded = link.load(path, n_ctx, parallel=parallel)
 
         def run(texts: list[str]) -> list[dict[str, Any]]:
             for i, text in enumerate(texts):
-                link.send(rp.generate(f"g{i}", prompt=text, raw=True, max_tokens=32,
-                                      temperature=0.0))
-            finals = []
+                link.send(
+                    rp.generate(f"g{i}", prompt=text, raw=True, max_tokens=32, temperature=0.0)
+                )
+            finals: list[dict[str, Any]] = []
             while len(finals) < len(texts):
                 msg = link.recv()
                 if msg["type"] == "error":
@@ -327,15 +352,8 @@ def measure_parallel(
         finals = run([f"{i} {_filler(words)}" for i in range(parallel)])
         final = max(finals, key=lambda m: int(m["memory"]["rss"]))
         snaps = {"load": loaded["memory"], "short": short["memory"], "final": final["memory"]}
-        data: dict[str, Any] = {
-            "base": base,
-            "llama_cpp": hello.get("llama_cpp_version", "?"),
-            "tokens": max(int(m["usage"]["prompt_tokens"]) for m in finals),
-            "via": "modeld.runner",
-        }
-        for name, snap in snaps.items():
-            data[name] = {k: int(snap[k]) - base[k] for k in ("rss", "anon", "file")}
-        return data
+        tokens = max(int(m["usage"]["prompt_tokens"]) for m in finals)
+        return _runner_case(hello, base, snaps, tokens)
     finally:
         link.close()
 
@@ -367,8 +385,8 @@ def run_case(
     info = read_model_info(path)
     # prompt_cache=0: the runner's prompt snapshots are a separate, configured component (the
     # daemon adds prompt_cache_mib); the measured processes keep none.
-    if mode == "embed":  # the estimate's own defaults are the runner's embed batch sizes
-        est = memory.estimate(info, n_ctx, mode="embed", prompt_cache=0)
+    if mode in ("embed", "rerank"):  # the estimate's defaults are the runner's batch sizes
+        est = memory.estimate(info, n_ctx, mode=memory.mode_of(mode), prompt_cache=0)
         n_ubatch = n_ctx if info.is_embedding_model else min(memory.EMBED_N_BATCH, n_ctx)
     elif mode.startswith("generate x"):  # what the daemon reserves for N sequences
         from modeld.daemon import sizing

@@ -59,8 +59,14 @@ _modeld_spec() {
             positional=(model none)
             _modeld_variadic=1
             ;;
+        "rerank")
+            opts="--top-n --keep-alive --json --help -h"
+            value_opts="--top-n --keep-alive"
+            positional=(model none none)
+            _modeld_variadic=1
+            ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --parallel --json --help -h"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --help -h"
             value_opts="--ctx --keep-alive --parallel"
             positional=(model)
             ;;
@@ -80,7 +86,7 @@ _modeld_spec() {
             positional=()
             ;;
         "show")
-            opts="--ctx --embed --json --help -h"
+            opts="--ctx --embed --rerank --json --help -h"
             value_opts="--ctx"
             positional=(model)
             ;;
@@ -106,6 +112,7 @@ _modeld_value() {
         "serve:--log-level") COMPREPLY=($(compgen -W "debug info warning error" -- "$cur")) ;;
         "run:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "embed:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
+        "rerank:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "load:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
     esac
 }
@@ -145,7 +152,7 @@ _modeld() {
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     elif [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "serve stop run embed load unload ps stats show list config" -- "$cur"))
+        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list config" -- "$cur"))
     else
         hint=""
         if ((${#positional[@]})); then

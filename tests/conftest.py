@@ -46,6 +46,12 @@ def tiny_model(model_factory: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
+def reranker(model_factory: Callable[..., Path]) -> Path:
+    """A 2-layer BERT cross-encoder with rank pooling (ggufgen.RERANKER): a tiny reranker."""
+    return Path(model_factory("bert", **ggufgen.RERANKER))
+
+
+@pytest.fixture(scope="session")
 def tiny_chat_model(model_factory: Callable[..., Path]) -> Path:
     """The tiny model plus a ChatML ``tokenizer.chat_template``."""
     return model_factory("llama", **ggufgen.TINY_CHAT)

@@ -29,12 +29,14 @@ def until(
 
 
 def rows(client: Any) -> dict[str, dict[str, Any]]:
-    """``ps`` rows by file name (mode suffix for embed), leaving out unloading entries."""
+    """``ps`` rows by file name (``#embed``/``#rerank`` for those modes), leaving out
+    unloading entries."""
     out: dict[str, dict[str, Any]] = {}
     for row in client.ps():
         if row["state"] == "unloading":
             continue
-        name = row["path"].rsplit("/", 1)[-1] + ("#embed" if row["mode"] == "embed" else "")
+        suffix = "" if row["mode"] == "generate" else "#" + row["mode"]
+        name = row["path"].rsplit("/", 1)[-1] + suffix
         if row["state"] == "waiting" and name in out:
             continue  # requests waiting for a loaded (draining) model: keep the entry's row
         out[name] = row

@@ -80,19 +80,27 @@ class _Tensor:
 
 
 def _tensor_plan(
-    specs: list[tuple[str, tuple[int, ...], bool]], dtype: DType, seed: int
+    specs: list[tuple[str, tuple[int, ...], bool]],
+    dtype: DType,
+    seed: int,
+    std: float = 0.02,
+    keep_f32: frozenset[str] = frozenset(),
 ) -> Iterator[_Tensor]:
-    """(name, numpy shape, is_norm) -> tensors; norms stay F32 (ones), matrices get ``dtype``."""
+    """(name, numpy shape, is_norm) -> tensors; norms stay F32 (ones), matrices get ``dtype``
+    except those named in ``keep_f32`` (random, F32: what the converter keeps unquantized)."""
     rng = np.random.default_rng(seed)
     for name, shape, is_norm in specs:
-        yield _Tensor(name, shape, "f32" if is_norm else dtype, _maker(rng, shape, is_norm))
+        stored: DType = "f32" if is_norm or name in keep_f32 else dtype
+        yield _Tensor(name, shape, stored, _maker(rng, shape, is_norm, std))
 
 
-def _maker(rng: np.random.Generator, shape: tuple[int, ...], is_norm: bool) -> Callable[[], Any]:
+def _maker(
+    rng: np.random.Generator, shape: tuple[int, ...], is_norm: bool, std: float
+) -> Callable[[], Any]:
     """Norm weights are ones; matrices small random normals (drawn when written)."""
     if is_norm:
         return lambda: np.ones(shape, dtype=np.float32)
-    return lambda: rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02)
+    return lambda: rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
 
 def _encode(t: _Tensor, data: Any) -> Any:
@@ -290,6 +298,118 @@ def make_gemma3_model(
     return _write(path, "gemma3", kv, list(_tensor_plan(specs, dtype, seed)))
 
 
+BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BERT_WORDS = ("the", "of", "and", "to", "in", "is", "it", "cat", "dog", "sat", "on", "mat",
+              "sky", "blue", "why", "paris", "capital", "france", "bread", "recipe")  # fmt: skip
+
+
+def wpm_vocab(n_vocab: int) -> tuple[list[str], list[int]]:
+    """Tokens and types of a synthetic WordPiece vocabulary in llama.cpp's form: a word-start
+    piece carries a leading U+2581, a continuation piece none (convert_hf_to_gguf's mapping of
+    BERT's ``##``), so any lower-case text of letters, digits and punctuation tokenizes."""
+    tokens = list(BERT_SPECIALS)
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()"
+    tokens += ["\u2581" + c for c in chars] + list(chars) + ["\u2581" + w for w in BERT_WORDS]
+    letters = "etaoinshrdlucmfwypvbgkjqxz"
+    tokens += [a + b for a in letters for b in letters][: max(0, n_vocab - len(tokens))]
+    assert len(set(tokens)) == len(tokens), "llama.cpp rejects a vocabulary with duplicates"
+    if len(tokens) < n_vocab:
+        raise ValueError(f"n_vocab must be at most {len(tokens)}")
+    tokens = tokens[:n_vocab]
+    types = [int(gguf.TokenType.CONTROL)] * len(BERT_SPECIALS)
+    types += [int(gguf.TokenType.NORMAL)] * (n_vocab - len(BERT_SPECIALS))
+    return tokens, types
+
+
+def make_bert_reranker(
+    path: str | os.PathLike[str],
+    *,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_ff: int = 128,
+    n_vocab: int = 400,
+    context_length: int = 512,
+    dtype: DType = "f32",
+    seed: int = 0,
+    pooling_type: int = 4,
+    name: str = "modeld-test-reranker",
+) -> Path:
+    """Write a random-weight ``bert`` cross-encoder with a classification head (``cls`` and
+    ``cls.output``, one label) and rank pooling (``pooling_type`` 4), as convert_hf_to_gguf
+    writes BERT rerankers; ``pooling_type`` 1 (mean) makes it a plain embedding model instead.
+    A pair is ``[CLS] query [SEP] document [SEP]`` (add BOS and EOS, no extra SEP)."""
+    if n_embd % n_head:
+        raise ValueError("n_embd must divide by n_head")
+
+    def kv(w: gguf.GGUFWriter) -> None:
+        w.add_type("model")
+        w.add_name(name)
+        w.add_file_type(_FILE_TYPE[dtype])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        tokens, types = wpm_vocab(n_vocab)
+        w.add_tokenizer_model("bert")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_type_count(2)
+        w.add_pad_token_id(0)
+        w.add_unk_token_id(1)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(3)
+        w.add_sep_token_id(3)
+        w.add_mask_token_id(4)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(True)
+        w.add_add_sep_token(False)
+        w.add_context_length(context_length)
+        w.add_embedding_length(n_embd)
+        w.add_block_count(n_layer)
+        w.add_feed_forward_length(n_ff)
+        w.add_head_count(n_head)
+        w.add_layer_norm_eps(1e-12)
+        w.add_causal_attention(False)
+        w.add_pooling_type(gguf.PoolingType(pooling_type))
+        if pooling_type == 4:
+            w.add_classifier_output_labels(["relevance"])
+
+    specs: list[tuple[str, tuple[int, ...], bool]] = [
+        ("token_embd.weight", (n_vocab, n_embd), False),
+        ("token_types.weight", (2, n_embd), False),
+        ("position_embd.weight", (context_length, n_embd), False),
+        ("token_embd_norm.weight", (n_embd,), True),
+        ("token_embd_norm.bias", (n_embd,), True),
+    ]
+    if pooling_type == 4:
+        specs += [
+            ("cls.weight", (n_embd, n_embd), False),
+            ("cls.bias", (n_embd,), True),
+            ("cls.output.weight", (1, n_embd), False),
+            ("cls.output.bias", (1,), True),
+        ]
+    for i in range(n_layer):
+        b = f"blk.{i}."
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            specs += [
+                (b + part + ".weight", (n_embd, n_embd), False),
+                (b + part + ".bias", (n_embd,), True),
+            ]
+        specs += [
+            (b + "attn_output_norm.weight", (n_embd,), True),
+            (b + "attn_output_norm.bias", (n_embd,), True),
+            (b + "ffn_up.weight", (n_ff, n_embd), False),
+            (b + "ffn_up.bias", (n_ff,), True),
+            (b + "ffn_down.weight", (n_embd, n_ff), False),
+            (b + "ffn_down.bias", (n_embd,), True),
+            (b + "layer_output_norm.weight", (n_embd,), True),
+            (b + "layer_output_norm.bias", (n_embd,), True),
+        ]
+    # weights of std 0.5, not 0.02: with tiny ones every pair would score the same to 1e-5;
+    # token_types stays F32 as convert_hf_to_gguf keeps it (llama.cpp adds its row unconverted)
+    plan = _tensor_plan(specs, dtype, seed, std=0.5, keep_f32=frozenset({"token_types.weight"}))
+    return _write(path, "bert", kv, list(plan))
+
+
 # Presets used by the conftest fixtures (kind "llama" unless the name says otherwise).
 TINY: dict[str, Any] = dict(
     n_layer=2, n_embd=64, n_head=4, n_ff=128, n_vocab=512, context_length=2048, dtype="f32"
@@ -305,7 +425,11 @@ SWA: dict[str, Any] = dict(  # kind "gemma3"
     context_length=4096, sliding_window=64, dtype="f32",
 )  # fmt: skip
 
-MAKERS: dict[str, Callable[..., Path]] = {"llama": make_llama_model, "gemma3": make_gemma3_model}
+RERANKER: dict[str, Any] = dict(n_layer=2, n_embd=64, n_head=4, n_ff=128, n_vocab=400)  # "bert"
+
+MAKERS: dict[str, Callable[..., Path]] = {
+    "llama": make_llama_model, "gemma3": make_gemma3_model, "bert": make_bert_reranker,
+}  # fmt: skip
 
 
 def cached_model(cache_dir: str | os.PathLike[str], kind: str, **params: Any) -> Path:

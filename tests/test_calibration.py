@@ -3,8 +3,9 @@
 Each generate case loads a model in a fresh child process and runs two 32-token generations
 (one with a full micro-batch prompt); each embed case drives a real ``modeld.runner`` process
 (mode "embed", so the runner's own chunked embedding path) through a short and a
-context-filling embedding. The RSS added is compared with ``modeld.memory.estimate``. The
-assertion is on memory (±10%), never on time.
+context-filling embedding; the rerank case scores a query against a context-filling document.
+The RSS added is compared with ``modeld.memory.estimate``. The assertion is on memory (±10%),
+never on time.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def calibrate() -> ModuleType:
         ("llama-q8_0-90M", 1024, "embed"),
         ("gemma-3-270m-q4_k_m", 512, "embed"),  # 262k vocabulary: logits dominate
         ("gemma-3-270m-q4_k_m", 2048, "generate x4"),  # a runner decoding 4 sequences
+        ("bert-reranker-f16-85M", 512, "rerank"),  # a cross-encoder: no KV cache, one batch
     ],
 )
 def test_estimate_within_ten_percent(
@@ -59,6 +61,11 @@ def test_estimate_within_ten_percent(
     if mode.startswith("generate x"):  # the runner's N sequences, all with a full prompt
         assert r["via"] == "modeld.runner"
         assert r["embed_tokens"] >= 400
+    if mode == "rerank":  # a query and one document that fill the context, in one batch
+        assert r["via"] == "modeld.runner"
+        assert r["estimate"]["kv_cache"] == 0
+        assert n_ctx - 64 <= r["embed_tokens"] <= n_ctx
+        assert measured["rss"] > r["measured_short"]["rss"]
     if mode == "embed":  # measured by the runner itself, after an input that fills the context
         assert r["via"] == "modeld.runner"
         assert r["embed_chunk"] == memory.EMBED_CHUNK

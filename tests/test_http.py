@@ -222,9 +222,11 @@ def test_port_taken_is_a_warning_and_zeromq_still_serves(daemon_factory: Factory
               what="the warning")
 
 
-def test_readme_curl_examples_work(served: Served) -> None:
+def test_readme_curl_examples_work(served: Served, reranker: Path) -> None:
     """Each ``curl`` line of the README's "Use with other tools" section, replayed against
-    this daemon (port swapped, ``default`` model as written)."""
+    this daemon (port swapped, ``default`` model as written; ``bge-reranker`` is the tiny
+    generated reranker)."""
+    (served.d.root / "models" / "bge-reranker.gguf").write_bytes(reranker.read_bytes())
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Use with other tools", 1)[1].split("\n## ", 1)[0]
     commands = [line for line in section.splitlines() if line.startswith("curl ")]

@@ -19,6 +19,7 @@ PURE_MODULES = [
     "modeld.config",
     "modeld.registry",
     "modeld.runner.protocol",
+    "modeld.runner.specs",
     "modeld.runner.chat",
     "modeld.runner.textstream",
     "modeld.runner.promptplan",

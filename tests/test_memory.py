@@ -292,11 +292,33 @@ def test_runner_embeds_with_the_estimates_chunk() -> None:
     assert ast.unparse(values[0]) == "memory.EMBED_CHUNK"
 
 
-def test_embed_for_pooled_encoder_has_no_logits() -> None:
+def test_embed_for_pooled_encoder_has_no_logits_and_no_kv_cache() -> None:
     bert = make_info(architecture="bert", pooling_type=1)
     e = memory.estimate(bert, 512, mode="embed")
     assert e.output == 512 * 4 * bert.embedding_length
-    assert e.compute == memory.compute_bytes(bert, 512, n_ubatch=512)
+    assert e.kv_cache == 0 and e.kv_cells == 0  # llama.cpp builds BERT without a KV cache
+    assert e.compute == memory.encoder_compute_bytes(bert, 512)
+    assert not e.approximate  # calibrated: the bert reranker row of docs/benchmarks.md
+    assert memory.estimate(bert, 512, mode="rerank").total == e.total
+
+
+def test_encoder_compute_follows_llama_cpp_reserve() -> None:
+    """llama.cpp's compute-buffer reserve for BERT (flash attention), read from its log:
+    n_embd 768, n_ff 3072 at 512 tokens 11.01 MiB; n_ff 1536 (attention-bound) 8.76 MiB."""
+    wide = make_info(
+        architecture="bert", pooling_type=4, embedding_length=768, feed_forward_length=3072
+    )
+    narrow = make_info(
+        architecture="bert", pooling_type=4, embedding_length=768, feed_forward_length=1536
+    )
+    assert abs(memory.encoder_compute_bytes(wide, 512) / MiB - 11.01) < 0.05
+    assert abs(memory.encoder_compute_bytes(narrow, 512) / MiB - 8.76) < 0.05
+
+
+def test_pooled_decoder_keeps_its_kv_cache_and_is_approximate() -> None:
+    qwen = make_info(architecture="qwen3", pooling_type=3)
+    e = memory.estimate(qwen, 512, mode="embed")
+    assert e.kv_cache > 0
     assert e.approximate and any("pooled" in n for n in e.notes)
 
 

@@ -174,8 +174,9 @@ def test_parse_simple_types() -> None:
     assert _parse("embed", inputs="x") == protocol.EmbedRequest(None, ("x",))
     assert _parse("unload", all=True) == protocol.UnloadRequest(None, None, True)
     assert _parse("cancel", target="r9") == protocol.CancelRequest("r9")
+    # no mode: the daemon picks what the model is made for (rerank for a reranker)
     assert _parse("load", model="m", pinned=True) == protocol.LoadRequest(
-        "m", "generate", None, None, True
+        "m", None, None, None, True
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
 from modeld.runner import protocol as rp
+from modeld.runner import specs
 from modeld.runner.textstream import StopBuffer, TextStream, pool_and_normalize
 
 # --------------------------------------------------------------------------- protocol
@@ -102,7 +103,7 @@ def test_decode_enforces_the_size_limit_and_encode_refuses_nan() -> None:
 
 
 def test_parse_load_validates_fields() -> None:
-    spec = rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=4))
+    spec = specs.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=4))
     assert (spec.path, spec.mode, spec.n_ctx, spec.n_threads, spec.n_batch) == (
         "/m.gguf",
         "generate",
@@ -120,47 +121,47 @@ def test_parse_load_validates_fields() -> None:
     ):
         msg = {**rp.load("/m.gguf", n_ctx=512, n_threads=1), **bad}
         with pytest.raises(ProtocolError):
-            rp.parse_load(msg)
+            specs.parse_load(msg)
 
 
 def test_load_carries_the_prompt_cache_size_and_tolerates_its_absence() -> None:
-    assert rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=1)).prompt_cache_mib == 32
+    assert specs.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=1)).prompt_cache_mib == 32
     zero = rp.load("/m.gguf", n_ctx=512, n_threads=1, prompt_cache_mib=0)
-    assert rp.parse_load(zero).prompt_cache_mib == 0
+    assert specs.parse_load(zero).prompt_cache_mib == 0
     older = {k: v for k, v in zero.items() if k != "prompt_cache_mib"}  # an older daemon
-    assert rp.parse_load(older).prompt_cache_mib == 32
+    assert specs.parse_load(older).prompt_cache_mib == 32
     for bad in (-1, "32", True):
         with pytest.raises(ProtocolError):
-            rp.parse_load({**zero, "prompt_cache_mib": bad})
+            specs.parse_load({**zero, "prompt_cache_mib": bad})
 
 
 def test_load_warm_up_defaults_on_and_must_be_a_boolean() -> None:
     msg = rp.load("/m.gguf", n_ctx=512, n_threads=1)
-    assert rp.parse_load(msg).warm_up is True
-    assert rp.parse_load({k: v for k, v in msg.items() if k != "warm_up"}).warm_up is True
-    assert rp.parse_load(rp.load("/m.gguf", n_ctx=512, n_threads=1, warm_up=False)).warm_up is False
+    assert specs.parse_load(msg).warm_up is True
+    assert specs.parse_load({k: v for k, v in msg.items() if k != "warm_up"}).warm_up is True
+    cold = rp.load("/m.gguf", n_ctx=512, n_threads=1, warm_up=False)
+    assert specs.parse_load(cold).warm_up is False
     for bad in (0, "no", None):
         with pytest.raises(ProtocolError):
-            rp.parse_load({**msg, "warm_up": bad})
+            specs.parse_load({**msg, "warm_up": bad})
 
 
 def test_load_prompt_cache_dir_is_optional_and_a_path() -> None:
     msg = rp.load("/m.gguf", n_ctx=512, n_threads=1)
-    assert "prompt_cache_dir" not in msg and rp.parse_load(msg).prompt_cache_dir is None
+    assert "prompt_cache_dir" not in msg and specs.parse_load(msg).prompt_cache_dir is None
     given = rp.load("/m.gguf", n_ctx=512, n_threads=1, prompt_cache_dir="/c/prompts")
-    assert rp.parse_load(given).prompt_cache_dir == "/c/prompts"
+    assert specs.parse_load(given).prompt_cache_dir == "/c/prompts"
     for bad in ("", 3, ["/c"]):
         with pytest.raises(ProtocolError):
-            rp.parse_load({**msg, "prompt_cache_dir": bad})
+            specs.parse_load({**msg, "prompt_cache_dir": bad})
 
 
 def test_parse_generate_validates_fields() -> None:
-    spec = rp.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
+    spec = specs.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
     assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)
     assert spec.top_k == 0 and spec.seed == 3 and not spec.raw
-    assert rp.parse_generate({"type": "generate", "rid": "r", "prompt": "p", "stop": "x"}).stop == (
-        "x",
-    )
+    one_stop = {"type": "generate", "rid": "r", "prompt": "p", "stop": "x"}
+    assert specs.parse_generate(one_stop).stop == ("x",)
     base = {"type": "generate", "rid": "r", "prompt": "p"}
     for bad in (
         {"prompt": None},  # neither prompt nor messages
@@ -174,17 +175,17 @@ def test_parse_generate_validates_fields() -> None:
         {"rid": ""},
     ):
         with pytest.raises(ProtocolError):
-            rp.parse_generate({**base, **bad})
+            specs.parse_generate({**base, **bad})
     with pytest.raises(ProtocolError):
-        rp.parse_generate({"type": "generate", "rid": "r", "messages": [{"role": "user"}]})
+        specs.parse_generate({"type": "generate", "rid": "r", "messages": [{"role": "user"}]})
 
 
 def test_parse_embed_validates_inputs() -> None:
-    assert rp.parse_embed(rp.embed("r", ["a"])).inputs == ("a",)
-    assert rp.parse_embed({"type": "embed", "rid": "r", "inputs": "a"}).inputs == ("a",)
+    assert specs.parse_embed(rp.embed("r", ["a"])).inputs == ("a",)
+    assert specs.parse_embed({"type": "embed", "rid": "r", "inputs": "a"}).inputs == ("a",)
     for inputs in ([], [1], None):
         with pytest.raises(ProtocolError):
-            rp.parse_embed({"type": "embed", "rid": "r", "inputs": inputs})
+            specs.parse_embed({"type": "embed", "rid": "r", "inputs": inputs})
 
 
 # --------------------------------------------------------------------------- text stream
@@ -238,11 +239,11 @@ def test_pool_and_normalize() -> None:
 
 def test_per_request_threads_are_optional_and_bounded() -> None:
     base = {"type": "generate", "rid": "r1", "prompt": "hi"}
-    assert rp.parse_generate(base).n_threads is None
-    assert rp.parse_generate({**base, "n_threads": 3}).n_threads == 3
+    assert specs.parse_generate(base).n_threads is None
+    assert specs.parse_generate({**base, "n_threads": 3}).n_threads == 3
     embed = {"type": "embed", "rid": "e", "inputs": ["a"], "n_threads": 1}
-    assert rp.parse_embed(embed).n_threads == 1
+    assert specs.parse_embed(embed).n_threads == 1
     with pytest.raises(ProtocolError):
-        rp.parse_generate({**base, "n_threads": -1})
+        specs.parse_generate({**base, "n_threads": -1})
     with pytest.raises(ProtocolError):
-        rp.parse_generate({**base, "n_threads": "two"})
+        specs.parse_generate({**base, "n_threads": "two"})

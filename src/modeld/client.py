@@ -293,17 +293,33 @@ class Client:
         """Embeddings: the reply has ``embeddings`` (one list of floats per input)."""
         return self._call("embed", model=model, inputs=inputs, keep_alive=keep_alive, n_ctx=n_ctx)
 
+    def rerank(
+        self,
+        model: str | None,
+        query: str,
+        documents: list[str],
+        *,
+        top_n: int | None = None,
+        keep_alive: str | int | float | None = None,
+        n_ctx: int | None = None,
+    ) -> dict[str, Any]:
+        """Relevance of each document to ``query``: the reply has ``results`` of ``index`` and
+        ``relevance_score``, in input order, or the ``top_n`` best, best first."""
+        return self._call("rerank", model=model, query=query, documents=documents,
+                          top_n=top_n, keep_alive=keep_alive, n_ctx=n_ctx)  # fmt: skip
+
     def load(
         self,
         model: str | None,
         *,
-        mode: str = "generate",
+        mode: str | None = None,
         n_ctx: int | None = None,
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
         parallel: int | None = None,
     ) -> dict[str, Any]:
-        """Load (or touch) a model; returns its entry as one ``ps`` row. ``parallel``: the
+        """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
+        the model is made for (rerank for a reranker, else generate). ``parallel``: the
         requests it decodes together (None: the daemon's setting, else automatic)."""
         reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,
@@ -326,9 +342,10 @@ class Client:
         return self._call("stats")
 
     def show(
-        self, model: str | None, *, mode: str = "generate", n_ctx: int | None = None
+        self, model: str | None, *, mode: str | None = None, n_ctx: int | None = None
     ) -> dict[str, Any]:
-        """Metadata, estimated memory, the n_ctx it would get and what would be evicted."""
+        """Metadata, estimated memory, the n_ctx it would get and what would be evicted
+        (``mode`` None: what the model is made for)."""
         return self._call("show", model=model, mode=mode, n_ctx=n_ctx)
 
     def ping(self) -> dict[str, Any]:

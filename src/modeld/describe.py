@@ -125,9 +125,10 @@ def _reload(
 
 
 def describe(
-    settings: Settings, ref: str | None, *, mode: str = "generate", n_ctx: int | None = None
+    settings: Settings, ref: str | None, *, mode: str | None = None, n_ctx: int | None = None
 ) -> dict[str, Any]:
-    """``modeld show``: from the running daemon if there is one, else planned locally."""
+    """``modeld show``: from the running daemon if there is one, else planned locally
+    (``mode`` None: what the model is made for)."""
     from modeld import paths, registry
     from modeld.socketcheck import socket_problem
 
@@ -149,13 +150,14 @@ def describe(
 
 
 def describe_local(
-    settings: Settings, ref: str | None, *, mode: str = "generate", n_ctx: int | None = None
+    settings: Settings, ref: str | None, *, mode: str | None = None, n_ctx: int | None = None
 ) -> dict[str, Any]:
     """The show document with no daemon: an empty cache with the configured budget."""
     from modeld import gguf, registry
 
     resolved = registry.resolve(ref, settings)
     info = gguf.read_model_info(resolved.path)
+    mode = mode or ("rerank" if info.is_reranker else "generate")
     key = ModelKey.for_file(resolved.path, memory.mode_of(mode))
     budget, _usable = sizing.memory_budget(settings)
     cache = CachePolicy(budget, settings.max_models, time.monotonic)

@@ -15,6 +15,7 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   value_length × bytes(type_v))``; full-attention layers get ``n_ctx`` cells, sliding-window
   layers ``min(n_ctx, n_swa × n_seq + n_ubatch)`` (with ``swa_full=False``), both padded to 256
   (llama.cpp ``llama_kv_cache_iswa``). llama.cpp zeroes the buffer, so it is all resident.
+  Encoders (BERT embedders and rerankers) have none: they attend within one micro-batch.
 * **compute** — the part of ggml's compute buffer a real batch touches. llama.cpp *reserves*
   far more (514 MiB for gemma-3-270m, dominated by logits for 512 outputs that a generation
   never produces), but reserved-and-untouched pages cost nothing. Fitted on measurements:
@@ -23,7 +24,8 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   Embed mode follows modeld's runner: a model with an LM head (a decoder without pooling) is
   decoded ``EMBED_CHUNK`` tokens at a time, so the touched pages are one chunk's activations
   plus its full-vocabulary logits (llama.cpp computes logits for every token it embeds);
-  a pooled encoder embeds an input as one whole-context micro-batch.
+  a pooled encoder embeds an input as one whole-context micro-batch, whose live activations
+  are ``n_ubatch × 4 B × max(n_ff + 3·n_embd, 5.5·n_embd)`` plus its own f16 mask.
 * **output** — the logits row(s) (``n_vocab × 4 B`` per sequence). An embedding context is
   created by llama-cpp-python for ``min(n_batch, 256)`` sequences, and llama.cpp reserves and
   touches logits + embeddings for that many rows at load (257 MiB for a 262k vocabulary);
@@ -39,8 +41,8 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   :attr:`MemoryEstimate.total`, because the daemon measures its spare runner and adds that.
 
 Measured error on this machine class is within ±10% (see docs/benchmarks.md). GPU offload,
-recurrent models, pooled embedding encoders and non-flash attention are modelled but not
-calibrated: ``approximate``.
+recurrent models, pooled embedding models other than BERT and non-flash attention are
+modelled but not calibrated: ``approximate``.
 """
 
 from __future__ import annotations
@@ -78,6 +80,18 @@ COMPUTE_CONSTANT = int(0.4 * MiB)
 COMPUTE_PER_EMBD = 2.4  # f32 activations of width n_embd live at once, per ubatch token
 COMPUTE_PER_FF = 3.45  # ... of width n_ff (gate, up, activation, product)
 COMPUTE_PER_Q = 1.3  # ... of width n_head × key_length (Q, attention output)
+#: a cache-less encoder's micro-batch (BERT): the FFN input, its n_ff-wide product and the
+#: residual stream live at once, or ~5.5 n_embd-wide tensors in attention when n_ff is small;
+#: fitted on llama.cpp's compute-buffer reserve for n_embd 384-1024, n_ff 2-8 x n_embd
+ENCODER_PER_EMBD = 3.0
+ENCODER_PER_EMBD_ATTN = 5.5
+#: architectures llama.cpp builds without a KV cache (``llama_model::create_memory``: encoders
+#: and diffusion models attend within the micro-batch only)
+NO_KV_ARCHITECTURES = frozenset({
+    "bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2",
+    "jina-bert-v3", "eurobert", "gemma-embedding", "wavtokenizer-dec", "dream", "llada",
+    "llada-moe", "rnd1", "clef",
+})  # fmt: skip
 MASK_BYTES_FA = 2  # f16 KQ mask per (cell, token) with flash attention
 MASK_BYTES_NO_FA = 4  # f32 mask without it
 EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the logits tensor
@@ -93,8 +107,8 @@ MAX_PARALLEL_SEQUENCES = 256
 #: a runner process after ``import llama_cpp`` (measured 40 MiB RSS) plus its ZeroMQ socket
 RUNNER_BASELINE = 48 * MiB
 
-Mode = Literal["generate", "embed"]
-MODES: tuple[Mode, ...] = ("generate", "embed")
+Mode = Literal["generate", "embed", "rerank"]
+MODES: tuple[Mode, ...] = ("generate", "embed", "rerank")
 
 
 def mode_of(value: str) -> Mode:
@@ -317,6 +331,20 @@ def compute_bytes(
     return int(COMPUTE_CONSTANT + acts + attn)
 
 
+def has_kv_cache(info: ModelInfo) -> bool:
+    """Whether llama.cpp gives the model a KV cache (not encoders such as BERT rerankers)."""
+    return info.architecture not in NO_KV_ARCHITECTURES
+
+
+def encoder_compute_bytes(info: ModelInfo, n_ubatch: int) -> int:
+    """The compute buffer of a cache-less encoder for one ``n_ubatch``-token micro-batch: the
+    widest set of live activations plus the micro-batch's own f16 attention mask."""
+    e = info.embedding_length
+    ff = info.feed_forward_length or 4 * e
+    width = max(ff + ENCODER_PER_EMBD * e, ENCODER_PER_EMBD_ATTN * e)
+    return int(n_ubatch * 4 * width + n_ubatch * pad_cells(n_ubatch, 64) * MASK_BYTES_FA)
+
+
 def embed_seq_max(n_batch: int) -> int:
     """Sequences an embedding context is created for (llama-cpp-python: min(n_batch, 256)).
 
@@ -365,12 +393,13 @@ def estimate(
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
     if embedding is not None:
         mode = "embed" if embedding else "generate"
-    if mode not in ("generate", "embed"):
-        raise ValueError(f"mode must be 'generate' or 'embed', got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if not flash_attn and kv_type_bytes(type_v) < 2:
         raise ValueError("a quantized V cache needs flash attention")
     n_ctx = pad_cells(n_ctx)
-    embed = mode == "embed"
+    # a reranker runs as a pooled encoder (rank pooling): the embed path's memory exactly
+    embed = mode in ("embed", "rerank")
     chunked = embed and has_lm_head(info)  # the runner decodes EMBED_CHUNK tokens at a time
     pooled = embed and not chunked  # one input in one whole-context micro-batch
     default_batch = n_ctx if pooled else min(EMBED_N_BATCH if embed else 512, n_ctx)
@@ -389,32 +418,36 @@ def estimate(
     # the runner's parallel sequences have a KV stream each; llama-cpp-python's embedding
     # context keeps its n_seq_max sequences in one unified cache
     unified = embed
-    kv = kv_cache_bytes(
-        info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch,
-        n_seq=n_seq, unified=unified,
-    )  # fmt: skip
-    full_cells, swa_cells = kv_cells(
-        info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq, unified=unified
-    )
-    compute = compute_bytes(
-        info,
-        n_ctx,
-        flash_attn=flash_attn,
-        swa_full=swa_full,
-        n_ubatch=run_ubatch,
-        n_seq=n_seq,
-        logits_rows=logits_rows,
-        unified=unified,
-    )
+    if has_kv_cache(info):
+        kv = kv_cache_bytes(
+            info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch,
+            n_seq=n_seq, unified=unified,
+        )  # fmt: skip
+        full_cells, swa_cells = kv_cells(
+            info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq, unified=unified
+        )
+        compute = compute_bytes(
+            info,
+            n_ctx,
+            flash_attn=flash_attn,
+            swa_full=swa_full,
+            n_ubatch=run_ubatch,
+            n_seq=n_seq,
+            logits_rows=logits_rows,
+            unified=unified,
+        )
+    else:  # an encoder attends within its micro-batch: no cells, a mask of ubatch x ubatch
+        kv, full_cells, swa_cells = 0, 0, 0
+        compute = encoder_compute_bytes(info, run_ubatch)
     if chunked:  # logits + embeddings for n_seq_max rows, reserved and touched at load
         output = max(n_seq, run_ubatch) * 4 * (info.vocab_size + info.embedding_length)
     elif pooled:  # embeddings for every token of the micro-batch
         output = n_ubatch * 4 * info.embedding_length
     else:
         output = info.vocab_size * 4 * max(1, n_seq)
-    if pooled:
+    if pooled and info.architecture != "bert":
         approximate = True
-        notes.append("approximate: pooled embedding models are not calibrated")
+        notes.append("approximate: pooled embedding models other than BERT are not calibrated")
     overhead = CONTEXT_OVERHEAD + VOCAB_BYTES_PER_TOKEN * info.vocab_size + CODE_PAGES
 
     if info.recurrent:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+#: llama.cpp's LLAMA_POOLING_TYPE_RANK: the pooled output is a relevance score per sequence
+POOLING_RANK = 4
+
 
 @dataclass(frozen=True)
 class TensorInfo:
@@ -71,6 +74,31 @@ class ModelInfo:
             "jina-bert-v2",
             "t5encoder",
         }
+
+    @property
+    def is_reranker(self) -> bool:
+        """True for cross-encoders made to score query-document pairs: rank pooling (4), which
+        convert_hf_to_gguf writes for models with a classification head."""
+        return self.pooling_type == POOLING_RANK
+
+    @property
+    def kind(self) -> str:
+        """What the model is made for, in words (for errors that say why a mode does not fit)."""
+        if self.is_reranker:
+            return f"a reranker (architecture {self.architecture})"
+        if self.is_embedding_model:
+            return f"an embedding model (architecture {self.architecture})"
+        return f"a text-generation model (architecture {self.architecture})"
+
+    def mode_mismatch(self, mode: str) -> str | None:
+        """Why ``mode`` does not suit this model, or None: rerank needs a reranker, and a
+        reranker does nothing else (its pooled output is one score, not text or a vector)."""
+        if mode == "rerank" and not self.is_reranker:
+            return f"it is {self.kind}, not a reranker (no rank pooling in its GGUF)"
+        if mode != "rerank" and self.is_reranker:
+            verb = "embed" if mode == "embed" else "generate text"
+            return f"it is {self.kind}: it scores query-document pairs and cannot {verb}"
+        return None
 
     def summary(self) -> dict[str, object]:
         """A JSON-safe dict without the tensor table and raw scalars."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
 
@@ -26,6 +26,7 @@ REQUEST_TYPES = frozenset(
     {
         "generate",
         "embed",
+        "rerank",
         "load",
         "unload",
         "ps",
@@ -39,11 +40,13 @@ REQUEST_TYPES = frozenset(
 )
 #: Reply types the daemon sends: zero or more ``chunk`` then exactly one ``done`` or ``error``.
 REPLY_TYPES = frozenset({"chunk", "done", "error"})
-MODES = ("generate", "embed")
+MODES = ("generate", "embed", "rerank")
 MAX_ID_LENGTH = 128
 #: Most sequences one runner decodes together (``parallel``; llama.cpp allows 256; more than
 #: this only splits a context into slivers on a CPU).
 MAX_PARALLEL = 64
+#: Most documents one rerank request scores (each is one query-document pair to evaluate).
+MAX_DOCUMENTS = 4096
 
 
 class ProtocolError(InvalidRequestError):
@@ -180,6 +183,7 @@ class GenerateOptions:
 
 @dataclass(frozen=True)
 class GenerateRequest:
+    mode: ClassVar[str] = "generate"  # the model mode it needs
     model: str | None
     prompt: str | None
     messages: tuple[dict[str, str], ...] | None
@@ -188,6 +192,7 @@ class GenerateRequest:
 
 @dataclass(frozen=True)
 class EmbedRequest:
+    mode: ClassVar[str] = "embed"
     model: str | None
     inputs: tuple[str, ...]
     keep_alive: str | int | float | None = None
@@ -195,9 +200,22 @@ class EmbedRequest:
 
 
 @dataclass(frozen=True)
+class RerankRequest:
+    """Score each document against the query with a reranker (a cross-encoder)."""
+
+    mode: ClassVar[str] = "rerank"
+    model: str | None
+    query: str
+    documents: tuple[str, ...]
+    top_n: int | None = None  # None: every document, in input order; N: the N best, best first
+    keep_alive: str | int | float | None = None
+    n_ctx: int | None = None
+
+
+@dataclass(frozen=True)
 class LoadRequest:
     model: str | None
-    mode: str = "generate"
+    mode: str | None = None  # None: what the model is made for (rerank for a reranker)
     n_ctx: int | None = None
     keep_alive: str | int | float | None = None
     pinned: bool = False
@@ -214,7 +232,7 @@ class UnloadRequest:
 @dataclass(frozen=True)
 class ShowRequest:
     model: str | None
-    mode: str = "generate"
+    mode: str | None = None  # None: what the model is made for (rerank for a reranker)
     n_ctx: int | None = None
 
 
@@ -226,6 +244,7 @@ class CancelRequest:
 ParsedRequest = (
     GenerateRequest
     | EmbedRequest
+    | RerankRequest
     | LoadRequest
     | UnloadRequest
     | ShowRequest
@@ -267,10 +286,23 @@ def parse_request(msg: Message) -> ParsedRequest:
         else:
             raise b.fail("'inputs' must be a string or a non-empty list of strings")
         return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx())
+    if t == "rerank":
+        query = b.opt_str("query")
+        if query is None:
+            raise b.fail("'query' (a string) is required")
+        docs = msg.body.get("documents")
+        if not (isinstance(docs, list) and docs and all(isinstance(x, str) for x in docs)):
+            raise b.fail("'documents' must be a non-empty list of strings")
+        if len(docs) > MAX_DOCUMENTS:
+            raise b.fail(f"at most {MAX_DOCUMENTS} documents per request")
+        top_n = b.int_field(b.body, "top_n", 1, MAX_DOCUMENTS, None)
+        return RerankRequest(
+            b.opt_str("model"), query, tuple(docs), top_n, b.keep_alive(), b.n_ctx()
+        )
     if t == "load":
         return LoadRequest(
             b.opt_str("model"),
-            b.mode("generate"),
+            b.mode(),
             b.n_ctx(),
             b.keep_alive(),
             b.flag("pinned"),
@@ -286,7 +318,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             raise b.fail(f"'mode' must be one of {MODES}")
         return UnloadRequest(model, mode, everything)
     if t == "show":
-        return ShowRequest(b.opt_str("model"), b.mode("generate"), b.n_ctx())
+        return ShowRequest(b.opt_str("model"), b.mode(), b.n_ctx())
     if t == "cancel":
         target = b.opt_str("target")
         if not target:
@@ -321,9 +353,9 @@ class _Body:
             raise self.fail(f"{key!r} must be true or false")
         return value
 
-    def mode(self, default: str) -> str:
-        value = self.opt_str("mode") or default
-        if value not in MODES:
+    def mode(self) -> str | None:
+        value = self.opt_str("mode")
+        if value is not None and value not in MODES:
             raise self.fail(f"'mode' must be one of {MODES}")
         return value
 

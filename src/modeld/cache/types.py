@@ -68,10 +68,10 @@ class ModelKey:
 
     @property
     def name(self) -> str:
-        """Display name: the file stem, with ``[embed]`` for embedding mode."""
+        """Display name: the file stem, with ``[embed]`` or ``[rerank]`` for those modes."""
         stem = os.path.basename(self.path)
         stem = stem[: -len(".gguf")] if stem.lower().endswith(".gguf") else stem
-        return stem if self.mode == "generate" else f"{stem} [embed]"
+        return stem if self.mode == "generate" else f"{stem} [{self.mode}]"
 
     def is_current(self) -> bool:
         """False when the file was replaced or removed since the key was taken."""

@@ -17,6 +17,7 @@ HELP = (
     '  stop    Stop the running daemon (models are unloaded, in-flight...\n'
     '  run     Generate a reply, streamed to stdout.\n'
     '  embed   Print embeddings as JSON (one vector per input text).\n'
+    '  rerank  Score how well each document answers the query (a cross-encoder...\n'
     '  load    Load a model (or refresh its keep-alive) without generating.\n'
     '  unload  Unload a model (or all); busy ones go as soon as their requests...\n'
     '  ps      Show loaded models: memory, context, requests (running/queued),...\n'

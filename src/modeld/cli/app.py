@@ -244,6 +244,49 @@ def embed(
     render.emit_json("embed", {"model": model or "default", **reply})
 
 
+@app.command()
+def rerank(
+    model: Annotated[str, typer.Argument(help="A reranker (path, name or alias).")],
+    query: Annotated[str, typer.Argument(help="What the documents should answer.")],
+    documents: Annotated[
+        list[str] | None,
+        typer.Argument(help="Documents to score; none or '-': one per line from stdin."),
+    ] = None,
+    top_n: Annotated[
+        int | None, typer.Option("--top-n", min=1, help="Only the N best, best first.")
+    ] = None,
+    keep_alive: KeepAliveOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Score how well each document answers the query (a cross-encoder reranker)."""
+    from modeld.cli import render, views
+    from modeld.errors import InvalidRequestError
+
+    docs = list(documents or [])
+    if docs == ["-"] or (not docs and not sys.stdin.isatty()):
+        docs = [line for line in sys.stdin.read().splitlines() if line.strip()]
+    if not docs:
+        raise InvalidRequestError(
+            "nothing to rerank", hint="pass documents after the query, or one per line on stdin"
+        )
+    settings = _settings()
+    reply = _client(settings, autostart=True).rerank(
+        _model_ref(model), query, docs, top_n=top_n, keep_alive=keep_alive
+    )
+    data = {"model": model, "query": query, **reply}
+    render.emit("rerank", data, as_json=json_out,
+                text=lambda d: views.rerank_view(d, docs))  # fmt: skip
+
+
+def _mode(embedding: bool, reranking: bool) -> str | None:
+    """The mode the --embed/--rerank flags ask for; None: what the model is made for."""
+    if embedding and reranking:
+        from modeld.errors import InvalidRequestError
+
+        raise InvalidRequestError("--embed and --rerank exclude each other")
+    return "embed" if embedding else "rerank" if reranking else None
+
+
 # ---------------------------------------------------------------------- cache management
 
 
@@ -254,6 +297,9 @@ def load(
     keep_alive: KeepAliveOpt = None,
     pin: Annotated[bool, typer.Option("--pin", help="Never evict it for memory.")] = False,
     embedding: Annotated[bool, typer.Option("--embed", help="Load in embedding mode.")] = False,
+    reranking: Annotated[
+        bool, typer.Option("--rerank", help="Load in rerank mode (the default for a reranker).")
+    ] = False,
     parallel: Annotated[
         int | None,
         typer.Option(
@@ -270,7 +316,7 @@ def load(
     with render.status(f"loading {model or 'the default model'}"):
         reply = client.load(
             _model_ref(model),
-            mode="embed" if embedding else "generate",
+            mode=_mode(embedding, reranking),
             n_ctx=ctx,
             keep_alive=keep_alive,
             pinned=pin,
@@ -341,6 +387,7 @@ def show(
     model: ModelArg = None,
     ctx: CtxOpt = None,
     embedding: Annotated[bool, typer.Option("--embed", help="As an embedding model.")] = False,
+    reranking: Annotated[bool, typer.Option("--rerank", help="As a reranker.")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Model metadata, the context it would get now and why, and its estimated memory."""
@@ -348,7 +395,7 @@ def show(
     from modeld.describe import describe
 
     data = describe(
-        _settings(), _model_ref(model), mode="embed" if embedding else "generate", n_ctx=ctx
+        _settings(), _model_ref(model), mode=_mode(embedding, reranking), n_ctx=ctx
     )
     render.emit("show", data, as_json=json_out, text=views.show_view)
 

@@ -82,6 +82,7 @@ _LOAD_OPTS: dict[str, Callable[[str], object] | None] = {
     "--keep-alive": str,
     "--pin": None,
     "--embed": None,
+    "--rerank": None,
     "--parallel": int,
     "--json": None,
 }
@@ -245,8 +246,8 @@ def _run(args: list[str]) -> None:
 
 
 def _load(args: list[str]) -> None:
-    """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed] [--parallel N]
-    [--json]``."""
+    """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed|--rerank]
+    [--parallel N] [--json]``."""
     import json
     import time
 
@@ -258,7 +259,7 @@ def _load(args: list[str]) -> None:
     rid = session.send(
         "load",
         model=_model_ref(model),
-        mode="embed" if o.get("--embed") else "generate",
+        mode="embed" if o.get("--embed") else "rerank" if o.get("--rerank") else None,
         n_ctx=o.get("--ctx"),
         keep_alive=o.get("--keep-alive"),
         pinned=bool(o.get("--pin")),

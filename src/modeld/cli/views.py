@@ -16,6 +16,25 @@ def _yes(value: object) -> str:
     return "yes" if value else "no"
 
 
+_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank (a reranker)"}
+
+
+def _pooling(value: object) -> str:
+    if not isinstance(value, int):
+        return "-"
+    return _POOLING.get(value, str(value))
+
+
+def rerank_view(data: dict[str, Any], documents: list[str]) -> list[Any]:
+    """One row per scored document: its index in the input, its score, its text."""
+    rows = []
+    for r in data.get("results", []):
+        i = int(r["index"])
+        doc = documents[i] if 0 <= i < len(documents) else ""
+        rows.append((str(i), f"{float(r['relevance_score']):.4f}", doc))
+    return [grid_table(("INDEX", "SCORE", "DOCUMENT"), rows)]
+
+
 def show_view(data: dict[str, Any]) -> list[Any]:
     info: dict[str, Any] = data.get("info", {})
     layers = int(info.get("block_count") or 0)
@@ -38,7 +57,8 @@ def show_view(data: dict[str, Any]) -> list[Any]:
         ("sliding window", swa),
         ("vocabulary", str(info.get("vocab_size"))),
         ("chat template", _yes(info.get("has_chat_template"))),
-        ("pooling", str(info.get("pooling_type") if info.get("pooling_type") is not None else "-")),
+        ("pooling", _pooling(info.get("pooling_type"))),
+        ("mode", str(data.get("mode", "generate"))),
     ]
     for note in info.get("notes", []):
         model_rows.append(("note", str(note)))

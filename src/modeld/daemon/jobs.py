@@ -13,11 +13,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import protocol
+from modeld import ctx, protocol
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner
 from modeld.modelinfo import ModelInfo
+from modeld.runner import protocol as rp
 
 
 @dataclass(eq=False)
@@ -26,7 +27,7 @@ class Job:
 
     client: bytes  # ROUTER identity of the client
     rid: str  # the client's request id
-    kind: str  # "generate" | "embed" | "load"
+    kind: str  # "generate" | "embed" | "rerank" | "load"
     key: ModelKey
     name: str
     payload: dict[str, Any] = field(default_factory=dict)  # runner message body (no rid)
@@ -92,6 +93,43 @@ def keep_alive_of(value: str | int | float | None, settings: Settings) -> float:
     return parse_keep_alive(value, settings.keep_alive)
 
 
+def requested_ctx(n_ctx: int | None) -> int | None:
+    """A request's own n_ctx, rounded up as every context is (None: automatic)."""
+    return None if n_ctx is None else ctx.round_up(n_ctx)
+
+
+def request_job(
+    client: bytes,
+    rid: str,
+    req: protocol.GenerateRequest | protocol.EmbedRequest | protocol.RerankRequest,
+    key: ModelKey,
+    name: str,
+    settings: Settings,
+) -> Job:
+    """The job of a generate, embed or rerank request: its runner message, built by the runner
+    protocol's own builders (the scheduler sets the runner's rid when it dispatches)."""
+    if isinstance(req, protocol.EmbedRequest):
+        payload = rp.embed(rid, req.inputs)
+        return Job(client, rid, "embed", key, name, payload,
+                   keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
+    if isinstance(req, protocol.RerankRequest):
+        payload = rp.rerank(rid, req.query, req.documents, req.top_n)
+        return Job(client, rid, "rerank", key, name, payload,
+                   keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
+    o = req.options
+    # The promise: a greedy reply does not depend on what else its model decodes.
+    alone = o.temperature == 0.0 and o.deterministic is not False
+    payload = rp.generate(
+        rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
+        raw=o.raw, max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
+        top_k=o.top_k, seed=o.seed, stop=o.stop, deterministic=alone,
+    )  # fmt: skip
+    job = Job(client, rid, "generate", key, name, payload,
+              keep_alive_of(o.keep_alive, settings), requested_ctx(o.n_ctx))  # fmt: skip
+    job.alone = alone
+    return job
+
+
 def done_body(
     slot: Slot, job: Job, entry: Entry | None, msg: Mapping[str, Any], now: float
 ) -> dict[str, Any]:
@@ -108,8 +146,9 @@ def done_body(
         "n_ctx": entry.n_ctx if entry else None,
         "usage": usage,
     }
-    if job.kind == "embed":
-        body["embeddings"] = msg.get("embeddings", [])
+    if job.kind in ("embed", "rerank"):
+        result = "embeddings" if job.kind == "embed" else "results"
+        body[result] = msg.get(result, [])
         body["timings"] = {**timings, "load_s": load_s, "prompt_tokens": prompt_tokens}
         return body
     body["finish_reason"] = msg.get("finish_reason")
@@ -118,6 +157,7 @@ def done_body(
         "prompt_eval_s": timings.get("prompt_eval_s", 0.0),
         "generation_s": timings.get("generation_s", 0.0),
         "tokens_per_s": timings.get("tokens_per_s", 0.0),
+        "batched_max": int(timings.get("batched_max", 1) or 1),
         "prompt_tokens": prompt_tokens,
         "prompt_tokens_reused": int(usage.get("prompt_tokens_reused", 0) or 0),
         "completion_tokens": completion,

@@ -25,11 +25,11 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, ctx, memory, paths, protocol
+from modeld import __version__, memory, paths, protocol
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings, load_settings
 from modeld.daemon import sizing
-from modeld.daemon.jobs import Job, keep_alive_of
+from modeld.daemon.jobs import Job, keep_alive_of, request_job, requested_ctx
 from modeld.daemon.scheduler import Scheduler
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (
@@ -300,7 +300,11 @@ class Daemon:
         elif isinstance(req, protocol.ShowRequest):
             reply(client, protocol.done(msg.id, **self._show(req)))
         elif isinstance(
-            req, protocol.GenerateRequest | protocol.EmbedRequest | protocol.LoadRequest
+            req,
+            protocol.GenerateRequest
+            | protocol.EmbedRequest
+            | protocol.RerankRequest
+            | protocol.LoadRequest,
         ):
             self.sched.submit(self._job(client, msg.id, req))
         else:  # pragma: no cover - parse_request covers every type
@@ -318,70 +322,35 @@ class Daemon:
             ) from exc
         return key, resolved.name
 
+    def _mode_or_natural(self, ref: str | None, mode: str | None) -> str:
+        """``mode``, or when a load or show names none, the one the model is made for: rerank
+        for a reranker, else generate."""
+        if mode is not None:
+            return mode
+        key, _ = self._key(ref, "generate")
+        try:
+            info = self.sched.model_info(key)
+        except ModeldError:  # unreadable: the load itself fails and says why (a counted request)
+            return "generate"
+        return "rerank" if info.is_reranker else "generate"
+
     def _job(
         self,
         client: bytes,
         rid: str,
-        req: protocol.GenerateRequest | protocol.EmbedRequest | protocol.LoadRequest,
+        req: protocol.GenerateRequest
+        | protocol.EmbedRequest
+        | protocol.RerankRequest
+        | protocol.LoadRequest,
     ) -> Job:
-        if isinstance(req, protocol.GenerateRequest):
-            key, name = self._key(req.model, "generate")
-            o = req.options
-            payload: dict[str, Any] = {
-                "type": "generate",
-                "raw": o.raw,
-                "max_tokens": o.max_tokens,
-                "temperature": o.temperature,
-                "top_p": o.top_p,
-                "top_k": o.top_k,
-                "seed": o.seed,
-                "stop": list(o.stop),
-            }
-            if req.prompt is not None:
-                payload["prompt"] = req.prompt
-            else:
-                payload["messages"] = [dict(m) for m in req.messages or ()]
-            # The promise of today: a greedy reply does not depend on what else runs.
-            alone = o.temperature == 0.0 and o.deterministic is not False
-            payload["deterministic"] = alone
-            job = Job(
-                client,
-                rid,
-                "generate",
-                key,
-                name,
-                payload,
-                keep_alive_of(o.keep_alive, self.settings),
-                _ctx(o.n_ctx),
-            )
-            job.alone = alone
-            return job
-        if isinstance(req, protocol.EmbedRequest):
-            key, name = self._key(req.model, "embed")
-            return Job(
-                client,
-                rid,
-                "embed",
-                key,
-                name,
-                {"type": "embed", "inputs": list(req.inputs)},
-                keep_alive_of(req.keep_alive, self.settings),
-                _ctx(req.n_ctx),
-            )
-        key, name = self._key(req.model, req.mode)
+        if not isinstance(req, protocol.LoadRequest):
+            key, name = self._key(req.model, req.mode)
+            return request_job(client, rid, req, key, name, self.settings)
+        key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         self.sched.cache.clear_failure(key)
-        return Job(
-            client,
-            rid,
-            "load",
-            key,
-            name,
-            {},
-            keep_alive_of(req.keep_alive, self.settings),
-            _ctx(req.n_ctx),
-            req.pinned,
-            parallel=req.parallel,
-        )
+        keep_alive = keep_alive_of(req.keep_alive, self.settings)
+        return Job(client, rid, "load", key, name, {}, keep_alive, requested_ctx(req.n_ctx),
+                   req.pinned, parallel=req.parallel)  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         if req.all:
@@ -405,7 +374,7 @@ class Daemon:
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
         from modeld import describe
 
-        key, name = self._key(req.model, req.mode)
+        key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         sched = self.sched
         slot = sched.slots.get(key)
         out = describe.show_data(
@@ -433,10 +402,6 @@ class Daemon:
             waiting=sum(len(w.jobs) for w in self.sched.waiting.values()),
         )
         return stats
-
-
-def _ctx(n_ctx: int | None) -> int | None:
-    return None if n_ctx is None else ctx.round_up(n_ctx)
 
 
 # ---------------------------------------------------------------------- entry points

@@ -14,6 +14,7 @@ to the largest one whose N contexts of at least ``ctx_floor`` fit.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from modeld import memory
@@ -68,7 +69,7 @@ def memory_budget(settings: Settings) -> tuple[int, int]:
 
 def prompt_cache_bytes(mode: str, settings: Settings | None) -> int:
     """The prompt-state cache a runner of this mode keeps (generate mode only)."""
-    if mode == "embed":
+    if mode != "generate":
         return 0
     return settings.prompt_cache_bytes if settings is not None else PROMPT_CACHE_MIB << 20
 
@@ -124,9 +125,12 @@ def _choose(
 
 def parallel_wanted(mode: str, asked: int | None, settings: Settings) -> tuple[int, str]:
     """(N, where it came from) before memory is considered: the load's value, the setting, or
-    :data:`AUTO_PARALLEL`; always 1 to embed (one request at a time, batched inputs)."""
+    :data:`AUTO_PARALLEL`; always 1 to embed or rerank (one request at a time, its inputs
+    batched)."""
     if mode == "embed":
         return 1, "embedding: one request at a time"
+    if mode == "rerank":
+        return 1, "reranking: one request at a time"
     if asked is not None:
         return asked, "requested by the load"
     if settings.parallel is not None:
@@ -152,6 +156,26 @@ def _fitting_parallel(
     return (1, *_choose(info, mode, budget, requested, settings, 1))
 
 
+#: what a request of each mode does, for errors
+_DOING = {"generate": "generate text", "embed": "embed", "rerank": "rerank"}
+
+
+def check_mode(info: ModelInfo, mode: str, path: str) -> None:
+    """InvalidModelError (before any load) when ``mode`` does not suit the model: a rerank
+    request needs a reranker, and a reranker is used for nothing else."""
+    why = info.mode_mismatch(mode)
+    if why is None:
+        return
+    name = os.path.basename(path)
+    hint = (
+        "use 'modeld rerank MODEL QUERY DOC...' (or /v1/rerank) with this model"
+        if info.is_reranker
+        else "rerank with a reranker GGUF (a cross-encoder such as bge-reranker); this model "
+        "works with " + ("'modeld embed'" if info.is_embedding_model else "'modeld run'")
+    )
+    raise InvalidModelError(f"{name} cannot {_DOING.get(mode, mode)}: {why}", hint=hint)
+
+
 def size_for(
     info: ModelInfo,
     mode: str,
@@ -169,6 +193,7 @@ def size_for(
     "wait"). Raises InsufficientMemoryError when it can never fit. ``parallel``: the load's
     own value (None: the setting, else automatic); lowered until its contexts fit.
     """
+    check_mode(info, mode, key.path)
     extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)

@@ -1,6 +1,7 @@
 """OpenAI's API (``/v1/*``) on modeld: chat and text completions (server-sent events ending in
 ``[DONE]``, or one JSON document with ``usage``), embeddings (``encoding_format`` ``float`` or
-``base64`` — the official SDK asks for base64 by default: ollama#6934) and the model list.
+``base64`` — the official SDK asks for base64 by default: ollama#6934), llama-server's rerank
+(``/v1/rerank``, ``/rerank``) and the model list.
 ``keep_alive`` is accepted here too (ollama#9355)."""
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class OpenAIAPI(API):
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+            # llama-server's rerank API (also what Jina and Cohere clients send)
+            Route("/v1/rerank", self.rerank, methods=["POST"]),
+            Route("/rerank", self.rerank, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
         ]
 
@@ -182,6 +186,37 @@ class OpenAIAPI(API):
         return JSONResponse({"object": "list", "data": data,
                              "model": str(doc.get("model") or "default"),
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def rerank(self, request: Request) -> Response:
+        """``query`` and ``documents`` (or ``texts``) -> ``results`` of ``index`` and
+        ``relevance_score``, best first, the ``top_n`` best (default: all), as llama-server
+        answers; ``return_documents`` adds each ``document`` ({"text"}) as Jina and Cohere do."""
+        try:
+            doc = await read_json(request, self.limit)
+            query, docs = doc.get("query"), doc.get("documents", doc.get("texts"))
+            if not isinstance(query, str):
+                raise InvalidRequestError("'query' must be a string", hint="send the query text")
+            if not (isinstance(docs, list) and docs and all(isinstance(d, str) for d in docs)):
+                raise InvalidRequestError("'documents' must be a non-empty list of strings",
+                                          hint="send the texts to score as 'documents'")
+            top_n = doc.get("top_n")
+            if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int)
+                                      or top_n < 1):
+                raise InvalidRequestError("'top_n' must be a positive integer")
+            body = await self.bridge.call(
+                "rerank", model=model_ref(doc.get("model")), query=query, documents=docs,
+                top_n=min(top_n or len(docs), len(docs)), keep_alive=doc.get("keep_alive"),
+            )  # fmt: skip
+        except ModeldError as exc:
+            return error(exc)
+        results = [dict(r) for r in body["results"]]
+        if doc.get("return_documents"):
+            for r in results:
+                r["document"] = {"text": docs[int(r["index"])]}
+        tokens = int(body.get("timings", {}).get("prompt_tokens") or 0)
+        return JSONResponse({"model": str(doc.get("model") or "default"), "object": "list",
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                             "results": results})
 
     async def models(self, request: Request) -> Response:
         listed = await asyncio.to_thread(list_models, self.settings)

@@ -36,7 +36,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from modeld import memory, probe
 from modeld.errors import ErrorCode, InvalidRequestError
 from modeld.memory import MiB
-from modeld.runner import chat
+from modeld.runner import chat, rank, specs
 from modeld.runner import protocol as rp
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
@@ -87,7 +87,7 @@ class Runner(RunnerServer):
     # ---------------------------------------------------------------- load
 
     def handle_load(self, msg: dict[str, Any]) -> None:
-        spec = rp.parse_load(msg)
+        spec = specs.parse_load(msg)
         if self.llm is not None:
             log.info("replacing the loaded model")
             self._close()
@@ -104,7 +104,7 @@ class Runner(RunnerServer):
         try:
             llm = _open_llama(spec, min(spec.n_batch, spec.n_ctx))
             pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
-            if spec.mode == "embed" and pooled and llm.n_batch < spec.n_ctx:
+            if spec.mode != "generate" and pooled and llm.n_batch < spec.n_ctx:
                 # A pooling (embedding) model embeds an input in one batch, and non-causal
                 # encoders need it in one ubatch: reopen with batch = context. Decoders keep
                 # small batches (see _embed_one).
@@ -122,6 +122,14 @@ class Runner(RunnerServer):
             )
             return
         load_s = time.perf_counter() - t0
+        if (spec.mode == "rerank") != rank.is_reranker(llm):
+            llm.close()
+            kind = "a reranker" if spec.mode != "rerank" else "not a reranker (no rank pooling)"
+            self.send(rp.load_failed(
+                ErrorCode.INVALID_MODEL, f"{spec.path} is {kind}: it cannot be loaded to "
+                f"{spec.mode}", "rerank with a reranker GGUF; use a reranker only to rerank",
+            ))  # fmt: skip
+            return
         self.llm, self.mode, self.threads = llm, spec.mode, spec.n_threads
         meta = llm.metadata
         self.template = meta.get("tokenizer.chat_template") or None
@@ -190,6 +198,10 @@ class Runner(RunnerServer):
         if self.mode == "embed":
             self._embed_one(self.llm, _WARMUP_TEXT.decode(), "warm-up")
             return
+        if self.mode == "rerank":
+            text = _WARMUP_TEXT.decode()
+            rank.score_pairs(self.llm, [rank.pair_tokens(self.llm, text, text)], lambda: None)
+            return
         tokens = self.llm.tokenize(_WARMUP_TEXT, add_bos=True, special=False)
         self.llm.eval(tokens[:8])
         self.llm.reset()  # type: ignore[no-untyped-call]
@@ -218,7 +230,7 @@ class Runner(RunnerServer):
             )
         return self.llm
 
-    def prompt_tokens(self, spec: rp.GenerateSpec) -> tuple[list[int], tuple[str, ...]]:
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], tuple[str, ...]]:
         """Tokens of the prompt and the stop strings that go with its format.
 
         A raw prompt is used as is; a non-raw prompt is one user turn (Ollama semantics);
@@ -255,7 +267,7 @@ class Runner(RunnerServer):
 
     def handle_generate(self, msg: dict[str, Any]) -> None:
         """Serve this request and every one that arrives while it runs, decoded together."""
-        spec = rp.parse_generate(msg)
+        spec = specs.parse_generate(msg)
         self._require("generate")
         assert self.engine is not None
         self.engine.run(spec)
@@ -263,7 +275,7 @@ class Runner(RunnerServer):
     # ---------------------------------------------------------------- embed
 
     def handle_embed(self, msg: dict[str, Any]) -> None:
-        spec = rp.parse_embed(msg)
+        spec = specs.parse_embed(msg)
         self.apply_threads(spec.n_threads)
         llm = self._require("embed")
         pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
@@ -286,6 +298,22 @@ class Runner(RunnerServer):
             return
         elapsed = time.perf_counter() - t0
         self.send(rp.done_embed(spec.rid, vectors, total, elapsed, memory=probe.own_memory()))
+
+    def handle_rerank(self, msg: dict[str, Any]) -> None:
+        spec = specs.parse_rerank(msg)
+        self.apply_threads(spec.n_threads)
+        llm = self._require("rerank")
+        t0 = time.perf_counter()
+        pairs = [rank.pair_tokens(llm, spec.query, doc) for doc in spec.documents]
+        total = rank.check_pairs(pairs, min(llm.n_ctx(), llm.n_batch))
+        try:
+            scores = rank.score_pairs(llm, pairs, lambda: self.check_interrupt(spec.rid))
+        except Interrupted as exc:
+            self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"reranking stopped: {exc.reason}"))
+            return
+        elapsed = time.perf_counter() - t0
+        self.send(rp.done_rerank(spec.rid, scores, spec.top_n, total, elapsed,
+                                 memory=probe.own_memory()))  # fmt: skip
 
     def _embed_one(self, llm: llama_cpp.Llama, text: str, rid: str) -> list[float]:
         """One input's embedding: the model's pooled vector, or the mean of its per-token
@@ -336,7 +364,7 @@ class Runner(RunnerServer):
         self.send(rp.unloaded(memory, _minus(memory, self.baseline)))
 
 
-def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:
+def _open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     """The one place a Llama is created: flash attention on, SWA caches at window size, and
     ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
     n_seq = spec.parallel if spec.mode == "generate" else 1
@@ -345,14 +373,14 @@ def _open_llama(spec: rp.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
         n_batch=n_batch,
-            n_ubatch=n_batch if spec.mode == "embed" else min(512, n_batch),
+            n_ubatch=n_batch if spec.mode != "generate" else min(512, n_batch),
             n_threads=spec.n_threads,
             n_threads_batch=spec.n_threads,
             seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
             flash_attn=True,
             swa_full=False,
             logits_all=False,
-            embedding=spec.mode == "embed",
+            embedding=spec.mode != "generate",
             verbose=False,
         )
 

@@ -2,11 +2,13 @@
 
 The daemon binds one ROUTER; each runner connects a DEALER whose identity is its runner id.
 Every message is one ZeroMQ frame holding one UTF-8 JSON object with a ``type``; request-scoped
-messages carry ``rid`` (the daemon's request id). This module only builds, encodes, decodes and
-validates those objects, so both ends share one definition and it can be tested by round-trip.
-The full description is in ``docs/protocol.md`` ("Runner protocol").
+messages carry ``rid`` (the daemon's request id). This module builds, encodes and decodes those
+objects, so both ends share one definition and it can be tested by round-trip; the runner
+validates what it receives with :mod:`modeld.runner.specs`. The full description is in
+``docs/protocol.md`` ("Runner protocol").
 
-daemon -> runner: ``load``, ``generate``, ``embed``, ``cancel``, ``memory``, ``shutdown``.
+daemon -> runner: ``load``, ``generate``, ``embed``, ``rerank``, ``cancel``, ``memory``,
+``shutdown``, ``unload``.
 runner -> daemon: ``hello``, ``loaded``, ``load_failed``, ``chunk``, ``done``, ``error``,
 ``memory``; and ``heartbeat`` every :data:`HEARTBEAT_S` from a thread of the runner's own, on a
 second DEALER identified as :func:`heartbeat_identity` (so it flows while llama.cpp computes).
@@ -15,22 +17,21 @@ second DEALER identified as :func:`heartbeat_identity` (so it flows while llama.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from modeld.errors import ErrorCode
-from modeld.protocol import MAX_PARALLEL, ProtocolError
+from modeld.protocol import ProtocolError
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
 MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
-MODES = ("generate", "embed")
 #: Types the daemon sends to a runner.
-TO_RUNNER = frozenset({"load", "generate", "embed", "cancel", "memory", "shutdown", "unload"})
+TO_RUNNER = frozenset(
+    {"load", "generate", "embed", "rerank", "cancel", "memory", "shutdown", "unload"}
+)
 #: Types a runner sends to the daemon.
 FROM_RUNNER = frozenset(
     {"hello", "loaded", "load_failed", "chunk", "done", "error", "memory", "unloaded", "heartbeat"}
@@ -147,8 +148,10 @@ def generate(
     top_k: int = 40,
     seed: int = 0,
     stop: Sequence[str] = (),
+    deterministic: bool = False,
 ) -> dict[str, Any]:
-    """A generation request: exactly one of ``prompt`` or ``messages``."""
+    """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
+    greedy request the daemon sends only to an otherwise idle runner."""
     msg: dict[str, Any] = {
         "type": "generate",
         "rid": rid,
@@ -159,6 +162,7 @@ def generate(
         "top_k": top_k,
         "seed": seed,
         "stop": list(stop),
+        "deterministic": deterministic,
     }
     if prompt is not None:
         msg["prompt"] = prompt
@@ -169,6 +173,16 @@ def generate(
 
 def embed(rid: str, inputs: Sequence[str]) -> dict[str, Any]:
     return {"type": "embed", "rid": rid, "inputs": list(inputs)}
+
+
+def rerank(
+    rid: str, query: str, documents: Sequence[str], top_n: int | None = None
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {"type": "rerank", "rid": rid, "query": query,
+                           "documents": list(documents)}
+    if top_n is not None:
+        msg["top_n"] = top_n
+    return msg
 
 
 def cancel(rid: str) -> dict[str, Any]:
@@ -214,9 +228,11 @@ def done_generate(
     completion_tokens: int,
     prompt_eval_s: float,
     generation_s: float,
+    batched_max: int = 1,
     memory: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The end of a generation, with usage and timings (tokens_per_s over generation_s).
+    """The end of a generation, with usage and timings (tokens_per_s over generation_s;
+    ``batched_max``: the most sequences that shared one of its decode steps, itself included).
 
     ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
     follows growth (buffers allocated on first use of a long context).
@@ -235,6 +251,7 @@ def done_generate(
             "prompt_eval_s": prompt_eval_s,
             "generation_s": generation_s,
             "tokens_per_s": tps,
+            "batched_max": batched_max,
         },
     }
     if memory is not None:
@@ -257,6 +274,28 @@ def done_embed(
         "usage": {"prompt_tokens": prompt_tokens},
         "timings": {"embed_s": embed_s},
     }
+    if memory is not None:
+        msg["memory"] = dict(memory)
+    return msg
+
+
+def done_rerank(
+    rid: str,
+    scores: Sequence[float],
+    top_n: int | None,
+    prompt_tokens: int,
+    rerank_s: float,
+    memory: Mapping[str, int] | None = None,
+) -> dict[str, Any]:
+    """The scores of a ``rerank`` request as ``results`` of ``index`` and ``relevance_score``
+    (llama-server's names): in input order, or the ``top_n`` best, best first (ties keep
+    their input order)."""
+    results = [{"index": i, "relevance_score": float(x)} for i, x in enumerate(scores)]
+    if top_n is not None:
+        results = sorted(results, key=lambda r: -r["relevance_score"])[:top_n]
+    msg: dict[str, Any] = {"type": "done", "rid": rid, "results": results,
+                           "usage": {"prompt_tokens": prompt_tokens},
+                           "timings": {"rerank_s": rerank_s}}  # fmt: skip
     if memory is not None:
         msg["memory"] = dict(memory)
     return msg
@@ -315,156 +354,3 @@ def decode(frames: Sequence[bytes], *, max_bytes: int = MAX_RUNNER_MESSAGE_BYTES
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
-
-
-# --------------------------------------------------------------------------- validation
-# The runner validates what it is asked to do; errors name the field so a daemon bug is obvious.
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    path: str
-    mode: str
-    n_ctx: int
-    n_threads: int
-    n_batch: int
-    seed: int
-    chat_format: str | None
-    prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
-    warm_up: bool = True
-    prompt_cache_dir: str | None = None
-    parallel: int = 1  # sequences decoded together (generate mode)
-
-
-@dataclass(frozen=True)
-class GenerateSpec:
-    rid: str
-    prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
-    raw: bool
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    stop: tuple[str, ...]
-    n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
-
-
-@dataclass(frozen=True)
-class EmbedSpec:
-    rid: str
-    inputs: tuple[str, ...]
-    n_threads: int | None = None
-
-
-def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
-    path = _str(msg, "path")
-    mode = msg.get("mode", "generate")
-    if mode not in MODES:
-        raise ProtocolError(f"load: 'mode' must be one of {MODES}, got {mode!r}")
-    n_ctx = _int(msg, "n_ctx", 256, 1 << 24)
-    if n_ctx % 256:
-        raise ProtocolError(f"load: 'n_ctx' must be a multiple of 256, got {n_ctx}")
-    chat_format = msg.get("chat_format")
-    if chat_format is not None and not isinstance(chat_format, str):
-        raise ProtocolError("load: 'chat_format' must be a string")
-    warm_up = msg.get("warm_up", True)
-    if not isinstance(warm_up, bool):
-        raise ProtocolError("load: 'warm_up' must be a boolean")
-    cache_dir = msg.get("prompt_cache_dir")
-    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
-        raise ProtocolError("load: 'prompt_cache_dir' must be a non-empty string")
-    return LoadSpec(
-        path=path,
-        mode=str(mode),
-        n_ctx=n_ctx,
-        n_threads=_int(msg, "n_threads", 1, 1024),
-        n_batch=_int(msg, "n_batch", 1, 1 << 20, 512),
-        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
-        chat_format=chat_format,
-        prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
-        warm_up=warm_up,
-        prompt_cache_dir=cache_dir,
-        parallel=_int(msg, "parallel", 1, MAX_PARALLEL, 1),
-    )
-
-
-def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
-    rid = _str(msg, "rid")
-    prompt = msg.get("prompt")
-    messages = msg.get("messages")
-    if (prompt is None) == (messages is None):
-        raise ProtocolError("generate: give exactly one of 'prompt' or 'messages'")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ProtocolError("generate: 'prompt' must be a string")
-    parsed_messages: tuple[dict[str, str], ...] | None = None
-    if messages is not None:
-        if not (
-            isinstance(messages, list)
-            and messages
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            raise ProtocolError("generate: 'messages' must be a non-empty list of {role, content}")
-        parsed_messages = tuple({"role": m["role"], "content": m["content"]} for m in messages)
-    stop = msg.get("stop", [])
-    if isinstance(stop, str):
-        stop = [stop]
-    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise ProtocolError("generate: 'stop' must be a list of non-empty strings")
-    raw = msg.get("raw", False)
-    if not isinstance(raw, bool):
-        raise ProtocolError("generate: 'raw' must be a boolean")
-    return GenerateSpec(
-        rid=rid,
-        prompt=prompt,
-        messages=parsed_messages,
-        raw=raw,
-        max_tokens=_int(msg, "max_tokens", 1, 1 << 24, 256),
-        temperature=_float(msg, "temperature", 0.0, 100.0, 0.8),
-        top_p=_float(msg, "top_p", 0.0, 1.0, 0.95),
-        top_k=_int(msg, "top_k", 0, 1 << 24, 40),
-        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
-        stop=tuple(stop),
-        n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
-    )
-
-
-def parse_embed(msg: Mapping[str, Any]) -> EmbedSpec:
-    rid = _str(msg, "rid")
-    inputs = msg.get("inputs")
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if not (isinstance(inputs, list) and inputs and all(isinstance(s, str) for s in inputs)):
-        raise ProtocolError("embed: 'inputs' must be a non-empty list of strings")
-    return EmbedSpec(
-        rid=rid, inputs=tuple(inputs), n_threads=_int(msg, "n_threads", 0, 1024, 0) or None
-    )
-
-
-def _str(msg: Mapping[str, Any], key: str) -> str:
-    value = msg.get(key)
-    if not isinstance(value, str) or not value:
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be a non-empty string")
-    return value
-
-
-def _int(msg: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None = None) -> int:
-    value = msg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be an integer in [{lo}, {hi}]")
-    return value
-
-
-def _float(msg: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
-    value = msg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be a number")
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be in [{lo}, {hi}]")
-    return float(value)

@@ -60,6 +60,9 @@ class RunnerServer:
     def handle_embed(self, msg: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def handle_rerank(self, msg: dict[str, Any]) -> None:
+        raise NotImplementedError
+
     def handle_memory(self) -> None:
         raise NotImplementedError
 
@@ -169,6 +172,8 @@ class RunnerServer:
                 self.handle_generate(msg)
             elif kind == "embed":
                 self.handle_embed(msg)
+            elif kind == "rerank":
+                self.handle_rerank(msg)
             elif kind == "memory":
                 self.handle_memory()
             elif kind == "unload":
