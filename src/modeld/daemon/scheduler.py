@@ -2,63 +2,261 @@
 
 Owned and called only by the daemon's event loop (single-threaded, so no locks). It joins the
 pure cache policy (:mod:`modeld.cache.policy`) to real runner processes
-(:mod:`modeld.daemon.supervisor`):
-requests for one model queue FIFO on its slot; different models run in parallel; requests
-for a model that is loading join that load; a model that does not fit waits (bounded) for busy
-ones or is refused at once with the numbers. :class:`SchedulerCore` has intake, admission and
-eviction; this module adds what reacts to events: runner messages and exits, client cancels,
-vanished clients and explicit unloads, and the timer.
+(:mod:`modeld.daemon.supervisor`) through three parts that own their state: the runner pool
+(:mod:`.pool`: spare, reuse, baseline), admission (:mod:`.admission`: sizing, waiting, retry)
+and dispatch (:mod:`.dispatch`: slots, queues, sending, endings). Requests for one model queue
+FIFO on its slot; different models run in parallel; requests for a model that is loading join
+that load; a model that does not fit waits (bounded) for busy ones or is refused at once with
+the numbers. The :class:`Scheduler` routes requests and reacts to events: runner messages and
+exits, client cancels, vanished clients, explicit unloads and the timer.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
-from modeld import protocol
-from modeld.cache.policy import EntryState, EvictionReason, ModelKey
+from modeld import paths, protocol
+from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
+from modeld.config import Settings
 from modeld.daemon import sizing
-from modeld.daemon.jobs import Job, Slot, done_body
-from modeld.daemon.scheduler_core import RECYCLE_SLACK_BYTES, SchedulerCore
-from modeld.daemon.supervisor import Runner
+from modeld.daemon.admission import Admission
+from modeld.daemon.dispatch import Dispatch
+from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
+from modeld.daemon.pool import RunnerPool
+from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import (
     CancelledError,
-    ContextExceededError,
     InvalidModelError,
-    ModeldError,
     RequestTimeoutError,
     RunnerCrashedError,
+    ShuttingDownError,
     error_from_dict,
     format_bytes,
 )
+from modeld.modelinfo import ModelInfo
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
 
-class Scheduler(SchedulerCore):
-    """All model and request state of the daemon; see the module docstring."""
+class Scheduler:
+    """All model and request state of the daemon, in its three parts; see the module docstring."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CachePolicy,
+        supervisor: Supervisor,
+        send: Send,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.sup = supervisor
+        self._send = send
+        self._clock = clock
+        self.pool = RunnerPool(settings, cache, supervisor, clock)
+        self.dispatch = Dispatch(settings, cache, supervisor, send, self._reload, self.row)
+        self.admission = Admission(
+            settings, cache, self.pool, self.dispatch, clock, self._start_load, self.evict
+        )
+        self.stopping = False
+        self._last_file_check = 0.0
+        # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
+        self.prompt_cache_dir: str | None = (
+            str(paths.prompt_cache_dir()) if settings.prompt_cache_mib > 0 else None
+        )
+
+    # ------------------------------------------------------------------ the parts' state
+
+    @property
+    def slots(self) -> dict[ModelKey, Slot]:
+        return self.dispatch.slots
+
+    @property
+    def jobs(self) -> dict[tuple[bytes, str], Job]:
+        return self.dispatch.jobs
+
+    @property
+    def waiting(self) -> dict[ModelKey, Waiting]:
+        return self.admission.waiting
+
+    @property
+    def baseline(self) -> int:
+        return self.pool.baseline
+
+    @property
+    def spare(self) -> str | None:
+        return self.pool.spare
+
+    def model_info(self, key: ModelKey) -> ModelInfo:
+        return self.admission.model_info(key)
+
+    def ensure_spare(self) -> None:
+        loading = any(e.state is EntryState.LOADING for e in self.cache.entries())
+        self.pool.ensure_spare(loading)
+
+    # ------------------------------------------------------------------ intake
+
+    def submit(self, job: Job) -> None:
+        """Route a new request: queue on its model, join a load or wait, or fail at once."""
+        ident = (job.client, job.rid)
+        if ident in self.jobs:
+            self.dispatch.reply_error(
+                job, protocol.ProtocolError(f"request id {job.rid!r} is in use")
+            )
+            return
+        queued = self.dispatch.queued() + self.admission.queued()
+        if queued >= self.settings.max_queue:
+            self.dispatch.reply_error(
+                job,
+                RequestTimeoutError(
+                    f"{queued} requests are already queued",
+                    hint="retry later or raise max_queue",
+                ),
+            )
+            return
+        job.created = self._clock()
+        self.jobs[ident] = job
+        self.cache.record_request()
+        self._retire_stale(job.key)
+        self._route(job)
+
+    def _route(self, job: Job) -> None:
+        slot = self.slots.get(job.key)
+        if slot is not None and not slot.draining:
+            entry = self.cache.get(job.key)
+            if entry is not None and entry.state is EntryState.READY:
+                self.cache.record_hit()
+            else:
+                self.cache.record_miss()
+                job.waited_for_load = True
+            self.dispatch.enqueue(slot, job)
+            self.dispatch.pump(slot)
+            return
+        self.cache.record_miss()
+        job.waited_for_load = True
+        if not self.admission.join(job, draining=slot is not None):
+            self.admission.admit(job.key, job.name, [job], None)
+
+    def _retire_stale(self, key: ModelKey) -> None:
+        """Older versions of a file that changed on disk go once idle."""
+        for slot in self.slots.values():
+            if slot.key != key and slot.key.path == key.path and slot.key.mode == key.mode:
+                slot.retire = EvictionReason.FILE_CHANGED
+
+    # ------------------------------------------------------------------ loads and evictions
+
+    def _start_load(
+        self, key: ModelKey, name: str, jobs: list[Job], info: ModelInfo, size: sizing.Sizing
+    ) -> None:
+        """Admission said yes: a runner loads ``key`` and ``jobs`` queue on its new slot."""
+        runner = self.pool.take()
+        keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
+        self.cache.begin_load(
+            key, size.need_bytes, size.n_ctx, size.reason, runner.id,
+            pinned=any(j.pinned for j in jobs),
+            keep_alive_s=keep if keep is not None else self.settings.keep_alive_s,
+        )  # fmt: skip
+        slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
+        slot.load_started = self._clock()
+        slot.parallel = slot.planned_parallel = size.parallel
+        slot.parallel_reason = size.parallel_reason
+        slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
+        self.slots[key] = slot
+        for job in jobs:
+            self.dispatch.enqueue(slot, job)
+        log.info(
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s",
+            name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
+            format_bytes(size.need_bytes),
+        )  # fmt: skip
+        msg = runner_protocol.load(
+            key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
+            seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
+            # a waiting request is the warm-up: a separate one would only delay it
+            warm_up=not any(j.kind != "load" for j in jobs),
+            prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel,
+        )  # fmt: skip
+        self.sup.send(runner.id, msg)
+
+    def _reload(self, slot: Slot) -> None:
+        """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued."""
+        jobs = list(slot.queue)
+        slot.queue.clear()
+        for _ in jobs:
+            self.cache.dequeue(slot.key)
+        self.evict(slot.key, EvictionReason.RELOAD)
+        self.admission.requeue(slot.key, slot.name, jobs)
+
+    def evict(self, key: ModelKey, reason: EvictionReason) -> None:
+        """Take ``key`` out of service; its memory is freed when its runner has exited."""
+        slot = self.slots.pop(key, None)
+        if self.cache.get(key) is not None:
+            self.cache.begin_unload(key, reason)
+        if slot is not None:
+            log.info("unloading %s (%s)", slot.name, reason.value)
+            self.pool.retire(slot.runner_id)
+
+    def _rebalance(self) -> None:
+        plan = self.cache.rebalance()
+        if plan is not None and plan.action == "evict":
+            for victim in plan.victims:
+                self.evict(victim, plan.victim_reason(victim))
+
+    def unload(self, keys: list[ModelKey]) -> tuple[list[str], list[str]]:
+        """Explicit unload: idle ones now, busy ones when their requests finish."""
+        now_names: list[str] = []
+        later: list[str] = []
+        for key in keys:
+            slot = self.slots.get(key)
+            if slot is None:
+                continue
+            if self.cache.get(key) is not None:
+                self.cache.set_pinned(key, False)
+            if self.dispatch.idle(slot):
+                self.evict(key, EvictionReason.EXPLICIT)
+                now_names.append(slot.name)
+            else:
+                slot.retire = EvictionReason.EXPLICIT
+                later.append(slot.name)
+        return now_names, later
+
+    def shutdown(self) -> None:
+        """Fail every open request with ``shutting_down`` (runners are stopped by the daemon)."""
+        self.stopping = self.pool.stopping = True
+        for job in list(self.jobs.values()):
+            self.dispatch.finish(
+                job,
+                ShuttingDownError(
+                    "the daemon is shutting down", hint="start it again with modeld serve"
+                ),
+            )
+        for key in list(self.slots):
+            if self.cache.get(key) is not None:
+                self.cache.begin_unload(key, EvictionReason.SHUTDOWN)
+        self.slots.clear()
+        self.waiting.clear()
 
     # ------------------------------------------------------------------ runner events
 
     def on_runner_message(self, runner: Runner, msg: dict[str, Any]) -> None:
         mtype = msg["type"]
         if mtype == "hello":
-            rss = runner.baseline.get("rss")
-            if isinstance(rss, int) and rss > 0:
-                self.baseline = rss
-                self.baseline_measured = True
-            log.info("runner %s is ready: baseline %s", runner.id, format_bytes(self.baseline))
+            self.pool.on_hello(runner)
             if self.waiting:
-                self.retry_waiting()  # loads held back to be sized with a measured baseline
+                self.admission.retry()  # loads held back to be sized with a measured baseline
             return
         if mtype == "unloaded":
-            reusable = self.on_unloaded(runner, msg)
-            self.retry_waiting()  # its memory may be what a waiting load needs (takes the spare)
+            reusable = self.pool.on_unloaded(runner, msg)
+            self.admission.retry()  # its memory may be what a waiting load needs (takes the spare)
             if reusable:
-                self.adopt_spare(runner)  # ... and this runner takes the spare's place
+                self.pool.adopt(runner)  # ... and this runner takes the spare's place
             return
-        slot = self._slot_of(runner.id)
+        slot = self.dispatch.slot_of(runner.id)
         if slot is None:
             if mtype not in ("memory", "error"):
                 log.debug("ignoring %s from runner %s without a model", mtype, runner.id)
@@ -66,8 +264,7 @@ class Scheduler(SchedulerCore):
         if mtype == "loaded":
             self._on_loaded(slot, runner, msg)
         elif mtype == "load_failed":
-            err = error_from_dict(msg)
-            self._load_failed(slot, err)
+            self.dispatch.load_failed(slot, error_from_dict(msg))
         elif mtype in ("chunk", "done", "error"):
             rid = msg.get("rid")
             job = slot.active.get(rid) if isinstance(rid, str) else None
@@ -77,7 +274,7 @@ class Scheduler(SchedulerCore):
             if mtype == "chunk":
                 text = msg.get("text")
                 if isinstance(text, str) and not job.client_gone:
-                    self._deliver(job, protocol.chunk(job.rid, text), slot)
+                    self._deliver(job, protocol.chunk(job.rid, text))
             elif mtype == "done":
                 self._on_done(slot, job, msg)
             else:
@@ -87,225 +284,87 @@ class Scheduler(SchedulerCore):
             if isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
                 self.cache.update_measured(slot.key, int(footprint["rss"]))
 
-    def on_unloaded(self, runner: Runner, msg: dict[str, Any]) -> bool:
-        """A runner closed its model. True (and its memory released) when it gave the memory
-        back and may be reused; otherwise it is stopped and its memory is freed on exit."""
-        self.recycling.discard(runner.id)
-        footprint = msg.get("footprint")
-        held = footprint.get("rss") if isinstance(footprint, dict) else None
-        if (
-            isinstance(held, int)
-            and held <= RECYCLE_SLACK_BYTES
-            and not self.stopping
-            and runner.stopping_since is None
-        ):
-            self.cache.unload_finished(runner.id)
-            return True
-        log.info("runner %s kept %s after unloading; stopping it", runner.id,
-                 format_bytes(held) if isinstance(held, int) else "an unknown amount")
-        self.sup.stop(runner.id)
-        return False
-
-    def adopt_spare(self, runner: Runner) -> None:
-        """An idle, reusable runner: the spare if there is none, else it is not needed."""
-        if self.spare is None and not self.stopping and runner.id in self.sup.runners:
-            self.spare = runner.id
-            log.info("runner %s is reused as the spare", runner.id)
-        else:
-            self.sup.stop(runner.id)
-
-    def _slot_of(self, runner_id: str) -> Slot | None:
-        for slot in self.slots.values():
-            if slot.runner_id == runner_id:
-                return slot
-        return None
-
     def _on_loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any]) -> None:
-        memory = msg.get("memory") if isinstance(msg.get("memory"), dict) else {}
-        footprint = msg.get("footprint") if isinstance(msg.get("footprint"), dict) else {}
-        measured: int | None = None
-        if isinstance(memory, dict) and isinstance(memory.get("rss"), int):
-            measured = int(memory["rss"])
-        elif isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
-            measured = int(footprint["rss"]) + int(runner.baseline.get("rss", 0))
-        if measured is not None:
-            # The prompt-state cache fills after load, up to its size: keep it reserved, so
-            # the load-time RSS does not under-charge the runner (later peaks only add).
-            measured += sizing.prompt_cache_bytes(slot.key.mode, self.settings)
-        n_ctx = msg.get("n_ctx")
-        entry = self.cache.get(slot.key)
-        if entry is None:
-            return
-        parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
-        slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
-        slot.batch_invariant = msg.get("greedy_batch_invariant") is True
-        load_s = self._clock() - slot.load_started
-        self.cache.load_succeeded(
-            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
-        )
-        log.info(
-            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)",
-            slot.name,
-            load_s,
-            entry.n_ctx,
-            slot.parallel,
-            format_bytes(measured or 0),
-            format_bytes(entry.estimate_bytes),
-        )
-        self._rebalance()
-        self._pump(slot)
-
-    def _rebalance(self) -> None:
-        plan = self.cache.rebalance()
-        if plan is not None and plan.action == "evict":
-            for victim in plan.victims:
-                self.evict(victim, plan.victim_reason(victim))
-
-    def _load_failed(self, slot: Slot, err: ModeldError) -> None:
-        log.warning("loading %s failed: %s", slot.name, err)
-        # A runner still running may hold the model's memory until it exits (a timed-out
-        # load goes on reading it): keep that charged so nothing is admitted on it meanwhile.
-        alive = slot.runner_id in self.sup.runners
-        self.cache.load_failed(slot.key, err.message, err.code.value, runner_alive=alive)
-        self.slots.pop(slot.key, None)
-        self.sup.stop(slot.runner_id)
-        for job in slot.queue:
-            self._finish(job, err)
-        slot.queue.clear()
+        if self.dispatch.loaded(slot, runner, msg, self._clock()):
+            self._rebalance()
+            self.dispatch.pump(slot)
 
     def _on_done(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
-        entry = self.cache.get(slot.key)
-        body = done_body(slot, job, entry, msg, self._clock())
-        timings = body["timings"]
-        self.cache.record_tokens(
-            int(timings.get("completion_tokens", 0)), int(timings.get("prompt_tokens", 0))
-        )
-        self._note_peak_memory(slot, msg.get("memory"))
-        self._release(slot, job)
-        self._finish(job, protocol.done(job.rid, **body))
+        self.dispatch.done(slot, job, msg, self._clock())
         self._after_release(slot)
         self._rebalance()
 
-    def _note_peak_memory(self, slot: Slot, memory: object) -> None:
-        """Account the runner's peak RSS: a model grows after load (its compute buffers and
-        KV pages are touched by the first full batches), so the load-time figure under-counts."""
-        entry = self.cache.get(slot.key)
-        if entry is None or not isinstance(memory, dict) or not isinstance(memory.get("rss"), int):
-            return
-        peak = max(int(memory["rss"]), entry.measured_bytes or 0)
-        if peak != entry.measured_bytes:
-            self.cache.update_measured(slot.key, peak)
-
     def _on_error(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
-        err = error_from_dict(msg)
-        self._release(slot, job)
-        if (
-            isinstance(err, ContextExceededError)
-            and not job.cancel_sent
-            and self._grow_context(slot, job, err)
-        ):
-            self._after_release(slot)
-            return
-        if job.cancel_sent and not isinstance(err, CancelledError):
-            err = CancelledError("request cancelled")
-        self._finish(job, err)
+        self.dispatch.failed(slot, job, error_from_dict(msg), self.baseline)
         self._after_release(slot)
 
-    def _release(self, slot: Slot, job: Job) -> None:
-        """One sequence ended; the keep-alive clock starts when the last one has."""
-        slot.active.pop(job.runner_rid, None)
-        if self.cache.get(slot.key) is not None:
-            self.cache.release(slot.key, job.keep_alive_s)
-
     def _after_release(self, slot: Slot) -> None:
-        self._pump(slot)
+        self.dispatch.pump(slot)
         self.expire()
-        self.retry_waiting()
-
-    def _grow_context(self, slot: Slot, job: Job, err: ContextExceededError) -> bool:
-        """Requeue ``job`` at the head with a larger context (True), or fail it (True), or
-        return False when the error carries no token count (it is then passed on as is)."""
-        prompt_tokens = err.details.get("prompt_tokens")
-        if not isinstance(prompt_tokens, int) or job.ctx_retries >= 2:
-            return False
-        try:
-            job.n_ctx = sizing.context_for_prompt(
-                slot.info, slot.name, slot.key, self.cache, self.baseline, self.settings,
-                prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
-            )  # fmt: skip
-        except ContextExceededError as exc:
-            exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
-            self._finish(job, exc)
-            return True
-        job.ctx_retries += 1
-        log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
-        slot.queue.appendleft(job)
-        self.cache.enqueue(slot.key)
-        return True
+        self.admission.retry()
 
     def on_runner_exit(self, runner: Runner) -> None:
         """A runner process ended: free its memory; fail or re-route its requests."""
-        self.recycling.discard(runner.id)
-        if self.spare == runner.id:
-            self.spare = None
-            # A spare that dies before saying hello (broken install): back off, do not loop.
-            self._spare_failures = 0 if runner.ready else self._spare_failures + 1
-            self._spare_retry_at = self._clock() + min(60.0, 0.5 * 2**self._spare_failures)
-            log.warning("spare runner %s exited with code %s", runner.id, runner.exit_code)
+        self.pool.on_exit(runner)
         self.cache.unload_finished(runner.id)
-        slot = self._slot_of(runner.id)
+        slot = self.dispatch.slot_of(runner.id)
         if slot is not None:
-            entry = self.cache.get(slot.key)
-            why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
-            if runner.stalled_s is not None:
-                why = (
-                    f"runner {runner.id} (pid {runner.pid}) stopped answering for "
-                    f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
-                )
-            if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
-                self._load_failed(
-                    slot,
-                    RunnerCrashedError(
-                        f"loading {slot.name} failed: {why}",
-                        hint="retry; if it happens again see the runner log, or raise "
-                        "runner_stall_s if this machine pauses processes that long",
-                        details={"stalled_s": runner.stalled_s, "path": slot.key.path},
-                    ),
-                )
-                self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
-            elif entry is not None and entry.state is EntryState.LOADING:
-                self._load_failed(
-                    slot,
-                    InvalidModelError(
-                        f"{slot.name} could not be loaded: {why} while loading",
-                        hint="the file may be corrupt or unsupported; see the runner log",
-                        details={"exit_code": runner.exit_code, "path": slot.key.path},
-                    ),
-                )
-            else:
-                log.warning("%s: %s", slot.name, why)
-                self.slots.pop(slot.key, None)
-                if entry is not None:
-                    self.cache.remove(slot.key, EvictionReason.CRASH)
-                for job in list(slot.active.values()):
-                    self._finish(
-                        job,
-                        RunnerCrashedError(
-                            f"the runner of {slot.name} crashed: {why}",
-                            hint="retry; the model is loaded again on the next request"
-                            + ("" if runner.stalled_s is None else
-                               " (a runner silent for runner_stall_s is killed: raise it if "
-                               "this machine pauses processes that long)"),
-                            details={"exit_code": runner.exit_code,
-                                     "stalled_s": runner.stalled_s},
-                        ),
-                    )
-                slot.active.clear()
-                requeue = list(slot.queue)
-                slot.queue.clear()
-                for job in requeue:
-                    self._route(job)
-        self.retry_waiting()
+            self._lost_runner(slot, runner)
+        self.admission.retry()
+
+    def _lost_runner(self, slot: Slot, runner: Runner) -> None:
+        """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
+        for silence); a loaded model is dropped, its requests fail and its queue re-routes."""
+        entry = self.cache.get(slot.key)
+        why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
+        if runner.stalled_s is not None:
+            why = (
+                f"runner {runner.id} (pid {runner.pid}) stopped answering for "
+                f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
+            )
+        if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
+            self.dispatch.load_failed(
+                slot,
+                RunnerCrashedError(
+                    f"loading {slot.name} failed: {why}",
+                    hint="retry; if it happens again see the runner log, or raise "
+                    "runner_stall_s if this machine pauses processes that long",
+                    details={"stalled_s": runner.stalled_s, "path": slot.key.path},
+                ),
+            )
+            self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
+            return
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.dispatch.load_failed(
+                slot,
+                InvalidModelError(
+                    f"{slot.name} could not be loaded: {why} while loading",
+                    hint="the file may be corrupt or unsupported; see the runner log",
+                    details={"exit_code": runner.exit_code, "path": slot.key.path},
+                ),
+            )
+            return
+        log.warning("%s: %s", slot.name, why)
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in list(slot.active.values()):
+            self.dispatch.finish(
+                job,
+                RunnerCrashedError(
+                    f"the runner of {slot.name} crashed: {why}",
+                    hint="retry; the model is loaded again on the next request"
+                    + ("" if runner.stalled_s is None else
+                       " (a runner silent for runner_stall_s is killed: raise it if "
+                       "this machine pauses processes that long)"),
+                    details={"exit_code": runner.exit_code, "stalled_s": runner.stalled_s},
+                ),
+            )  # fmt: skip
+        slot.active.clear()
+        requeue = list(slot.queue)
+        slot.queue.clear()
+        for job in requeue:
+            self._route(job)
 
     # ------------------------------------------------------------------ client events
 
@@ -323,46 +382,17 @@ class Scheduler(SchedulerCore):
             self._cancel_job(job)
 
     def _cancel_job(self, job: Job) -> None:
-        slot = self.slots.get(job.key)
-        if slot is not None and slot.active.get(job.runner_rid) is job:
-            if not job.cancel_sent:
-                job.cancel_sent = True
-                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
-            return
-        if slot is not None and job in slot.queue:
-            slot.queue.remove(job)
-            self.cache.dequeue(job.key)
-        waiting = self.waiting.get(job.key)
-        if waiting is not None and job in waiting.jobs:
-            waiting.jobs.remove(job)
-            if not waiting.jobs:
-                del self.waiting[job.key]
-        self._finish(job, CancelledError("request cancelled"))
+        if self.dispatch.cancel(job):
+            return  # its runner ends it; the reply follows
+        self.admission.remove(job)
+        self.dispatch.finish(job, CancelledError("request cancelled"))
 
-    def _deliver(self, job: Job, msg: protocol.Message, slot: Slot | None = None) -> None:
+    def _deliver(self, job: Job, msg: protocol.Message) -> None:
         if job.client_gone:
             return
         if not self._send(job, msg):
             log.info("client of %s went away; cancelling", job.rid)
             self.client_gone(job.client)
-
-    def unload(self, keys: list[ModelKey]) -> tuple[list[str], list[str]]:
-        """Explicit unload: idle ones now, busy ones when their requests finish."""
-        now_names: list[str] = []
-        later: list[str] = []
-        for key in keys:
-            slot = self.slots.get(key)
-            if slot is None:
-                continue
-            if self.cache.get(key) is not None:
-                self.cache.set_pinned(key, False)
-            if self._idle(slot):
-                self.evict(key, EvictionReason.EXPLICIT)
-                now_names.append(slot.name)
-            else:
-                slot.retire = EvictionReason.EXPLICIT
-                later.append(slot.name)
-        return now_names, later
 
     # ------------------------------------------------------------------ timers
 
@@ -383,99 +413,38 @@ class Scheduler(SchedulerCore):
             entry = self.cache.get(slot.key)
             if entry is None:
                 continue
-            if slot.retire is not None and self._idle(slot):
+            if slot.retire is not None and self.dispatch.idle(slot):
                 self.evict(slot.key, slot.retire)
             elif entry.state is EntryState.LOADING and (
                 now - slot.load_started > self.settings.load_timeout_s
             ):
                 self.sup.stop(slot.runner_id)
-                self._load_failed(
+                self.dispatch.load_failed(
                     slot,
                     RequestTimeoutError(
                         f"loading {slot.name} took longer than {self.settings.load_timeout_s:g} s",
                         hint="raise load_timeout_s or check the runner log",
                     ),
                 )
-        for waiting in list(self.waiting.values()):
-            if now >= waiting.deadline and not waiting.for_baseline:
-                self.waiting.pop(waiting.key, None)
-                for job in waiting.jobs:
-                    self._finish(
-                        job,
-                        RequestTimeoutError(
-                            f"waited {self.settings.queue_timeout_s:g} s for room to load "
-                            f"{waiting.name}: {waiting.reason}",
-                            hint="retry later, unload other models, or raise the memory budget",
-                        ),
-                    )
-        self.retry_waiting()
+        self.admission.time_out(now)
+        self.admission.retry()
         self.ensure_spare()
 
     def expire(self) -> None:
+        """Evict the idle models whose keep-alive ran out."""
         for entry in self.cache.expired():
             slot = self.slots.get(entry.key)
-            if slot is None or self._idle(slot):
+            if slot is None or self.dispatch.idle(slot):
                 self.evict(entry.key, EvictionReason.KEEP_ALIVE)
 
-    def retry_waiting(self) -> None:
-        """Admit waiting loads in arrival order, after choosing which busy models drain."""
-        self._choose_draining()
-        for waiting in list(self.waiting.values()):
-            if self.waiting.get(waiting.key) is not waiting:
-                continue
-            if not waiting.jobs:
-                self.waiting.pop(waiting.key, None)
-                continue
-            slot = self.slots.get(waiting.key)
-            if slot is not None:  # its model is resident and no longer draining: rejoin it
-                if slot.draining:
-                    continue
-                self.waiting.pop(waiting.key, None)
-                for job in waiting.jobs:
-                    slot.queue.append(job)
-                    self.cache.enqueue(slot.key)
-                self._pump(slot)
-                continue
-            self._admit(waiting.key, waiting.name, waiting.jobs, waiting)
+    # ------------------------------------------------------------------ views
 
-    def _choose_draining(self) -> None:
-        """Fairness: the oldest waiting load may claim busy models' memory.
+    def ps_rows(self) -> list[dict[str, Any]]:
+        return ps_rows(self.cache, self.slots, self.waiting, self.sup.runners, self._clock())
 
-        Without this, a model that stays busy (a steady stream of requests) would starve a
-        waiting one until its queue timeout. The least recently used busy, unpinned models
-        whose memory the oldest waiting load needs stop taking new requests (those wait
-        behind it); once their queued requests are done they are idle and get evicted.
-        """
-        was = {key for key, slot in self.slots.items() if slot.draining}
-        for slot in self.slots.values():
-            slot.draining = False
-        oldest = next((w for w in self.waiting.values() if w.key not in self.slots), None)
-        if oldest is None or oldest.need_bytes <= 0:
-            return
-        cache = self.cache
-        for key in was:  # drained and now idle: stays put aside until the waiting load takes it
-            entry = cache.get(key)
-            if entry is not None and entry.evictable:
-                self.slots[key].draining = True
-        entries = cache.entries()
-        room = cache.budget_bytes - sum(
-            e.accounted_bytes for e in entries if e.state is not EntryState.UNLOADING
-        )
-        room += sum(e.accounted_bytes for e in cache.lru_order())
-        slots_free = cache.max_models - cache.slots_used() + len(cache.lru_order())
-        busy = sorted(  # models already draining first (sticky), then least recently used
-            (e for e in entries if e.state is EntryState.READY and e.busy and not e.pinned),
-            key=lambda e: (e.key not in was, e.last_used),
-        )
-        drain: list[Slot] = []
-        for entry in busy:
-            if room >= oldest.need_bytes and slots_free >= 1:
-                break
-            victim = self.slots.get(entry.key)
-            if victim is not None:
-                drain.append(victim)
-                room += entry.accounted_bytes
-                slots_free += 1
-        if room >= oldest.need_bytes and slots_free >= 1:
-            for victim in drain:
-                victim.draining = True
+    def row(self, key: ModelKey) -> dict[str, Any]:
+        """The ``ps`` row of ``key`` (what a ``load`` reply carries)."""
+        for r in self.ps_rows():
+            if r["path"] == key.path and r["mode"] == key.mode and r["state"] != "waiting":
+                return r
+        return {"path": key.path, "mode": key.mode, "state": "unloaded"}

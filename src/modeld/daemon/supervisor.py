@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,14 @@ class Runner:
 class Supervisor:
     """Owns the runner ROUTER socket and every runner process."""
 
-    def __init__(self, ctx: zmq.Context[Any], runtime_dir: Path, log_dir: Path) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        runtime_dir: Path,
+        log_dir: Path,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock  # the scheduler's clock too: it compares runners' times with it
         self.endpoint = f"ipc://{runtime_dir / f'runners-{os.getpid()}.sock'}"
         self._sock_path = runtime_dir / f"runners-{os.getpid()}.sock"
         with contextlib.suppress(FileNotFoundError):
@@ -85,7 +93,7 @@ class Supervisor:
                 start_new_session=True,  # its own process group: a stall kill takes all of it
                 close_fds=True,
             )
-        now = time.monotonic()
+        now = self._clock()
         runner = Runner(rid, popen, now, last_heard=now)
         self.runners[rid] = runner
         log.info("started runner %s (pid %d), log %s", rid, popen.pid, log_path)
@@ -113,11 +121,11 @@ class Supervisor:
         if ident.endswith(runner_protocol.HEARTBEAT_SUFFIX):
             beating = self.runners.get(ident.removesuffix(runner_protocol.HEARTBEAT_SUFFIX))
             if beating is not None:
-                beating.last_heard = time.monotonic()
+                beating.last_heard = self._clock()
             return None
         runner = self.runners.get(ident)
         if runner is not None:
-            runner.last_heard = time.monotonic()
+            runner.last_heard = self._clock()
         if runner is None:
             log.warning("dropping message from unknown runner %r", ident)
             return None
@@ -141,7 +149,7 @@ class Supervisor:
         runner = self.runners.get(runner_id)
         if runner is None or runner.stopping_since is not None:
             return
-        runner.stopping_since = time.monotonic()
+        runner.stopping_since = self._clock()
         if runner.ready:
             self.send(runner_id, runner_protocol.shutdown())
         else:  # not even connected yet: nothing to be polite to
@@ -150,7 +158,7 @@ class Supervisor:
     def reap(self) -> list[Runner]:
         """Runners that exited since the last call (removed); kills those past the grace."""
         gone: list[Runner] = []
-        now = time.monotonic()
+        now = self._clock()
         for runner in list(self.runners.values()):
             code = runner.popen.poll()
             if code is None:
@@ -171,12 +179,12 @@ class Supervisor:
         is given the benefit of the doubt: :meth:`kill_stalled` catches it if it never talks."""
         if not runner.ready:
             return True
-        return time.monotonic() - runner.last_heard < 3 * runner_protocol.HEARTBEAT_S
+        return self._clock() - runner.last_heard < 3 * runner_protocol.HEARTBEAT_S
 
     def kill_stalled(self, stall_s: float) -> list[Runner]:
         """Kill (with their process groups) the runners silent for more than ``stall_s``; their
         exits come back from :meth:`reap` with ``stalled_s`` set."""
-        now = time.monotonic()
+        now = self._clock()
         killed: list[Runner] = []
         for runner in self.runners.values():
             silent = now - runner.last_heard
@@ -201,10 +209,10 @@ class Supervisor:
         """Stop every runner (shutdown, then kill after ``grace_s``) and close the socket."""
         for rid in list(self.runners):
             self.stop(rid)
-        deadline = time.monotonic() + grace_s
+        deadline = self._clock() + grace_s
         for runner in list(self.runners.values()):
             try:
-                runner.popen.wait(max(0.0, deadline - time.monotonic()))
+                runner.popen.wait(max(0.0, deadline - self._clock()))
             except subprocess.TimeoutExpired:
                 self._kill(runner)
                 with contextlib.suppress(subprocess.TimeoutExpired):

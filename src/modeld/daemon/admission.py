@@ -1,0 +1,277 @@
+"""Admission: whether a model that is not loaded may load now, and the requests that wait.
+
+A load is sized (context, ``parallel``, memory) and planned against the cache policy: admitted,
+admitted after evicting idle models, made to wait (bounded by ``queue_timeout_s``) for busy ones,
+or refused at once with the numbers. Waiting loads are retried in arrival order whenever memory
+or a slot may have been freed; the oldest may make busy models drain (fairness). Owned by the
+daemon's event loop (no locks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
+from modeld.config import Settings
+from modeld.daemon import sizing
+from modeld.daemon.dispatch import Dispatch
+from modeld.daemon.jobs import Job, Waiting
+from modeld.daemon.pool import BASELINE_WAIT_S, RunnerPool
+from modeld.errors import ContextExceededError, ModeldError, RequestTimeoutError, format_bytes
+from modeld.modelinfo import ModelInfo
+
+log = logging.getLogger("modeld.daemon")
+
+#: A model used less than this long ago is not evicted yet (its client may be about to send
+#: the next request): swaps then group requests by model instead of thrashing per request.
+#: Not when that client is the one asking for the other model (:meth:`Admission._moved_on`).
+SWAP_GRACE_S = 0.25
+
+StartLoad = Callable[[ModelKey, str, list[Job], ModelInfo, sizing.Sizing], None]
+Evict = Callable[[ModelKey, EvictionReason], None]
+
+
+class Admission:
+    """The loads waiting for room, by model, and the models' GGUF headers read so far."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CachePolicy,
+        pool: RunnerPool,
+        dispatch: Dispatch,
+        clock: Callable[[], float],
+        start_load: StartLoad,
+        evict: Evict,
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.pool = pool
+        self.dispatch = dispatch
+        self._clock = clock
+        self._start_load = start_load
+        self._evict = evict
+        self.waiting: dict[ModelKey, Waiting] = {}
+        self.infos: dict[ModelKey, ModelInfo] = {}
+
+    def model_info(self, key: ModelKey) -> ModelInfo:
+        if key not in self.infos:
+            self.infos[key] = sizing.read_info(key.path)
+        return self.infos[key]
+
+    def queued(self) -> int:
+        return sum(len(w.jobs) for w in self.waiting.values())
+
+    # ------------------------------------------------------------------ a new request
+
+    def join(self, job: Job, draining: bool) -> bool:
+        """Add ``job`` to its model's waiting load, if there is one; or, when its model is
+        ``draining`` (yielding to an older waiting load), make it wait behind that. False:
+        neither, admit it."""
+        waiting = self.waiting.get(job.key)
+        if waiting is not None:
+            waiting.jobs.append(job)
+            return True
+        if draining:
+            deadline = self._clock() + self.settings.queue_timeout_s
+            reason = "yielding memory to a model that has waited longer"
+            self.waiting[job.key] = Waiting(job.key, job.name, [job], deadline, reason)
+            return True
+        return False
+
+    def admit(self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None) -> None:
+        """Start loading ``key`` for ``jobs``, or make them wait, or fail them."""
+        if not self._sized_with_measured_baseline(key, name, jobs, waiting):
+            return
+        requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
+        asked = next((j.parallel for j in jobs if j.parallel is not None), None)
+        try:
+            info = self.model_info(key)
+            size = sizing.size_for(
+                info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
+                asked,
+            )  # fmt: skip
+        except ModeldError as exc:
+            self.fail(key, jobs, exc)
+            return
+        plan = self.cache.plan(key, size.need_bytes)
+        if plan.action == "refuse":
+            self.fail(key, jobs, plan.error())
+            return
+        reason = plan.reason
+        if plan.action == "evict":
+            # Memory of models already on their way out is charged until their runners exit;
+            # when it is enough, wait for it instead of evicting more models.
+            unloading = sum(
+                e.accounted_bytes for e in self.cache.entries() if e.state is EntryState.UNLOADING
+            )
+            for_slots = any(plan.victim_reason(v) is EvictionReason.SLOTS for v in plan.victims)
+            now = self._clock()
+            recent = any(
+                now - e.last_used < SWAP_GRACE_S and not self._moved_on(v, jobs)
+                for v, e in ((v, self.cache.get(v)) for v in plan.victims)
+                if e is not None
+            )
+            if recent:
+                reason = f"{reason}; giving just-used models a moment for follow-up requests"
+            elif for_slots or plan.available_bytes + unloading < size.need_bytes:
+                for victim in plan.victims:
+                    self._evict(victim, plan.victim_reason(victim))
+            plan = self.cache.plan(key, size.need_bytes)
+            if not recent:
+                reason = f"{reason}; waiting for unloading models to exit"
+        if plan.action != "admit":
+            if waiting is None:
+                waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
+                self.waiting[key] = waiting
+                log.info("%s waits for room: %s", name, reason)
+            waiting.reason = reason if plan.action == "evict" else plan.reason
+            waiting.need_bytes = size.need_bytes
+            return
+        self.waiting.pop(key, None)
+        self._start_load(key, name, jobs, info, size)
+
+    def _sized_with_measured_baseline(
+        self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
+    ) -> bool:
+        """False (``jobs`` now wait, as an event-driven :class:`Waiting`) while the first
+        measured runner baseline is about to arrive; sizing goes on once it has or after
+        :data:`BASELINE_WAIT_S`. The wait does not count against ``queue_timeout_s``."""
+        starting = self.pool.starting_baseline_runner()
+        if starting is not None:
+            if waiting is None:
+                waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
+                self.waiting[key] = waiting
+                log.info("%s waits for runner %s to report its baseline", name, starting.id)
+            waiting.for_baseline = True
+            waiting.reason = f"waiting for runner {starting.id} to start and report its memory"
+            return False
+        if waiting is not None and waiting.for_baseline:
+            waiting.for_baseline = False
+            waiting.deadline = self._clock() + self.settings.queue_timeout_s
+            if not self.pool.baseline_measured:
+                log.warning(
+                    "no runner reported its baseline within %g s; sizing %s with the default %s",
+                    BASELINE_WAIT_S, name, format_bytes(self.pool.baseline),
+                )  # fmt: skip
+        return True
+
+    def _moved_on(self, victim: ModelKey, jobs: list[Job]) -> bool:
+        """True when the client that used ``victim`` last is the one now asking for another
+        model: no follow-up for ``victim`` is coming from it, so the swap grace would only add
+        delay (a client working through models in turn paid 0.25 s per switch; bench trace)."""
+        slot = self.dispatch.slots.get(victim)
+        last = slot.last_client if slot is not None else None
+        return last is not None and all(job.client == last for job in jobs)
+
+    def fail(self, key: ModelKey, jobs: list[Job], exc: ModeldError) -> None:
+        """Fail jobs whose admission failed; a context-grown retry fails with context_exceeded."""
+        self.waiting.pop(key, None)
+        for job in list(jobs):
+            err = exc
+            if job.ctx_retries and not isinstance(exc, ContextExceededError):
+                err = ContextExceededError(
+                    f"the prompt needs a context of {job.n_ctx} tokens but it cannot be loaded: "
+                    f"{exc.message}",
+                    hint="shorten the prompt, free memory, or raise the memory budget",
+                    details=dict(exc.details),
+                )
+            self.dispatch.finish(job, err)
+
+    def requeue(self, key: ModelKey, name: str, jobs: list[Job]) -> None:
+        """Admit ``jobs`` of a model that is reloading, ahead of any that already wait for it."""
+        waiting = self.waiting.get(key)
+        if waiting is not None:
+            waiting.jobs[:0] = jobs
+        else:
+            self.admit(key, name, jobs, None)
+
+    def remove(self, job: Job) -> None:
+        """Take a cancelled ``job`` out of its waiting load (if it is in one)."""
+        waiting = self.waiting.get(job.key)
+        if waiting is not None and job in waiting.jobs:
+            waiting.jobs.remove(job)
+            if not waiting.jobs:
+                del self.waiting[job.key]
+
+    # ------------------------------------------------------------------ timers
+
+    def time_out(self, now: float) -> None:
+        """Fail the loads that waited ``queue_timeout_s`` for room (not those only waiting
+        for the first measured baseline)."""
+        for waiting in list(self.waiting.values()):
+            if now >= waiting.deadline and not waiting.for_baseline:
+                self.waiting.pop(waiting.key, None)
+                for job in waiting.jobs:
+                    self.dispatch.finish(
+                        job,
+                        RequestTimeoutError(
+                            f"waited {self.settings.queue_timeout_s:g} s for room to load "
+                            f"{waiting.name}: {waiting.reason}",
+                            hint="retry later, unload other models, or raise the memory budget",
+                        ),
+                    )
+
+    def retry(self) -> None:
+        """Admit waiting loads in arrival order, after choosing which busy models drain."""
+        self._choose_draining()
+        for waiting in list(self.waiting.values()):
+            if self.waiting.get(waiting.key) is not waiting:
+                continue
+            if not waiting.jobs:
+                self.waiting.pop(waiting.key, None)
+                continue
+            slot = self.dispatch.slots.get(waiting.key)
+            if slot is not None:  # its model is resident and no longer draining: rejoin it
+                if slot.draining:
+                    continue
+                self.waiting.pop(waiting.key, None)
+                for job in waiting.jobs:
+                    self.dispatch.enqueue(slot, job)
+                self.dispatch.pump(slot)
+                continue
+            self.admit(waiting.key, waiting.name, waiting.jobs, waiting)
+
+    def _choose_draining(self) -> None:
+        """Fairness: the oldest waiting load may claim busy models' memory.
+
+        Without this, a model that stays busy (a steady stream of requests) would starve a
+        waiting one until its queue timeout. The least recently used busy, unpinned models
+        whose memory the oldest waiting load needs stop taking new requests (those wait
+        behind it); once their queued requests are done they are idle and get evicted.
+        """
+        slots = self.dispatch.slots
+        was = {key for key, slot in slots.items() if slot.draining}
+        for slot in slots.values():
+            slot.draining = False
+        oldest = next((w for w in self.waiting.values() if w.key not in slots), None)
+        if oldest is None or oldest.need_bytes <= 0:
+            return
+        cache = self.cache
+        for key in was:  # drained and now idle: stays put aside until the waiting load takes it
+            entry = cache.get(key)
+            if entry is not None and entry.evictable:
+                slots[key].draining = True
+        entries = cache.entries()
+        room = cache.budget_bytes - sum(
+            e.accounted_bytes for e in entries if e.state is not EntryState.UNLOADING
+        )
+        room += sum(e.accounted_bytes for e in cache.lru_order())
+        slots_free = cache.max_models - cache.slots_used() + len(cache.lru_order())
+        busy = sorted(  # models already draining first (sticky), then least recently used
+            (e for e in entries if e.state is EntryState.READY and e.busy and not e.pinned),
+            key=lambda e: (e.key not in was, e.last_used),
+        )
+        drain = []
+        for entry in busy:
+            if room >= oldest.need_bytes and slots_free >= 1:
+                break
+            victim = slots.get(entry.key)
+            if victim is not None:
+                drain.append(victim)
+                room += entry.accounted_bytes
+                slots_free += 1
+        if room >= oldest.need_bytes and slots_free >= 1:
+            for victim in drain:
+                victim.draining = True

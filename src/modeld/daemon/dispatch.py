@@ -1,0 +1,285 @@
+"""Dispatch: the loaded models' slots, their FIFO queues, and the requests their runners decode.
+
+Each loaded (or loading) model has a :class:`Slot`: its runner, the requests that runner is
+decoding now (up to the model's ``parallel``) and a FIFO queue. :meth:`Dispatch.pump` sends
+queued requests on as sequences free up; :meth:`Dispatch.finish` is the one place a request
+ends (its reply sent, its id released). Owned by the daemon's event loop (no locks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from modeld import protocol
+from modeld.cache.policy import CachePolicy, EntryState, ModelKey
+from modeld.config import Settings
+from modeld.daemon import sizing
+from modeld.daemon.jobs import Job, Send, Slot, done_body
+from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
+from modeld.runner import protocol as runner_protocol
+
+log = logging.getLogger("modeld.daemon")
+
+
+class Dispatch:
+    """The slots of loaded models and the open requests, by (client, request id)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        cache: CachePolicy,
+        supervisor: Supervisor,
+        send: Send,
+        reload: Callable[[Slot], None],
+        row: Callable[[ModelKey], dict[str, Any]],
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.sup = supervisor
+        self._send = send
+        self._reload = reload  # the scheduler's: evict, then admit again with a larger context
+        self._row = row  # the ps row a finished ``load`` replies with
+        self.slots: dict[ModelKey, Slot] = {}
+        self.jobs: dict[tuple[bytes, str], Job] = {}
+        self._seq = 0
+        # Usable CPUs (affinity, cgroup quota): read once, not on every request.
+        self.cpu_threads = sizing.default_threads()
+
+    # ------------------------------------------------------------------ queues
+
+    def enqueue(self, slot: Slot, job: Job, *, front: bool = False) -> None:
+        """Queue ``job`` on its model (``front``: a request that retries with a larger context)."""
+        if front:
+            slot.queue.appendleft(job)
+        else:
+            slot.queue.append(job)
+        self.cache.enqueue(slot.key)
+
+    def pump(self, slot: Slot) -> None:
+        """Send queued requests of ``slot`` to its runner, FIFO, up to ``slot.parallel`` at
+        once. A deterministic greedy request (``Job.alone``) waits for the runner to be free
+        and has it to itself, unless the runner reports batching never changes greedy tokens.
+        A request that needs a reload waits until nothing runs (a busy runner is never
+        stopped)."""
+        entry = self.cache.get(slot.key)
+        while (
+            entry is not None
+            and entry.state is EntryState.READY
+            and slot.queue
+            and len(slot.active) < max(1, slot.parallel)
+            and self.slots.get(slot.key) is slot
+        ):
+            job = slot.queue[0]
+            if not slot.batch_invariant and slot.active and (
+                job.alone or any(j.alone for j in slot.active.values())
+            ):
+                return
+            if self.needs_reload(slot, job, entry.n_ctx):
+                if not slot.active:
+                    self._reload(slot)
+                return
+            slot.queue.popleft()
+            self.cache.dequeue(slot.key)
+            if job.kind == "load":
+                if job.pinned:
+                    self.cache.set_pinned(slot.key, True)
+                self.cache.touch(slot.key, job.keep_alive_s)
+                self.finish(job, protocol.done(job.rid, model=self._row(slot.key)))
+                continue
+            self.cache.acquire(slot.key)
+            slot.last_client = job.client
+            self._seq += 1
+            job.runner_rid = f"q{self._seq}"
+            slot.active[job.runner_rid] = job
+            msg = dict(job.payload, rid=job.runner_rid, n_threads=self.threads_for_request())
+            if not self.sup.send(slot.runner_id, msg):
+                log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
+
+    @staticmethod
+    def needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
+        """A larger context, or (an explicit ``load``) another ``parallel`` than loaded."""
+        if job.n_ctx is not None and job.n_ctx > n_ctx:
+            return True
+        return (
+            job.kind == "load"
+            and job.parallel is not None
+            and job.parallel not in (slot.asked_parallel, slot.planned_parallel)
+        )
+
+    def threads_for_request(self) -> int:
+        """CPU threads for a request about to start: the configured count, else the usable
+        CPUs shared among the runners generating right now (this one included; a runner's
+        sequences share its decode calls, so they count once)."""
+        if self.settings.threads:
+            return self.settings.threads
+        active = max(1, sum(1 for s in self.slots.values() if s.active))
+        return max(1, self.cpu_threads // active)
+
+    def load_threads(self) -> int:
+        """CPU threads a runner loads (and warms up) with."""
+        return self.settings.threads or self.cpu_threads
+
+    # ------------------------------------------------------------------ runner replies
+
+    def finish(self, job: Job, result: ModeldError | protocol.Message) -> None:
+        """End ``job``: its id is free again and its client gets ``result`` (if still there)."""
+        if self.jobs.get((job.client, job.rid)) is job:
+            del self.jobs[(job.client, job.rid)]
+        msg = result if isinstance(result, protocol.Message) else protocol.error_reply(
+            job.rid, result
+        )
+        if not job.client_gone:
+            self._send(job, msg)
+
+    def loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any], now: float) -> bool:
+        """The runner loaded ``slot``'s model: charge what it measured (plus the prompt cache
+        it fills later), take its ``parallel``; False when the entry is gone meanwhile."""
+        memory = msg.get("memory") if isinstance(msg.get("memory"), dict) else {}
+        footprint = msg.get("footprint") if isinstance(msg.get("footprint"), dict) else {}
+        measured: int | None = None
+        if isinstance(memory, dict) and isinstance(memory.get("rss"), int):
+            measured = int(memory["rss"])
+        elif isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
+            measured = int(footprint["rss"]) + int(runner.baseline.get("rss", 0))
+        if measured is not None:
+            # The prompt-state cache fills after load, up to its size: keep it reserved, so
+            # the load-time RSS does not under-charge the runner (later peaks only add).
+            measured += sizing.prompt_cache_bytes(slot.key.mode, self.settings)
+        n_ctx = msg.get("n_ctx")
+        entry = self.cache.get(slot.key)
+        if entry is None:
+            return False
+        parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
+        slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
+        slot.batch_invariant = msg.get("greedy_batch_invariant") is True
+        load_s = now - slot.load_started
+        self.cache.load_succeeded(
+            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
+        )
+        log.info(
+            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)",
+            slot.name, load_s, entry.n_ctx, slot.parallel, format_bytes(measured or 0),
+            format_bytes(entry.estimate_bytes),
+        )  # fmt: skip
+        return True
+
+    def load_failed(self, slot: Slot, err: ModeldError) -> None:
+        """The load of ``slot`` failed: its queue fails with ``err`` and its runner stops."""
+        log.warning("loading %s failed: %s", slot.name, err)
+        # A runner still running may hold the model's memory until it exits (a timed-out
+        # load goes on reading it): keep that charged so nothing is admitted on it meanwhile.
+        alive = slot.runner_id in self.sup.runners
+        self.cache.load_failed(slot.key, err.message, err.code.value, runner_alive=alive)
+        self.slots.pop(slot.key, None)
+        self.sup.stop(slot.runner_id)
+        for job in slot.queue:
+            self.finish(job, err)
+        slot.queue.clear()
+
+    def done(self, slot: Slot, job: Job, msg: dict[str, Any], now: float) -> None:
+        """The runner finished ``job``: count its tokens and the runner's peak memory, free
+        its sequence and reply with the ``done`` body."""
+        entry = self.cache.get(slot.key)
+        body = done_body(slot, job, entry, msg, now)
+        timings = body["timings"]
+        self.cache.record_tokens(
+            int(timings.get("completion_tokens", 0)), int(timings.get("prompt_tokens", 0))
+        )
+        self._note_peak_memory(slot, msg.get("memory"))
+        self.release(slot, job)
+        self.finish(job, protocol.done(job.rid, **body))
+
+    def _note_peak_memory(self, slot: Slot, memory: object) -> None:
+        """Account the runner's peak RSS: a model grows after load (its compute buffers and
+        KV pages are touched by the first full batches), so the load-time figure under-counts."""
+        entry = self.cache.get(slot.key)
+        if entry is None or not isinstance(memory, dict) or not isinstance(memory.get("rss"), int):
+            return
+        peak = max(int(memory["rss"]), entry.measured_bytes or 0)
+        if peak != entry.measured_bytes:
+            self.cache.update_measured(slot.key, peak)
+
+    def failed(self, slot: Slot, job: Job, err: ModeldError, baseline: int) -> None:
+        """The runner ended ``job`` with ``err``: a prompt over the context is queued again
+        first with a larger one (sized with the runner ``baseline``) when that can fit; a
+        cancelled request ends as cancelled whatever the runner said."""
+        self.release(slot, job)
+        if (
+            isinstance(err, ContextExceededError)
+            and not job.cancel_sent
+            and self._grow_context(slot, job, err, baseline)
+        ):
+            return
+        if job.cancel_sent and not isinstance(err, CancelledError):
+            err = CancelledError("request cancelled")
+        self.finish(job, err)
+
+    def _grow_context(
+        self, slot: Slot, job: Job, err: ContextExceededError, baseline: int
+    ) -> bool:
+        """Requeue ``job`` at the head with a larger context (True), or fail it (True), or
+        return False when the error carries no token count (it is then passed on as is)."""
+        prompt_tokens = err.details.get("prompt_tokens")
+        if not isinstance(prompt_tokens, int) or job.ctx_retries >= 2:
+            return False
+        try:
+            job.n_ctx = sizing.context_for_prompt(
+                slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
+                prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
+            )  # fmt: skip
+        except ContextExceededError as exc:
+            exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
+            self.finish(job, exc)
+            return True
+        job.ctx_retries += 1
+        log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
+        self.enqueue(slot, job, front=True)
+        return True
+
+    def reply_error(self, job: Job, err: ModeldError) -> None:
+        """Refuse a request that was never accepted (its id stays with the request using it)."""
+        self._send(job, protocol.error_reply(job.rid, err))
+
+    def release(self, slot: Slot, job: Job) -> None:
+        """One sequence ended; the keep-alive clock starts when the last one has."""
+        slot.active.pop(job.runner_rid, None)
+        if self.cache.get(slot.key) is not None:
+            self.cache.release(slot.key, job.keep_alive_s)
+
+    def cancel(self, job: Job) -> bool:
+        """Cancel ``job`` where it is: True when its runner decodes it (the runner ends it and
+        its reply follows); when only queued it is taken off the queue (False: not ended yet)."""
+        slot = self.slots.get(job.key)
+        if slot is not None and slot.active.get(job.runner_rid) is job:
+            if not job.cancel_sent:
+                job.cancel_sent = True
+                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
+            return True
+        if slot is not None and job in slot.queue:
+            slot.queue.remove(job)
+            self.cache.dequeue(job.key)
+        return False
+
+    # ------------------------------------------------------------------ lookups
+
+    def slot_of(self, runner_id: str) -> Slot | None:
+        for slot in self.slots.values():
+            if slot.runner_id == runner_id:
+                return slot
+        return None
+
+    def idle(self, slot: Slot) -> bool:
+        entry = self.cache.get(slot.key)
+        return (
+            entry is not None
+            and entry.state is EntryState.READY
+            and not slot.active
+            and not slot.queue
+            and entry.in_flight == 0
+        )
+
+    def queued(self) -> int:
+        return sum(len(s.queue) for s in self.slots.values())
