@@ -1,0 +1,279 @@
+"""The daemon's request service: its client socket, the runners' socket and the scheduler.
+
+One event loop (:meth:`Service.loop`): a zmq.Poller waits on the client ROUTER and the runner
+ROUTER with a short timeout that doubles as the timer (dead runners, keep-alive, waits).
+Client requests are decoded, answered at once (ps, stats, show, cancel, unload) or turned into
+scheduler jobs; runner messages go to the scheduler. The process around it (lock file, signals,
+socket setup, logging) is :mod:`modeld.daemon.server`.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from typing import Any
+
+import zmq
+
+from modeld import __version__, memory, protocol
+from modeld.cache.policy import CachePolicy, ModelKey
+from modeld.config import Settings
+from modeld.daemon.jobs import Job, keep_alive_of, request_job, requested_ctx
+from modeld.daemon.scheduler import Scheduler
+from modeld.daemon.supervisor import Supervisor
+from modeld.errors import (
+    InvalidRequestError,
+    ModeldError,
+    ModelNotFoundError,
+    ShuttingDownError,
+)
+
+log = logging.getLogger("modeld.daemon")
+
+TICK_S = 0.1  # timer resolution: dead runners are noticed within this (well under 2 s)
+_DRAIN = 256  # messages handled per socket per loop turn, so timers keep running under load
+
+
+class Service:
+    """Everything a running daemon serves with; made once its sockets are bound."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        endpoint: str,
+        sock: zmq.Socket[Any],
+        supervisor: Supervisor,
+        cache: CachePolicy,
+        usable_bytes: int,
+    ) -> None:
+        self.settings = settings
+        self.endpoint = endpoint
+        self.sock = sock
+        self.sup = supervisor
+        self.usable_bytes = usable_bytes
+        self.started = time.monotonic()
+        self.stop_requested = False
+        self.sched = Scheduler(settings, cache, supervisor, self._send_job)
+
+    def loop(self) -> None:
+        """Serve until :attr:`stop_requested` (a signal, a ``shutdown`` request)."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.sup.socket, zmq.POLLIN)
+        next_tick = 0.0
+        while not self.stop_requested:
+            try:
+                events = dict(poller.poll(int(TICK_S * 1000)))
+            except zmq.ZMQError as exc:
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if self.sup.socket in events:
+                for _ in range(_DRAIN):
+                    if not self.sup.socket.poll(0, zmq.POLLIN):
+                        break
+                    got = self.sup.receive()
+                    if got is not None:
+                        self._guard(self.sched.on_runner_message, *got)
+            if self.sock in events:
+                for _ in range(_DRAIN):
+                    if not self.sock.poll(0, zmq.POLLIN) or self.stop_requested:
+                        break
+                    self._guard(self._on_client, self.sock.recv_multipart())
+            now = time.monotonic()
+            if now >= next_tick:
+                next_tick = now + TICK_S
+                self._guard(self.sched.tick)
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        """Run one handler; a bug in it is logged, never fatal to the daemon."""
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("internal error in %s", getattr(fn, "__name__", fn))
+
+    # ------------------------------------------------------------------ client I/O
+
+    def _send(self, client: bytes, msg: protocol.Message) -> bool:
+        """Send to a client; False when it is gone (ROUTER_MANDATORY) or not keeping up."""
+        try:
+            self.sock.send_multipart([client, *protocol.encode(msg)], flags=zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (errno.EHOSTUNREACH, errno.EAGAIN):
+                log.warning("send to client failed: %s", exc)
+            return False
+        except ModeldError as exc:  # unencodable (e.g. NaN in embeddings)
+            log.warning("cannot encode reply %s: %s", msg.id, exc)
+            return self._send(client, protocol.error_reply(msg.id, exc))
+        return True
+
+    def _send_job(self, job: Job, msg: protocol.Message) -> bool:
+        return self._send(job.client, msg)
+
+    def _on_client(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            log.warning("dropping a message without an identity or body")
+            return
+        client = frames[0]
+        try:
+            msg = protocol.decode(frames[1:])
+        except (protocol.ProtocolError, protocol.VersionMismatchError) as exc:
+            log.warning("bad message from client: %s", exc)
+            self._send(client, protocol.error_reply(exc.request_id or "", exc))
+            return
+        if self.sched.stopping:
+            self._send(
+                client,
+                protocol.error_reply(msg.id, ShuttingDownError("the daemon is shutting down")),
+            )
+            return
+        try:
+            self._handle(client, msg)
+        except ModeldError as exc:
+            self._send(client, protocol.error_reply(msg.id, exc))
+
+    def _handle(self, client: bytes, msg: protocol.Message) -> None:
+        req = protocol.parse_request(msg)
+        t = msg.type
+        reply = self._send
+        if t in ("ping", "version"):
+            reply(
+                client,
+                protocol.done(
+                    msg.id,
+                    pong=True,
+                    version=__version__,
+                    protocol=protocol.PROTOCOL_VERSION,
+                    pid=os.getpid(),
+                    endpoint=self.endpoint,
+                ),
+            )
+        elif t == "ps":
+            cache = self.sched.cache
+            reply(
+                client,
+                protocol.done(
+                    msg.id,
+                    models=self.sched.ps_rows(),
+                    budget_bytes=cache.budget_bytes,
+                    used_bytes=cache.used_bytes(),
+                    max_models=cache.max_models,
+                ),
+            )
+        elif t == "stats":
+            reply(client, protocol.done(msg.id, **self._stats()))
+        elif t == "shutdown":
+            reply(client, protocol.done(msg.id, stopping=True))
+            self.stop_requested = True
+        elif isinstance(req, protocol.CancelRequest):
+            found = self.sched.cancel(client, req.target)
+            reply(client, protocol.done(msg.id, cancelled=found))
+        elif isinstance(req, protocol.UnloadRequest):
+            self._unload(client, msg.id, req)
+        elif isinstance(req, protocol.ShowRequest):
+            reply(client, protocol.done(msg.id, **self._show(req)))
+        elif isinstance(
+            req,
+            protocol.GenerateRequest
+            | protocol.EmbedRequest
+            | protocol.RerankRequest
+            | protocol.LoadRequest,
+        ):
+            self.sched.submit(self._job(client, msg.id, req))
+        else:  # pragma: no cover - parse_request covers every type
+            raise InvalidRequestError(f"unhandled request type {t!r}")
+
+    def _key(self, ref: str | None, mode: str) -> tuple[ModelKey, str]:
+        from modeld import registry
+
+        resolved = registry.resolve(ref, self.settings)
+        try:
+            key = ModelKey.for_file(resolved.path, memory.mode_of(mode))
+        except OSError as exc:
+            raise ModelNotFoundError(
+                f"cannot open {resolved.path}: {exc.strerror}", hint="check the path"
+            ) from exc
+        return key, resolved.name
+
+    def _mode_or_natural(self, ref: str | None, mode: str | None) -> str:
+        """``mode``, or when a load or show names none, the one the model is made for: rerank
+        for a reranker, else generate."""
+        if mode is not None:
+            return mode
+        key, _ = self._key(ref, "generate")
+        try:
+            info = self.sched.model_info(key)
+        except ModeldError:  # unreadable: the load itself fails and says why (a counted request)
+            return "generate"
+        return "rerank" if info.is_reranker else "generate"
+
+    def _job(
+        self,
+        client: bytes,
+        rid: str,
+        req: protocol.GenerateRequest
+        | protocol.EmbedRequest
+        | protocol.RerankRequest
+        | protocol.LoadRequest,
+    ) -> Job:
+        if not isinstance(req, protocol.LoadRequest):
+            key, name = self._key(req.model, req.mode)
+            return request_job(client, rid, req, key, name, self.settings)
+        key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
+        self.sched.cache.clear_failure(key)
+        keep_alive = keep_alive_of(req.keep_alive, self.settings)
+        return Job(client, rid, "load", key, name, {}, keep_alive, requested_ctx(req.n_ctx),
+                   req.pinned, parallel=req.parallel)  # fmt: skip
+
+    def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
+        if req.all:
+            keys = list(self.sched.slots)
+        else:
+            from modeld import registry
+
+            path = os.path.realpath(registry.resolve(req.model, self.settings).path)
+            keys = [
+                k
+                for k in self.sched.slots
+                if k.path == path and (req.mode is None or k.mode == req.mode)
+            ]
+            if not keys:
+                raise ModelNotFoundError(
+                    f"{req.model} is not loaded", hint="see what is loaded with modeld ps"
+                )
+        now, later = self.sched.unload(keys)
+        self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
+
+    def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
+        from modeld import describe
+
+        key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
+        sched = self.sched
+        slot = sched.slots.get(key)
+        out = describe.show_data(
+            sched.model_info(key), key, name, sched.cache, sched.baseline, self.settings,
+            req.n_ctx, None if slot is None else (slot.parallel, slot.parallel_reason),
+        )
+        out["loaded"] = sched.row(key) if key in sched.slots else None
+        return out
+
+    def _stats(self) -> dict[str, Any]:
+        stats = dict(self.sched.cache.stats())
+        stats.update(
+            uptime_s=time.monotonic() - self.started,
+            pid=os.getpid(),
+            endpoint=self.endpoint,
+            version=__version__,
+            usable_bytes=self.usable_bytes,
+            memory_fraction=self.settings.memory_fraction,
+            memory_cap_bytes=self.settings.memory_cap_bytes,
+            runners=len(self.sup.runners),
+            runner_stalls=self.sup.stalls,
+            runner_baseline_bytes=self.sched.baseline,
+            spare_runner=self.sched.spare is not None,
+            in_flight=len(self.sched.jobs),
+            waiting=sum(len(w.jobs) for w in self.sched.waiting.values()),
+        )
+        return stats
