@@ -34,7 +34,7 @@ class Job:
     keep_alive_s: float | None = None
     n_ctx: int | None = None  # requested (or needed after context_exceeded)
     pinned: bool = False
-    created: float = field(default_factory=time.monotonic)
+    created: float = 0.0  # the scheduler's clock at submit
     runner_rid: str = ""
     waited_for_load: bool = False
     ctx_retries: int = 0
@@ -61,7 +61,7 @@ class Slot:
     asked_parallel: int | None = None  # the load request's own value (a different one reloads)
     batch_invariant: bool = False  # the runner says batching never changes greedy tokens
     retire: EvictionReason | None = None  # evict once idle (file changed, explicit unload)
-    load_started: float = field(default_factory=time.monotonic)
+    load_started: float = 0.0  # the scheduler's clock when its load was sent
     runner_pid: int | None = None
     draining: bool = False  # yielding to an older waiting load: new requests wait, not queue
     last_client: bytes | None = None  # who sent its latest request (see SWAP_GRACE_S)

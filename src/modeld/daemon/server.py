@@ -124,16 +124,17 @@ class Daemon:
             sock_path.parent if sock_path is not None else paths.runtime_dir()
         )
         log_dir = self.settings.log_dir or paths.log_dir()
-        sup = Supervisor(ctx, runtime, Path(log_dir))
+        clock = time.monotonic  # one clock for every part: their times are compared
+        sup = Supervisor(ctx, runtime, Path(log_dir), clock)
         cache = CachePolicy(
             self.budget_bytes,
             self.settings.max_models,
-            time.monotonic,
+            clock,
             failure_cooldown_s=self.settings.failure_cooldown_s,
             default_keep_alive_s=self.settings.keep_alive_s,
             eviction=self.settings.eviction,
         )
-        service = Service(self.settings, self.endpoint, sock, sup, cache, self.usable_bytes)
+        service = Service(self.settings, self.endpoint, sock, sup, cache, self.usable_bytes, clock)
         service.sched.ensure_spare()
 
         def on_signal(signum: int, frame: FrameType | None) -> None:

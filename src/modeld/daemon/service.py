@@ -13,6 +13,7 @@ import errno
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -47,15 +48,17 @@ class Service:
         supervisor: Supervisor,
         cache: CachePolicy,
         usable_bytes: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.endpoint = endpoint
         self.sock = sock
         self.sup = supervisor
         self.usable_bytes = usable_bytes
-        self.started = time.monotonic()
+        self._clock = clock  # the one clock of the cache, the supervisor and the scheduler
+        self.started = clock()
         self.stop_requested = False
-        self.sched = Scheduler(settings, cache, supervisor, self._send_job)
+        self.sched = Scheduler(settings, cache, supervisor, self._send_job, clock)
 
     def loop(self) -> None:
         """Serve until :attr:`stop_requested` (a signal, a ``shutdown`` request)."""
@@ -82,7 +85,7 @@ class Service:
                     if not self.sock.poll(0, zmq.POLLIN) or self.stop_requested:
                         break
                     self._guard(self._on_client, self.sock.recv_multipart())
-            now = time.monotonic()
+            now = self._clock()
             if now >= next_tick:
                 next_tick = now + TICK_S
                 self._guard(self.sched.tick)
@@ -262,7 +265,7 @@ class Service:
     def _stats(self) -> dict[str, Any]:
         stats = dict(self.sched.cache.stats())
         stats.update(
-            uptime_s=time.monotonic() - self.started,
+            uptime_s=self._clock() - self.started,
             pid=os.getpid(),
             endpoint=self.endpoint,
             version=__version__,
