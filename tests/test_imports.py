@@ -20,6 +20,7 @@ PURE_MODULES = [
     "modeld.registry",
     "modeld.runner.protocol",
     "modeld.runner.specs",
+    "modeld.replies",
     "modeld.runner.chat",
     "modeld.runner.textstream",
     "modeld.runner.promptplan",

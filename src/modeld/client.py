@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -25,6 +25,7 @@ from modeld.errors import (
     RequestTimeoutError,
     error_from_dict,
 )
+from modeld.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
 from modeld.socketcheck import socket_problem
 
 _UNAVAILABLE_HINT = "start it with modeld serve"
@@ -42,7 +43,7 @@ class Generation:
     def __init__(self, client: Client, request_id: str) -> None:
         self._client = client
         self.request_id = request_id
-        self.done: dict[str, Any] | None = None
+        self.done: GenerateDone | None = None
         self._finished = False
 
     def __iter__(self) -> Iterator[str]:
@@ -55,7 +56,7 @@ class Generation:
                         yield text
                 elif msg.type == "done":
                     self._finished = True
-                    self.done = msg.body
+                    self.done = cast(GenerateDone, msg.body)  # the daemon's done_body
                 else:  # error
                     self._finished = True
                     raise error_from_dict(msg.body)
@@ -289,9 +290,10 @@ class Client:
         *,
         keep_alive: str | int | float | None = None,
         n_ctx: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> EmbedDone:
         """Embeddings: the reply has ``embeddings`` (one list of floats per input)."""
-        return self._call("embed", model=model, inputs=inputs, keep_alive=keep_alive, n_ctx=n_ctx)
+        reply = self._call("embed", model=model, inputs=inputs, keep_alive=keep_alive, n_ctx=n_ctx)
+        return cast(EmbedDone, reply)
 
     def rerank(
         self,
@@ -302,11 +304,12 @@ class Client:
         top_n: int | None = None,
         keep_alive: str | int | float | None = None,
         n_ctx: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> RerankDone:
         """Relevance of each document to ``query``: the reply has ``results`` of ``index`` and
         ``relevance_score``, in input order, or the ``top_n`` best, best first."""
-        return self._call("rerank", model=model, query=query, documents=documents,
-                          top_n=top_n, keep_alive=keep_alive, n_ctx=n_ctx)  # fmt: skip
+        reply = self._call("rerank", model=model, query=query, documents=documents,
+                           top_n=top_n, keep_alive=keep_alive, n_ctx=n_ctx)  # fmt: skip
+        return cast(RerankDone, reply)
 
     def load(
         self,
@@ -317,7 +320,7 @@ class Client:
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
         parallel: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> PsRow | UnloadedRow:
         """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
         the model is made for (rerank for a reranker, else generate). ``parallel``: the
         requests it decodes together (None: the daemon's setting, else automatic)."""
@@ -326,7 +329,7 @@ class Client:
             parallel=parallel,
         )
         row = reply.get("model")
-        return row if isinstance(row, dict) else reply
+        return cast(PsRow | UnloadedRow, row if isinstance(row, dict) else reply)
 
     def unload(
         self, model: str | None = None, *, all: bool = False, mode: str | None = None
@@ -334,8 +337,8 @@ class Client:
         """Unload a model (or all); busy ones go when their requests finish."""
         return self._call("unload", model=model, all=all, mode=mode)
 
-    def ps(self) -> list[dict[str, Any]]:
-        models = self._call("ps").get("models", [])
+    def ps(self) -> list[PsRow]:
+        models = cast(PsReply, self._call("ps")).get("models", [])
         return list(models) if isinstance(models, list) else []
 
     def stats(self) -> dict[str, Any]:

@@ -314,7 +314,7 @@ def load(
     settings = _settings()
     client = _client(settings, autostart=True)
     with render.status(f"loading {model or 'the default model'}"):
-        reply = client.load(
+        row = client.load(
             _model_ref(model),
             mode=_mode(embedding, reranking),
             n_ctx=ctx,
@@ -322,8 +322,6 @@ def load(
             pinned=pin,
             parallel=parallel,
         )
-    # The daemon answers {"model": <ps row>}; accept a bare row too.
-    row = reply["model"] if isinstance(reply.get("model"), dict) else reply
     if json_out:
         render.emit_json("load", {"model": row})
     else:

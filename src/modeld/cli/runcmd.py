@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -161,7 +161,7 @@ def _stream(gen: Generation, *, echo: bool) -> str:
     return "".join(parts)
 
 
-def _timings(done: dict[str, Any]) -> None:
+def _timings(done: Mapping[str, Any]) -> None:
     timings = done.get("timings", {}) if isinstance(done.get("timings"), dict) else done
     usage = done.get("usage", {}) if isinstance(done.get("usage"), dict) else done
     fields = {**usage, **timings}

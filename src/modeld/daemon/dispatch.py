@@ -19,6 +19,7 @@ from modeld.daemon import sizing
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
+from modeld.replies import PsRow, UnloadedRow
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
@@ -34,7 +35,7 @@ class Dispatch:
         supervisor: Supervisor,
         send: Send,
         reload: Callable[[Slot], None],
-        row: Callable[[ModelKey], dict[str, Any]],
+        row: Callable[[ModelKey], PsRow | UnloadedRow],
     ) -> None:
         self.settings = settings
         self.cache = cache
@@ -184,9 +185,9 @@ class Dispatch:
         its sequence and reply with the ``done`` body."""
         entry = self.cache.get(slot.key)
         body = done_body(slot, job, entry, msg, now)
-        timings = body["timings"]
+        usage = body["usage"]
         self.cache.record_tokens(
-            int(timings.get("completion_tokens", 0)), int(timings.get("prompt_tokens", 0))
+            int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0))
         )
         self._note_peak_memory(slot, msg.get("memory"))
         self.release(slot, job)

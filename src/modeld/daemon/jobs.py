@@ -18,6 +18,16 @@ from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, pa
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner
 from modeld.modelinfo import ModelInfo
+from modeld.replies import (
+    DoneBody,
+    EmbedDone,
+    GenerateDone,
+    GenerateTimings,
+    PooledTimings,
+    PsRow,
+    RerankDone,
+    Usage,
+)
 from modeld.runner import protocol as rp
 
 
@@ -132,47 +142,41 @@ def request_job(
 
 def done_body(
     slot: Slot, job: Job, entry: Entry | None, msg: Mapping[str, Any], now: float
-) -> dict[str, Any]:
+) -> DoneBody:
     """The client's ``done`` for a runner's ``done``: usage, timings (with load_s) and result."""
     raw_usage = msg.get("usage")
-    usage: dict[str, Any] = raw_usage if isinstance(raw_usage, dict) else {}
+    usage: Usage = raw_usage if isinstance(raw_usage, dict) else {}  # type: ignore[assignment]
     raw_timings = msg.get("timings")
     timings: dict[str, Any] = raw_timings if isinstance(raw_timings, dict) else {}
     completion = int(usage.get("completion_tokens", 0) or 0)
     prompt_tokens = int(usage.get("prompt_tokens", 0) or 0)
     load_s = float(entry.load_seconds or 0.0) if (entry and job.waited_for_load) else 0.0
-    body: dict[str, Any] = {
-        "model": slot.name,
-        "n_ctx": entry.n_ctx if entry else None,
-        "usage": usage,
-    }
+    name, n_ctx = slot.name, (entry.n_ctx if entry else None)
     if job.kind in ("embed", "rerank"):
-        result = "embeddings" if job.kind == "embed" else "results"
-        body[result] = msg.get(result, [])
-        body["timings"] = {**timings, "load_s": load_s, "prompt_tokens": prompt_tokens}
-        return body
-    body["finish_reason"] = msg.get("finish_reason")
-    body["timings"] = {
-        "load_s": load_s,
-        "prompt_eval_s": timings.get("prompt_eval_s", 0.0),
-        "generation_s": timings.get("generation_s", 0.0),
-        "tokens_per_s": timings.get("tokens_per_s", 0.0),
-        "batched_max": int(timings.get("batched_max", 1) or 1),
-        "prompt_tokens": prompt_tokens,
-        "prompt_tokens_reused": int(usage.get("prompt_tokens_reused", 0) or 0),
-        "completion_tokens": completion,
-        "total_s": now - job.created,
-    }
-    return body
-
-
-_EMPTY_ROW: dict[str, Any] = {
-    "parallel": None, "parallel_reason": None,
-    "n_ctx": None, "measured_bytes": None, "estimate_bytes": None, "accounted_bytes": 0,
-    "in_flight": 0, "use_count": 0, "last_used": None, "keep_alive_s": None,
-    "keep_alive_left_s": None, "forever": False, "pinned": False, "runner_id": None,
-    "runner_pid": None, "load_seconds": None, "retiring": None, "last_unload_reason": None,
-}  # fmt: skip
+        pooled: PooledTimings = {**timings, "load_s": load_s,  # type: ignore[typeddict-item]
+                                 "prompt_tokens": prompt_tokens}  # fmt: skip
+        if job.kind == "embed":
+            return EmbedDone(model=name, n_ctx=n_ctx, usage=usage,
+                             embeddings=msg.get("embeddings", []), timings=pooled)  # fmt: skip
+        return RerankDone(model=name, n_ctx=n_ctx, usage=usage,
+                          results=msg.get("results", []), timings=pooled)  # fmt: skip
+    return GenerateDone(
+        model=name,
+        n_ctx=n_ctx,
+        usage=usage,
+        finish_reason=msg.get("finish_reason"),
+        timings=GenerateTimings(
+            load_s=load_s,
+            prompt_eval_s=timings.get("prompt_eval_s", 0.0),
+            generation_s=timings.get("generation_s", 0.0),
+            tokens_per_s=timings.get("tokens_per_s", 0.0),
+            batched_max=int(timings.get("batched_max", 1) or 1),
+            prompt_tokens=prompt_tokens,
+            prompt_tokens_reused=int(usage.get("prompt_tokens_reused", 0) or 0),
+            completion_tokens=completion,
+            total_s=now - job.created,
+        ),
+    )
 
 
 def _parallel_reason(slot: Slot | None) -> str | None:
@@ -192,13 +196,13 @@ def ps_rows(
     waiting: Mapping[ModelKey, Waiting],
     runners: Mapping[str, Runner],
     now: float,
-) -> list[dict[str, Any]]:
+) -> list[PsRow]:
     """One row per cache entry (loading, ready, unloading) and per model waiting for room."""
     wall = time.time()
-    rows: list[dict[str, Any]] = []
+    rows: list[PsRow] = []
     for entry in cache.entries():
         slot = slots.get(entry.key)
-        d = entry.to_dict(now)
+        d: dict[str, Any] = entry.to_dict(now)
         keep = entry.keep_alive_s
         runner = runners.get(entry.runner_id)
         rows.append({
@@ -227,9 +231,14 @@ def ps_rows(
             "retiring": slot.retire.value if slot and slot.retire else None,
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
-    for w in waiting.values():
+    for w in waiting.values():  # a model waiting for room: nothing of it is loaded yet
         rows.append({
-            **_EMPTY_ROW, "name": w.name, "path": w.key.path, "mode": w.key.mode,
-            "state": "waiting", "ctx_reason": w.reason, "queued": len(w.jobs),
+            "name": w.name, "path": w.key.path, "mode": w.key.mode, "state": "waiting",
+            "n_ctx": None, "ctx_reason": w.reason, "parallel": None, "parallel_reason": None,
+            "measured_bytes": None, "estimate_bytes": None, "accounted_bytes": 0,
+            "in_flight": 0, "queued": len(w.jobs), "use_count": 0, "last_used": None,
+            "keep_alive_s": None, "keep_alive_left_s": None, "forever": False, "pinned": False,
+            "runner_id": None, "runner_pid": None, "load_seconds": None, "retiring": None,
+            "last_unload_reason": None,
         })  # fmt: skip
     return rows

@@ -37,6 +37,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.modelinfo import ModelInfo
+from modeld.replies import PsRow, UnloadedRow
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
@@ -439,10 +440,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------ views
 
-    def ps_rows(self) -> list[dict[str, Any]]:
+    def ps_rows(self) -> list[PsRow]:
         return ps_rows(self.cache, self.slots, self.waiting, self.sup.runners, self._clock())
 
-    def row(self, key: ModelKey) -> dict[str, Any]:
+    def row(self, key: ModelKey) -> PsRow | UnloadedRow:
         """The ``ps`` row of ``key`` (what a ``load`` reply carries)."""
         for r in self.ps_rows():
             if r["path"] == key.path and r["mode"] == key.mode and r["state"] != "waiting":

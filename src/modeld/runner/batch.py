@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,7 +52,7 @@ class Host(Protocol):
 
     def apply_threads(self, n_threads: int | None) -> None: ...
 
-    def send(self, msg: dict[str, Any]) -> None: ...
+    def send(self, msg: Mapping[str, Any]) -> None: ...
 
     def between_steps(self, active: set[str]) -> list[dict[str, Any]]: ...
 
@@ -351,7 +352,7 @@ class BatchEngine:
         self._end(stream, rp.error(stream.rid, ErrorCode.CANCELLED,
                                    f"generation stopped: {reason}", details))
 
-    def _end(self, stream: Stream, reply: dict[str, Any]) -> None:
+    def _end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
         """Free the sequence (its cache stays for the next prompt's reuse) and reply."""
         self.streams.remove(stream)
         # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC

@@ -23,6 +23,13 @@ from typing import Any
 
 from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
+from modeld.replies import (
+    RerankResult,
+    RunnerEmbedDone,
+    RunnerError,
+    RunnerGenerateDone,
+    RunnerRerankDone,
+)
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
@@ -230,7 +237,7 @@ def done_generate(
     generation_s: float,
     batched_max: int = 1,
     memory: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
+) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
 
@@ -238,7 +245,7 @@ def done_generate(
     follows growth (buffers allocated on first use of a long context).
     """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
-    msg: dict[str, Any] = {
+    msg: RunnerGenerateDone = {
         "type": "done",
         "rid": rid,
         "finish_reason": finish_reason,
@@ -265,9 +272,9 @@ def done_embed(
     prompt_tokens: int,
     embed_s: float,
     memory: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
+) -> RunnerEmbedDone:
     """The embeddings of an ``embed`` request, one vector per input, in order."""
-    msg: dict[str, Any] = {
+    msg: RunnerEmbedDone = {
         "type": "done",
         "rid": rid,
         "embeddings": [list(e) for e in embeddings],
@@ -286,14 +293,16 @@ def done_rerank(
     prompt_tokens: int,
     rerank_s: float,
     memory: Mapping[str, int] | None = None,
-) -> dict[str, Any]:
+) -> RunnerRerankDone:
     """The scores of a ``rerank`` request as ``results`` of ``index`` and ``relevance_score``
     (llama-server's names): in input order, or the ``top_n`` best, best first (ties keep
     their input order)."""
-    results = [{"index": i, "relevance_score": float(x)} for i, x in enumerate(scores)]
+    results: list[RerankResult] = [
+        {"index": i, "relevance_score": float(x)} for i, x in enumerate(scores)
+    ]
     if top_n is not None:
         results = sorted(results, key=lambda r: -r["relevance_score"])[:top_n]
-    msg: dict[str, Any] = {"type": "done", "rid": rid, "results": results,
+    msg: RunnerRerankDone = {"type": "done", "rid": rid, "results": results,
                            "usage": {"prompt_tokens": prompt_tokens},
                            "timings": {"rerank_s": rerank_s}}  # fmt: skip
     if memory is not None:
@@ -307,7 +316,7 @@ def error(
     message: str,
     details: Mapping[str, Any] | None = None,
     hint: str = "",
-) -> dict[str, Any]:
+) -> RunnerError:
     """A request failed (or was cancelled); ``rid`` is None when it could not be read."""
     return {
         "type": "error",

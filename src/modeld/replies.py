@@ -1,0 +1,163 @@
+"""The shapes of replies: ``ps`` rows, ``done`` bodies and the runner's messages, as TypedDicts.
+
+Why: these are plain dicts on the wire (JSON) and in the code that builds them; declaring their
+keys once lets mypy check the builders (:mod:`modeld.daemon.jobs`, :mod:`modeld.runner.protocol`)
+and tells a caller of :class:`modeld.client.Client` what it gets back. docs/protocol.md is the
+description; tests/test_replies.py checks that what the builders make has exactly these keys.
+Pure: standard library only. No ``from __future__ import annotations`` here: Python 3.11
+reads ``NotRequired`` in a TypedDict only from evaluated annotations.
+"""
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+# ----------------------------------------------------------------------------- shared parts
+
+
+class Usage(TypedDict, total=False):
+    """Tokens a request used (generate reports all three, embed and rerank the prompt only)."""
+
+    prompt_tokens: int
+    prompt_tokens_reused: int
+    completion_tokens: int
+
+
+class RerankResult(TypedDict):
+    index: int  # the document's position in the request
+    relevance_score: float
+
+
+# ----------------------------------------------------------------------------- client replies
+
+
+class GenerateTimings(TypedDict):
+    load_s: float  # the load this request waited for (0 on a cache hit)
+    prompt_eval_s: float
+    generation_s: float
+    tokens_per_s: float
+    batched_max: int  # the most requests that shared one of its decode steps, itself included
+    prompt_tokens: int
+    prompt_tokens_reused: int
+    completion_tokens: int
+    total_s: float
+
+
+class GenerateDone(TypedDict):
+    """The ``done`` body of a ``generate`` request."""
+
+    model: str
+    n_ctx: int | None
+    usage: Usage
+    finish_reason: str | None  # "stop", "length" or "eos"
+    timings: GenerateTimings
+
+
+class PooledTimings(TypedDict, total=False):
+    """Timings of an embed or rerank request: the runner's own (``embed_s`` or ``rerank_s``)
+    plus the load waited for and the prompt tokens."""
+
+    load_s: float
+    prompt_tokens: int
+    embed_s: float
+    rerank_s: float
+
+
+class EmbedDone(TypedDict):
+    model: str
+    n_ctx: int | None
+    usage: Usage
+    embeddings: list[list[float]]  # one L2-normalized vector per input, in order
+    timings: PooledTimings
+
+
+class RerankDone(TypedDict):
+    model: str
+    n_ctx: int | None
+    usage: Usage
+    results: list[RerankResult]  # input order, or the top_n best, best first
+    timings: PooledTimings
+
+
+DoneBody = GenerateDone | EmbedDone | RerankDone
+
+
+class PsRow(TypedDict):
+    """One ``ps`` row: a loading, ready or unloading model, or one waiting for room."""
+
+    name: str
+    path: str
+    mode: str
+    state: str  # "loading", "ready", "busy", "unloading", "waiting", ...
+    n_ctx: int | None
+    ctx_reason: str | None
+    parallel: int | None
+    parallel_reason: str | None
+    measured_bytes: int | None
+    estimate_bytes: int | None
+    accounted_bytes: int
+    in_flight: int
+    queued: int
+    use_count: int
+    last_used: float | None  # Unix time
+    keep_alive_s: float | None  # None: until memory is needed
+    keep_alive_left_s: float | None
+    forever: bool
+    pinned: bool
+    runner_id: str | None
+    runner_pid: int | None
+    load_seconds: float | None
+    retiring: str | None  # why it goes once idle (file_changed, explicit)
+    last_unload_reason: str | None
+
+
+class UnloadedRow(TypedDict):
+    """What a ``load`` reply carries when its model left again before the reply was built."""
+
+    path: str
+    mode: str
+    state: Literal["unloaded"]
+
+
+class PsReply(TypedDict):
+    models: list[PsRow]
+    budget_bytes: int
+    used_bytes: int
+    max_models: int
+
+
+# ----------------------------------------------------------------------------- runner messages
+
+
+class RunnerGenerateDone(TypedDict):
+    type: Literal["done"]
+    rid: str
+    finish_reason: str
+    usage: Usage
+    timings: dict[str, float]  # prompt_eval_s, generation_s, tokens_per_s, batched_max
+    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+
+
+class RunnerEmbedDone(TypedDict):
+    type: Literal["done"]
+    rid: str
+    embeddings: list[list[float]]
+    usage: Usage
+    timings: dict[str, float]  # embed_s
+    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+
+
+class RunnerRerankDone(TypedDict):
+    type: Literal["done"]
+    rid: str
+    results: list[RerankResult]
+    usage: Usage
+    timings: dict[str, float]  # rerank_s
+    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+
+
+class RunnerError(TypedDict):
+    type: Literal["error"]
+    rid: str | None
+    code: str
+    message: str
+    hint: str
+    details: dict[str, Any]

@@ -1,0 +1,74 @@
+"""The TypedDicts of modeld.replies against what the code really builds.
+
+Why: a TypedDict is only a declaration; mypy checks the code that builds literal dicts, but
+rows and bodies assembled from other dicts (the daemon's done body from a runner message, ps
+rows) could drift. Each check builds the real thing (runner protocol builders, the daemon's
+done body, ps rows of a real scheduler) and compares its keys with the declared ones.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from modeld import replies
+from modeld.daemon.jobs import done_body
+from modeld.runner import protocol as rp
+from test_scheduler import MiB, make
+
+
+def keys_match(value: dict[str, Any], typed: Any) -> None:
+    """Every required key present, nothing undeclared."""
+    declared = typed.__required_keys__ | typed.__optional_keys__
+    assert typed.__required_keys__ <= set(value), typed.__required_keys__ - set(value)
+    assert set(value) <= declared, set(value) - declared
+
+
+def test_runner_messages_have_the_declared_keys() -> None:
+    memory = {"rss": 3 * MiB, "anon": MiB, "file": 2 * MiB}
+    gen = rp.done_generate("r", finish_reason="stop", prompt_tokens=3, prompt_tokens_reused=1,
+                           completion_tokens=5, prompt_eval_s=0.1, generation_s=0.2,
+                           batched_max=2, memory=memory)  # fmt: skip
+    keys_match(dict(gen), replies.RunnerGenerateDone)
+    keys_match(dict(gen["usage"]), replies.Usage)
+    keys_match(dict(rp.done_embed("r", [[0.5]], 2, 0.01)), replies.RunnerEmbedDone)
+    rerank = rp.done_rerank("r", [0.1, 0.9], 1, 7, 0.02, memory=memory)
+    keys_match(dict(rerank), replies.RunnerRerankDone)
+    assert rerank["results"] == [{"index": 1, "relevance_score": 0.9}]
+    for result in rerank["results"]:
+        keys_match(dict(result), replies.RerankResult)
+    keys_match(dict(rp.error("r", "cancelled", "stopped")), replies.RunnerError)
+
+
+def test_done_bodies_and_ps_rows_have_the_declared_keys(tiny_model: Path, tmp_path: Path) -> None:
+    h = make(max_models=1)
+    job = h.submit(tiny_model, "a")
+    h.hello("r1")
+    h.loaded("r1")
+    slot = h.sched.slots[job.key]
+    entry = h.cache.get(job.key)
+    msg = rp.done_generate(job.runner_rid, finish_reason="length", prompt_tokens=2,
+                           prompt_tokens_reused=0, completion_tokens=8, prompt_eval_s=0.01,
+                           generation_s=0.1)  # fmt: skip
+    body = done_body(slot, job, entry, msg, h.clock())
+    keys_match(dict(body), replies.GenerateDone)
+    keys_match(dict(body["timings"]), replies.GenerateTimings)
+    job.kind = "embed"
+    embed = done_body(slot, job, entry, rp.done_embed(job.runner_rid, [[1.0]], 2, 0.01), 0.0)
+    keys_match(dict(embed), replies.EmbedDone)
+    keys_match(dict(embed["timings"]), replies.PooledTimings)
+    job.kind = "rerank"
+    rerank = done_body(slot, job, entry, rp.done_rerank(job.runner_rid, [0.2], None, 4, 0.01), 0.0)
+    keys_match(dict(rerank), replies.RerankDone)
+
+    (loaded,) = h.sched.ps_rows()
+    keys_match(dict(loaded), replies.PsRow)
+    assert loaded["in_flight"] == 1 and loaded["runner_id"] == "r1"
+    # a second model waits for the busy one: its row has the same keys
+    other = tmp_path / "other.gguf"
+    other.write_bytes(tiny_model.read_bytes())
+    h.submit(other, "b", client=b"client-2")
+    rows = {r["state"]: r for r in h.sched.ps_rows()}
+    keys_match(dict(rows["waiting"]), replies.PsRow)
+    assert rows["waiting"]["queued"] == 1
+    keys_match(dict(h.sched.row(job.key)), replies.PsRow)
