@@ -118,6 +118,21 @@ class Harness:
         self.sched.submit(job)
         return job
 
+    def serve_one(self, path: Path) -> Job:
+        """Load ``path`` in a new runner r1 and finish one request on it: the model is idle."""
+        job = self.submit(path, "a")
+        self.hello("r1")
+        self.loaded("r1")
+        self.done("r1", job.runner_rid)
+        return job
+
+    def running_and_queued(self, path: Path) -> tuple[Job, Job]:
+        """Two requests on one sequence (``parallel`` 1): "a" runs in r1, "b" waits behind."""
+        running, queued = self.submit(path, "a"), self.submit(path, "b")
+        self.hello("r1")
+        self.loaded("r1")
+        return running, queued
+
     def hello(self, runner_id: str) -> None:
         runner = self.sup.runners[runner_id]
         runner.ready, runner.baseline = True, {"rss": 40 * MiB, "anon": 30 * MiB, "file": 10 * MiB}
@@ -215,10 +230,7 @@ def test_an_evicted_models_runner_becomes_the_spare_and_serves_the_next_load(
     tiny_model: Path,
 ) -> None:
     h = make(spare_runner=True)
-    job = h.submit(tiny_model, "a")
-    h.hello("r1")
-    h.loaded("r1")
-    h.done("r1", job.runner_rid)
+    job = h.serve_one(tiny_model)
     assert h.sched.unload([job.key]) == ([tiny_model.stem], [])
     assert h.sup.messages("r1", "unload")  # asked to close its model, not to exit
     assert "r1" not in h.sup.stopped
@@ -234,10 +246,7 @@ def test_an_evicted_models_runner_becomes_the_spare_and_serves_the_next_load(
 
 def test_a_runner_that_keeps_memory_after_unloading_is_stopped(tiny_model: Path) -> None:
     h = make(spare_runner=True)
-    job = h.submit(tiny_model, "a")
-    h.hello("r1")
-    h.loaded("r1")
-    h.done("r1", job.runner_rid)
+    job = h.serve_one(tiny_model)
     h.sched.unload([job.key])
     h.runner_says("r1", {"type": "unloaded", "memory": {"rss": 140 * MiB},
                          "footprint": {"rss": 100 * MiB}})  # fmt: skip
@@ -248,10 +257,7 @@ def test_a_client_that_moves_on_to_another_model_swaps_at_once(
     tiny_model: Path, second_model: Path
 ) -> None:
     h = make(max_models=1)
-    first = h.submit(tiny_model, "a")
-    h.hello("r1")
-    h.loaded("r1")
-    h.done("r1", first.runner_rid)
+    h.serve_one(tiny_model)
     h.submit(second_model, "b")  # the same client: no follow-up for the first is coming
     assert h.sup.stopped == ["r1"]  # evicted (no spare wanted: stopped, not recycled)
     assert h.sup.spawned == ["r1", "r2"]
@@ -262,10 +268,7 @@ def test_another_clients_just_used_model_gets_the_swap_grace(
     tiny_model: Path, second_model: Path
 ) -> None:
     h = make(max_models=1)
-    first = h.submit(tiny_model, "a")
-    h.hello("r1")
-    h.loaded("r1")
-    h.done("r1", first.runner_rid)
+    h.serve_one(tiny_model)
     h.submit(second_model, "b", client=b"client-2")
     assert not h.sup.stopped and h.sup.spawned == ["r1"]  # its client may send a follow-up
     assert "giving just-used models a moment" in h.sched.waiting[next(iter(h.sched.waiting))].reason
@@ -298,10 +301,7 @@ def test_a_busy_model_is_never_evicted_and_the_waiter_times_out(
 
 def test_cancel_reaches_the_runner_or_the_queue(tiny_model: Path) -> None:
     h = make(parallel=1)
-    running = h.submit(tiny_model, "a")
-    queued = h.submit(tiny_model, "b")
-    h.hello("r1")
-    h.loaded("r1")
+    running, queued = h.running_and_queued(tiny_model)
     assert [m["rid"] for m in h.sup.messages("r1", "generate")] == [running.runner_rid]
     assert h.sched.cancel(CLIENT, "b")  # queued: ends at once, never sent
     assert h.reply_to(queued).body["code"] == "cancelled"
@@ -316,10 +316,7 @@ def test_cancel_reaches_the_runner_or_the_queue(tiny_model: Path) -> None:
 
 def test_a_crashed_runner_fails_its_requests_and_the_queue_loads_again(tiny_model: Path) -> None:
     h = make(parallel=1)
-    running = h.submit(tiny_model, "a")
-    queued = h.submit(tiny_model, "b")
-    h.hello("r1")
-    h.loaded("r1")
+    running, queued = h.running_and_queued(tiny_model)
     h.sup.runners["r1"].popen.code = -9  # type: ignore[attr-defined]
     h.sched.tick()
     err = h.reply_to(running)
