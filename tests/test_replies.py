@@ -40,6 +40,32 @@ def test_runner_messages_have_the_declared_keys() -> None:
     keys_match(dict(rp.error("r", "cancelled", "stopped")), replies.RunnerError)
 
 
+def test_runner_lifecycle_messages_have_the_declared_keys() -> None:
+    """hello, loaded, memory and unloaded, with and without their optional keys (the runner
+    process passes all of them; older callers none)."""
+    mem = {"rss": 9 * MiB, "anon": 4 * MiB, "file": 5 * MiB, "gpu": MiB}
+    foot = {"rss": 8 * MiB, "anon": 3 * MiB, "file": 5 * MiB}
+    hello = rp.hello(123, mem, runner_id="r1", llama_cpp_version="0.3")
+    keys_match(dict(hello), replies.RunnerHello)
+    assert set(hello) == replies.RunnerHello.__required_keys__ | {"runner_id", "llama_cpp_version"}
+    keys_match(dict(hello["baseline"]), replies.RunnerMemory)
+    keys_match(dict(rp.hello(123, foot)), replies.RunnerHello)
+    common: dict[str, Any] = dict(n_ctx=512, n_ctx_train=2048, load_s=0.5, warmup_s=0.1,
+                                  chat_format="gemma", memory=mem, footprint=foot)  # fmt: skip
+    full = rp.loaded(**common, parallel=2, greedy_batch_invariant=False, mode="generate",
+                     architecture="gemma3", has_chat_template=True)  # fmt: skip
+    typed = replies.RunnerLoaded
+    assert set(full) == typed.__required_keys__ | typed.__optional_keys__  # every key, once
+    assert list(full)[-5:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
+                               "has_chat_template"]  # fmt: skip
+    keys_match(dict(full["memory"]), replies.RunnerMemory)
+    keys_match(dict(full["footprint"]), replies.RunnerMemory)
+    keys_match(dict(rp.loaded(**common)), replies.RunnerLoaded)
+    for reply in (rp.memory_reply(mem, foot), rp.unloaded(mem, foot)):
+        keys_match(dict(reply), replies.RunnerMemoryReply)
+        keys_match(dict(reply["footprint"]), replies.RunnerMemory)
+
+
 def test_done_bodies_and_ps_rows_have_the_declared_keys(tiny_model: Path, tmp_path: Path) -> None:
     h = make(max_models=1)
     job = h.submit(tiny_model, "a")

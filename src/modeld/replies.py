@@ -86,7 +86,7 @@ class PsRow(TypedDict):
     name: str
     path: str
     mode: str
-    state: str  # "loading", "ready", "busy", "unloading", "waiting", ...
+    state: str  # "loading", "ready", "unloading", "failed" (cache states) or "waiting"
     n_ctx: int | None
     ctx_reason: str | None
     parallel: int | None
@@ -127,13 +127,59 @@ class PsReply(TypedDict):
 # ----------------------------------------------------------------------------- runner messages
 
 
+class RunnerMemory(TypedDict):
+    """A runner's memory in bytes as :func:`modeld.probe.own_memory` measures it (or the part
+    above its baseline, a ``footprint``)."""
+
+    rss: int
+    anon: int  # anonymous pages (heap, KV cache)
+    file: int  # file-backed pages (the mapped model): rss - anon
+    gpu: NotRequired[int]  # NVML's per-process bytes, where known
+
+
+class RunnerHello(TypedDict):
+    """A runner's first message: its pid and memory before any model is loaded."""
+
+    type: Literal["hello"]
+    pid: int
+    baseline: RunnerMemory
+    runner_id: NotRequired[str]
+    llama_cpp_version: NotRequired[str]
+
+
+class RunnerLoaded(TypedDict):
+    """A successful load (the optional keys are absent from runners that predate them)."""
+
+    type: Literal["loaded"]
+    n_ctx: int  # per sequence
+    n_ctx_train: int
+    load_s: float
+    warmup_s: float
+    chat_format: str
+    memory: RunnerMemory
+    footprint: RunnerMemory  # memory above the runner's baseline
+    parallel: NotRequired[int]  # sequences decoded together (absent: 1)
+    greedy_batch_invariant: NotRequired[bool]  # batching never changes greedy tokens
+    mode: NotRequired[str]
+    architecture: NotRequired[str]
+    has_chat_template: NotRequired[bool]
+
+
+class RunnerMemoryReply(TypedDict):
+    """The runner's answer to ``memory``, and its ``unloaded`` after an ``unload``."""
+
+    type: Literal["memory", "unloaded"]
+    memory: RunnerMemory
+    footprint: RunnerMemory
+
+
 class RunnerGenerateDone(TypedDict):
     type: Literal["done"]
     rid: str
     finish_reason: str
     usage: Usage
     timings: dict[str, float]  # prompt_eval_s, generation_s, tokens_per_s, batched_max
-    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+    memory: NotRequired[RunnerMemory]  # measured right after
 
 
 class RunnerEmbedDone(TypedDict):
@@ -142,7 +188,7 @@ class RunnerEmbedDone(TypedDict):
     embeddings: list[list[float]]
     usage: Usage
     timings: dict[str, float]  # embed_s
-    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+    memory: NotRequired[RunnerMemory]  # measured right after
 
 
 class RunnerRerankDone(TypedDict):
@@ -151,7 +197,7 @@ class RunnerRerankDone(TypedDict):
     results: list[RerankResult]
     usage: Usage
     timings: dict[str, float]  # rerank_s
-    memory: NotRequired[dict[str, int]]  # rss, anon, file (bytes), gpu where known
+    memory: NotRequired[RunnerMemory]  # measured right after
 
 
 class RunnerError(TypedDict):

@@ -36,6 +36,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from modeld import memory, probe
 from modeld.errors import ErrorCode, InvalidRequestError
 from modeld.memory import MiB
+from modeld.replies import RunnerHello
 from modeld.runner import chat, rank, specs
 from modeld.runner import protocol as rp
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
@@ -78,7 +79,7 @@ class Runner(RunnerServer):
         self.bos_text = ""
         self.eos_text = ""
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> RunnerHello:
         version = str(getattr(llama_cpp, "__version__", "?"))
         return rp.hello(
             os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
@@ -28,6 +28,10 @@ from modeld.replies import (
     RunnerEmbedDone,
     RunnerError,
     RunnerGenerateDone,
+    RunnerHello,
+    RunnerLoaded,
+    RunnerMemory,
+    RunnerMemoryReply,
     RunnerRerankDone,
 )
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
@@ -49,8 +53,6 @@ HEARTBEAT_SUFFIX = "/hb"
 #: finish_reason values of a generate ``done``.
 FINISH_REASONS = ("stop", "length", "eos")
 
-Memory = dict[str, int]  # {"rss": bytes, "anon": bytes, "file": bytes}
-
 
 # --------------------------------------------------------------------------- building
 
@@ -65,9 +67,20 @@ def heartbeat() -> dict[str, Any]:
     return {"type": "heartbeat"}
 
 
-def hello(pid: int, baseline: Mapping[str, int], **extra: Any) -> dict[str, Any]:
+def hello(
+    pid: int,
+    baseline: Mapping[str, int],
+    *,
+    runner_id: str | None = None,
+    llama_cpp_version: str | None = None,
+) -> RunnerHello:
     """First message of a runner: who it is and its memory before any model is loaded."""
-    return {"type": "hello", "pid": pid, "baseline": dict(baseline), **extra}
+    msg: RunnerHello = {"type": "hello", "pid": pid, "baseline": _memory(baseline)}
+    if runner_id is not None:
+        msg["runner_id"] = runner_id
+    if llama_cpp_version is not None:
+        msg["llama_cpp_version"] = llama_cpp_version
+    return msg
 
 
 def load(
@@ -122,20 +135,35 @@ def loaded(
     chat_format: str,
     memory: Mapping[str, int],
     footprint: Mapping[str, int],
-    **extra: Any,
-) -> dict[str, Any]:
-    """A successful load: the real context, timings and the measured memory footprint."""
-    return {
+    parallel: int | None = None,
+    greedy_batch_invariant: bool | None = None,
+    mode: str | None = None,
+    architecture: str | None = None,
+    has_chat_template: bool | None = None,
+) -> RunnerLoaded:
+    """A successful load: the real context, timings and the measured memory footprint; the
+    optional facts (None: left out) follow in this order."""
+    msg: RunnerLoaded = {
         "type": "loaded",
         "n_ctx": n_ctx,
         "n_ctx_train": n_ctx_train,
         "load_s": load_s,
         "warmup_s": warmup_s,
         "chat_format": chat_format,
-        "memory": dict(memory),
-        "footprint": dict(footprint),
-        **extra,
+        "memory": _memory(memory),
+        "footprint": _memory(footprint),
     }
+    if parallel is not None:
+        msg["parallel"] = parallel
+    if greedy_batch_invariant is not None:
+        msg["greedy_batch_invariant"] = greedy_batch_invariant
+    if mode is not None:
+        msg["mode"] = mode
+    if architecture is not None:
+        msg["architecture"] = architecture
+    if has_chat_template is not None:
+        msg["has_chat_template"] = has_chat_template
+    return msg
 
 
 def load_failed(code: str | ErrorCode, message: str, hint: str = "") -> dict[str, Any]:
@@ -205,17 +233,17 @@ def unload() -> dict[str, Any]:
     return {"type": "unload"}
 
 
-def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dict[str, Any]:
+def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int]) -> RunnerMemoryReply:
     """After ``unload``: what the process holds now, and above its baseline (``footprint``)."""
-    return {"type": "unloaded", "memory": dict(memory), "footprint": dict(footprint)}
+    return {"type": "unloaded", "memory": _memory(memory), "footprint": _memory(footprint)}
 
 
 def memory_request() -> dict[str, Any]:
     return {"type": "memory"}
 
 
-def memory_reply(memory: Mapping[str, int], footprint: Mapping[str, int]) -> dict[str, Any]:
-    return {"type": "memory", "memory": dict(memory), "footprint": dict(footprint)}
+def memory_reply(memory: Mapping[str, int], footprint: Mapping[str, int]) -> RunnerMemoryReply:
+    return {"type": "memory", "memory": _memory(memory), "footprint": _memory(footprint)}
 
 
 def chunk(rid: str, text: str, tokens: int | None = None) -> dict[str, Any]:
@@ -262,7 +290,7 @@ def done_generate(
         },
     }
     if memory is not None:
-        msg["memory"] = dict(memory)
+        msg["memory"] = _memory(memory)
     return msg
 
 
@@ -282,7 +310,7 @@ def done_embed(
         "timings": {"embed_s": embed_s},
     }
     if memory is not None:
-        msg["memory"] = dict(memory)
+        msg["memory"] = _memory(memory)
     return msg
 
 
@@ -306,7 +334,7 @@ def done_rerank(
                            "usage": {"prompt_tokens": prompt_tokens},
                            "timings": {"rerank_s": rerank_s}}  # fmt: skip
     if memory is not None:
-        msg["memory"] = dict(memory)
+        msg["memory"] = _memory(memory)
     return msg
 
 
@@ -330,6 +358,12 @@ def error(
 
 def _code(code: str | ErrorCode) -> str:
     return code.value if isinstance(code, ErrorCode) else code
+
+
+def _memory(measured: Mapping[str, int]) -> RunnerMemory:
+    """A copy of a measurement (:func:`modeld.probe.own_memory`, or a difference of two),
+    typed: the probe builds it as a plain ``dict[str, int]`` of these keys."""
+    return cast(RunnerMemory, dict(measured))
 
 
 # --------------------------------------------------------------------------- encoding
