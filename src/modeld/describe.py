@@ -157,7 +157,7 @@ def describe_local(
 
     resolved = registry.resolve(ref, settings)
     info = gguf.read_model_info(resolved.path)
-    mode = mode or ("rerank" if info.is_reranker else "generate")
+    mode = mode or info.natural_mode
     key = ModelKey.for_file(resolved.path, memory.mode_of(mode))
     budget, _usable = sizing.memory_budget(settings)
     cache = CachePolicy(budget, settings.max_models, time.monotonic)

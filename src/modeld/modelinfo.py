@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 
 #: llama.cpp's LLAMA_POOLING_TYPE_RANK: the pooled output is a relevance score per sequence
 POOLING_RANK = 4
+#: what a request of each mode does, in words (for errors that say why a mode does not fit)
+MODE_VERBS = {"generate": "generate text", "embed": "embed", "rerank": "rerank"}
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,12 @@ class ModelInfo:
         return self.pooling_type == POOLING_RANK
 
     @property
+    def natural_mode(self) -> str:
+        """The mode a load or show that names none gets: rerank for a reranker, else generate
+        (an embedding model can generate too; embedding is asked for explicitly)."""
+        return "rerank" if self.is_reranker else "generate"
+
+    @property
     def kind(self) -> str:
         """What the model is made for, in words (for errors that say why a mode does not fit)."""
         if self.is_reranker:
@@ -96,7 +104,7 @@ class ModelInfo:
         if mode == "rerank" and not self.is_reranker:
             return f"it is {self.kind}, not a reranker (no rank pooling in its GGUF)"
         if mode != "rerank" and self.is_reranker:
-            verb = "embed" if mode == "embed" else "generate text"
+            verb = MODE_VERBS.get(mode, mode)
             return f"it is {self.kind}: it scores query-document pairs and cannot {verb}"
         return None
 

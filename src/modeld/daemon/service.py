@@ -210,7 +210,7 @@ class Service:
             info = self.sched.model_info(key)
         except ModeldError:  # unreadable: the load itself fails and says why (a counted request)
             return "generate"
-        return "rerank" if info.is_reranker else "generate"
+        return info.natural_mode
 
     def _job(
         self,

@@ -29,7 +29,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.memory import MemoryEstimate
-from modeld.modelinfo import ModelInfo
+from modeld.modelinfo import MODE_VERBS, ModelInfo
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
@@ -156,10 +156,6 @@ def _fitting_parallel(
     return (1, *_choose(info, mode, budget, requested, settings, 1))
 
 
-#: what a request of each mode does, for errors
-_DOING = {"generate": "generate text", "embed": "embed", "rerank": "rerank"}
-
-
 def check_mode(info: ModelInfo, mode: str, path: str) -> None:
     """InvalidModelError (before any load) when ``mode`` does not suit the model: a rerank
     request needs a reranker, and a reranker is used for nothing else."""
@@ -173,7 +169,7 @@ def check_mode(info: ModelInfo, mode: str, path: str) -> None:
         else "rerank with a reranker GGUF (a cross-encoder such as bge-reranker); this model "
         "works with " + ("'modeld embed'" if info.is_embedding_model else "'modeld run'")
     )
-    raise InvalidModelError(f"{name} cannot {_DOING.get(mode, mode)}: {why}", hint=hint)
+    raise InvalidModelError(f"{name} cannot {MODE_VERBS.get(mode, mode)}: {why}", hint=hint)
 
 
 def size_for(
