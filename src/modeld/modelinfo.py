@@ -100,12 +100,12 @@ class ModelInfo:
 
     def mode_mismatch(self, mode: str) -> str | None:
         """Why ``mode`` does not suit this model, or None: rerank needs a reranker, and a
-        reranker does nothing else (its pooled output is one score, not text or a vector)."""
+        reranker does nothing else (its pooled output is one score, not text or a vector).
+        The caller says what was asked (``cannot <MODE_VERBS[mode]>: <why>``)."""
         if mode == "rerank" and not self.is_reranker:
             return f"it is {self.kind}, not a reranker (no rank pooling in its GGUF)"
         if mode != "rerank" and self.is_reranker:
-            verb = MODE_VERBS.get(mode, mode)
-            return f"it is {self.kind}: it scores query-document pairs and cannot {verb}"
+            return f"it is {self.kind}: it only scores query-document pairs"
         return None
 
     def summary(self) -> dict[str, object]:
