@@ -1,0 +1,47 @@
+"""Reply parsing: a model's generated text (streamed) into content, thinking and tool calls.
+
+Pure (no native imports). The runner feeds each decoded piece to a ``ReplyParser`` and forwards
+the events; ``parse_reply`` does a whole reply at once. The family of a model's tool-call syntax
+and its capabilities come from its GGUF chat template (``tool_family``,
+``template_capabilities``, ``thinking_markers``).
+"""
+
+from __future__ import annotations
+
+from modeld.replyparse.events import (
+    Event,
+    TextDelta,
+    ThinkingDelta,
+    ToolCall,
+    ToolCallArgs,
+    ToolCallEnd,
+    ToolCallStart,
+    new_call_id,
+)
+from modeld.replyparse.parser import ReplyParser, fold, parse_reply
+from modeld.replyparse.templates import (
+    FAMILIES,
+    prompt_opens_thinking,
+    template_capabilities,
+    thinking_markers,
+    tool_family,
+)
+
+__all__ = [
+    "FAMILIES",
+    "Event",
+    "ReplyParser",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCall",
+    "ToolCallArgs",
+    "ToolCallEnd",
+    "ToolCallStart",
+    "fold",
+    "new_call_id",
+    "parse_reply",
+    "prompt_opens_thinking",
+    "template_capabilities",
+    "thinking_markers",
+    "tool_family",
+]

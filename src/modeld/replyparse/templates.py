@@ -1,0 +1,62 @@
+"""What a GGUF chat template says about a model: its tool-call syntax and its capabilities.
+
+Why from the template: it is the one place a GGUF records how the model was trained to call tools
+and think (Ollama and llama-server decide the same way), and it is known before the first reply.
+"""
+
+from __future__ import annotations
+
+FAMILIES = ("hermes", "llama3", "mistral", "generic")
+
+#: Template markers of each family, checked in this order.
+_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("hermes", ("<tool_call>",)),
+    ("mistral", ("[TOOL_CALLS]",)),
+    ("llama3", ("<|python_tag|>", "ipython")),
+)
+
+#: Architectures whose instruct models call tools the Hermes way even when the template
+#: does not say so (Qwen 2.5 and later).
+_ARCH_FAMILIES = {"qwen2": "hermes", "qwen2moe": "hermes", "qwen3": "hermes", "qwen3moe": "hermes"}
+
+
+def tool_family(template: str | None, architecture: str) -> str:
+    """The family of the model's tool-call syntax (one of ``FAMILIES``): from markers in the
+    chat template, else from the architecture; ``generic`` when neither tells."""
+    if template:
+        for family, markers in _MARKERS:
+            if any(marker in template for marker in markers):
+                return family
+    return _ARCH_FAMILIES.get(architecture, "generic")
+
+
+def template_capabilities(template: str | None) -> frozenset[str]:
+    """Subset of {"tools", "thinking"}, as Ollama decides it: "tools" when the template
+    mentions tools; "thinking" when it has think tags or an ``enable_thinking`` switch."""
+    if not template:
+        return frozenset()
+    caps: set[str] = set()
+    if "tools" in template:
+        caps.add("tools")
+    if thinking_markers(template) is not None:
+        caps.add("thinking")
+    return frozenset(caps)
+
+
+def thinking_markers(template: str | None) -> tuple[str, str] | None:
+    """``("<think>", "</think>")`` when the model thinks in such a block, else None.
+
+    A closing tag alone counts (DeepSeek-R1 distills strip ``…</think>`` from history and open
+    the block in the generation prompt), as does ``enable_thinking`` (Qwen3)."""
+    if not template:
+        return None
+    if "</think>" in template or "enable_thinking" in template:
+        return ("<think>", "</think>")
+    return None
+
+
+def prompt_opens_thinking(prompt: str) -> bool:
+    """Whether a rendered prompt ends inside an opened ``<think>`` block (DeepSeek-R1 distills,
+    QwQ), so that the reply starts with thinking: pass the result as ``thinking_open``."""
+    tail = prompt.rstrip()
+    return tail.endswith("<think>")
