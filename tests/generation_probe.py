@@ -13,6 +13,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
+from modeld.options import Sampling
 from modeld.runner.generation import PromptState, make_sampler
 from modeld.runner.promptplan import ALIGN
 
@@ -41,7 +42,7 @@ def main(path: str) -> dict[str, Any]:
         else:
             ptr = llama_cpp.llama_get_logits_ith(state.ctx, -1)
             row = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
-        sampler = make_sampler(llm, temperature=0.0 if greedy else 1.0, top_k=40, top_p=0.95)
+        sampler = make_sampler(llm, Sampling(temperature=0.0 if greedy else 1.0, top_k=40, top_p=0.95))
         out, rows = [], [row]
         for _ in range(6):
             tok = state.sample(sampler)

@@ -16,6 +16,7 @@ from modeld.errors import (
     ProtocolMismatchError,
     error_from_dict,
 )
+from modeld.messages import ChatMessage
 
 
 def _frames(obj: object) -> list[bytes]:
@@ -120,7 +121,8 @@ def test_parse_generate_options() -> None:
     )
     assert isinstance(req, protocol.GenerateRequest)
     o = req.options
-    assert (o.max_tokens, o.temperature, o.stop, o.seed, o.n_ctx, o.keep_alive) == (
+    s = o.sampling
+    assert (s.max_tokens, s.temperature, s.stop, s.seed, o.n_ctx, o.keep_alive) == (
         5,
         0.0,
         ("\n",),
@@ -133,7 +135,7 @@ def test_parse_generate_options() -> None:
 def test_parse_chat_messages() -> None:
     req = _parse("generate", messages=[{"role": "user", "content": "hi", "extra": 1}])
     assert isinstance(req, protocol.GenerateRequest)
-    assert req.messages == ({"role": "user", "content": "hi"},)
+    assert req.messages == (ChatMessage("user", "hi"),)
 
 
 @pytest.mark.parametrize(
@@ -152,6 +154,24 @@ def test_parse_chat_messages() -> None:
         ("generate", {"prompt": "a", "keep_alive": [1]}, "keep_alive"),
         ("generate", {"messages": [{"role": "u"}]}, "messages"),
         ("generate", {"messages": []}, "messages"),
+        ("generate", {"messages": [{"role": "wizard", "content": "c"}]}, "messages[0].role"),
+        ("generate", {"messages": [{"content": "c"}]}, "messages[0].role"),
+        ("generate", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+        ("generate", {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ("generate", {"messages": [{"role": "user", "content": {"a": 1}}]}, "content"),
+        ("generate", {"messages": [{"role": "assistant", "content": "",
+                                    "tool_calls": [{"name": "f", "arguments": "{x"}]}]},
+         "tool_calls[0].arguments"),
+        ("generate", {"prompt": "a", "options": {"max_tokens": 0}}, "max_tokens"),
+        ("generate", {"prompt": "a", "options": {"min_p": 2}}, "min_p"),
+        ("generate", {"prompt": "a", "options": {"mirostat": 2}}, "mirostat"),
+        ("generate", {"prompt": "a", "options": {"top_logprobs": 3}}, "logprobs"),
+        ("generate", {"prompt": "a", "tools": [{"description": "x"}]}, "tools[0]"),
+        ("generate", {"prompt": "a", "tools": [{"name": "f"}], "tool_choice": {"name": "g"}},
+         "tool_choice"),
+        ("generate", {"prompt": "a", "tool_choice": "required"}, "tool_choice"),
+        ("generate", {"prompt": "a", "format": "yaml"}, "format"),
+        ("generate", {"prompt": "a", "think": "yes"}, "think"),
         ("embed", {"inputs": []}, "inputs"),
         ("embed", {"inputs": [1]}, "inputs"),
         ("load", {"model": "m", "mode": "chat"}, "mode"),

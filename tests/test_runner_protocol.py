@@ -158,10 +158,10 @@ def test_load_prompt_cache_dir_is_optional_and_a_path() -> None:
 
 def test_parse_generate_validates_fields() -> None:
     spec = specs.parse_generate(rp.generate("r", prompt="p", stop=["a"], top_k=0, seed=3))
-    assert spec.prompt == "p" and spec.messages is None and spec.stop == ("a",)
-    assert spec.top_k == 0 and spec.seed == 3 and not spec.raw
+    assert spec.prompt == "p" and spec.messages is None and spec.sampling.stop == ("a",)
+    assert spec.sampling.top_k == 0 and spec.sampling.seed == 3 and not spec.raw
     one_stop = {"type": "generate", "rid": "r", "prompt": "p", "stop": "x"}
-    assert specs.parse_generate(one_stop).stop == ("x",)
+    assert specs.parse_generate(one_stop).sampling.stop == ("x",)
     base = {"type": "generate", "rid": "r", "prompt": "p"}
     for bad in (
         {"prompt": None},  # neither prompt nor messages

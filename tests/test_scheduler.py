@@ -24,6 +24,7 @@ from modeld.config import Settings
 from modeld.daemon.jobs import Job, request_job
 from modeld.daemon.scheduler import Scheduler
 from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.options import Sampling
 
 MiB = 1 << 20
 CLIENT = b"client-1"
@@ -110,9 +111,8 @@ class Harness:
     def submit(
         self, path: Path, rid: str, *, max_tokens: int = 8, client: bytes = CLIENT, **opts: Any
     ) -> Job:
-        req = protocol.GenerateRequest(
-            str(path), "hi", None, protocol.GenerateOptions(max_tokens=max_tokens, **opts)
-        )
+        sampling = Sampling(max_tokens=max_tokens, **opts)
+        req = protocol.GenerateRequest(str(path), "hi", None, protocol.GenerateOptions(sampling))
         job = request_job(client, rid, req, ModelKey.for_file(str(path), "generate"),
                           path.stem, self.sched.settings)  # fmt: skip
         self.sched.submit(job)

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any, cast
 
@@ -45,12 +45,17 @@ class Generation:
         self.request_id = request_id
         self.done: GenerateDone | None = None
         self._finished = False
+        #: called with each piece of the model's thinking (kept apart from the text)
+        self.on_thinking: Callable[[str], None] | None = None
 
     def __iter__(self) -> Iterator[str]:
         try:
             while not self._finished:
                 msg = self._client._recv(self.request_id, self._client.timeout)
                 if msg.type == "chunk":
+                    thinking = msg.body.get("thinking")
+                    if isinstance(thinking, str) and self.on_thinking is not None:
+                        self.on_thinking(thinking)
                     text = msg.body.get("text")
                     if isinstance(text, str):
                         yield text
@@ -246,10 +251,13 @@ class Client:
         raw: bool = False,
         keep_alive: str | int | float | None = None,
         n_ctx: int | None = None,
+        format: str | dict[str, Any] | None = None,
         **options: Any,
     ) -> Generation:
-        """Stream a completion; options: max_tokens, temperature, top_p, top_k, seed, stop."""
-        return self._stream(model, {"prompt": prompt}, raw, keep_alive, n_ctx, options)
+        """Stream a completion; options: those of :class:`modeld.options.Sampling`;
+        ``format``: "json" or a JSON Schema the reply must follow."""
+        what = {"prompt": prompt, "format": format}
+        return self._stream(model, what, raw, keep_alive, n_ctx, options)
 
     def chat(
         self,
@@ -258,10 +266,14 @@ class Client:
         *,
         keep_alive: str | int | float | None = None,
         n_ctx: int | None = None,
+        format: str | dict[str, Any] | None = None,
+        think: bool | None = None,
         **options: Any,
     ) -> Generation:
-        """Stream a chat reply using the model's chat template."""
-        return self._stream(model, {"messages": messages}, False, keep_alive, n_ctx, options)
+        """Stream a chat reply using the model's chat template (``format`` as for
+        :meth:`generate`; ``think``: the model's thinking on or off, None its default)."""
+        what = {"messages": messages, "format": format, "think": think}
+        return self._stream(model, what, False, keep_alive, n_ctx, options)
 
     def _stream(
         self,
@@ -280,7 +292,8 @@ class Client:
             opts["keep_alive"] = keep_alive
         if n_ctx is not None:
             opts["n_ctx"] = n_ctx
-        rid = self._send("generate", model=model, options=opts, **what)
+        rid = self._send("generate", model=model, options=opts,
+                         **{k: v for k, v in what.items() if v is not None})
         return Generation(self, rid)
 
     def embed(

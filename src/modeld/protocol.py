@@ -17,7 +17,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from modeld import options
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
+from modeld.messages import (
+    ChatMessage,
+    Tool,
+    parse_format,
+    parse_messages,
+    parse_tool_choice,
+    parse_tools,
+)
+from modeld.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.options import Sampling
 
 PROTOCOL_VERSION = 1
 
@@ -45,6 +56,8 @@ MAX_ID_LENGTH = 128
 #: Most sequences one runner decodes together (``parallel``; llama.cpp allows 256; more than
 #: this only splits a context into slivers on a CPU).
 MAX_PARALLEL = 64
+#: Options of a generate request that are not sampling: the model's lifetime and context.
+_LIFETIME_OPTIONS = frozenset({"keep_alive", "n_ctx", "raw", "deterministic"})
 #: Most documents one rerank request scores (each is one query-document pair to evaluate).
 MAX_DOCUMENTS = 4096
 
@@ -95,8 +108,17 @@ def request(type_: str, request_id: str, **body: Any) -> Message:
     return Message(type_, request_id, {k: v for k, v in body.items() if v is not None})
 
 
-def chunk(request_id: str, text: str) -> Message:
-    return Message("chunk", request_id, {"text": text})
+#: Optional parts of a generate ``chunk`` besides its ``text``: ``thinking`` (text),
+#: ``tool_calls`` (OpenAI-style deltas), ``calls_done`` (calls complete, whole) and
+#: ``logprobs`` (per-token entries).
+CHUNK_PARTS = ("thinking", "tool_calls", "calls_done", "logprobs")
+
+
+def chunk(request_id: str, text: str, **parts: Any) -> Message:
+    """Generated text, with any of :data:`CHUNK_PARTS` that are not empty."""
+    body: dict[str, Any] = {"text": text}
+    body.update({k: v for k, v in parts.items() if k in CHUNK_PARTS and v})
+    return Message("chunk", request_id, body)
 
 
 def done(request_id: str, **body: Any) -> Message:
@@ -165,14 +187,10 @@ def _reject_constant(name: str) -> Any:
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """Sampling and lifetime options of a generate request (defaults are the daemon's)."""
+    """A generate request's options: its sampling (declared in :mod:`modeld.options`) and its
+    model's lifetime and context (defaults are the daemon's)."""
 
-    max_tokens: int = 256
-    temperature: float = 0.8
-    top_p: float = 0.95
-    top_k: int = 40
-    seed: int = 0
-    stop: tuple[str, ...] = ()
+    sampling: Sampling = DEFAULT_SAMPLING
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
     raw: bool = False
@@ -183,11 +201,19 @@ class GenerateOptions:
 
 @dataclass(frozen=True)
 class GenerateRequest:
+    """A completion of ``prompt`` or a reply to ``messages``; ``tools`` the model may call
+    (``tool_choice``: auto, none, required or ``function:NAME``), ``format`` "json" or a JSON
+    Schema the reply must satisfy, ``think``: the model's thinking on/off (None: its default)."""
+
     mode: ClassVar[str] = "generate"  # the model mode it needs
     model: str | None
     prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[ChatMessage, ...] | None
     options: GenerateOptions
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    format: str | dict[str, Any] | None = None
+    think: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -269,10 +295,19 @@ def parse_request(msg: Message) -> ParsedRequest:
         )
     if t == "generate":
         prompt = b.opt_str("prompt")
-        messages = b.messages()
-        if (prompt is None) == (messages is None):
+        raw_messages = msg.body.get("messages")
+        if (prompt is None) == (raw_messages is None):
             raise b.fail("give exactly one of 'prompt' or 'messages'")
-        return GenerateRequest(b.opt_str("model"), prompt, messages, b.generate_options())
+        messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
+        tools = parse_tools(msg.body.get("tools"), b.fail)
+        think = msg.body.get("think")
+        if think is not None and not isinstance(think, bool):
+            raise b.fail("'think' must be true or false")
+        return GenerateRequest(
+            b.opt_str("model"), prompt, messages, b.generate_options(), tools,
+            parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
+            parse_format(msg.body.get("format"), b.fail), think,
+        )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")
         if isinstance(raw_inputs, str):
@@ -394,24 +429,6 @@ class _Body:
             raise self.fail("'keep_alive' must be finite")
         return value
 
-    def messages(self) -> tuple[dict[str, str], ...] | None:
-        value = self.body.get("messages")
-        if value is None:
-            return None
-        ok = isinstance(value, list) and bool(value)
-        if ok:
-            for m in value:
-                if not (
-                    isinstance(m, dict)
-                    and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)
-                ):
-                    ok = False
-                    break
-        if not ok:
-            raise self.fail("'messages' must be a non-empty list of {role, content} strings")
-        return tuple({"role": m["role"], "content": m["content"]} for m in value)
-
     def generate_options(self) -> GenerateOptions:
         raw_opts = self.body.get("options", {})
         if not isinstance(raw_opts, dict):
@@ -421,25 +438,18 @@ class _Body:
             k: self.body[k] for k in ("keep_alive", "n_ctx", "raw") if k in self.body
         }
         src.update(raw_opts)
-        d = GenerateOptions()
-        stop: Any = src.get("stop", [])
-        if isinstance(stop, str):
-            stop = [stop]
-        if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-            raise self.fail("'stop' must be a string or a list of non-empty strings")
         raw = src.get("raw", False)
         if not isinstance(raw, bool):
             raise self.fail("'raw' must be true or false")
         deterministic = src.get("deterministic")
         if deterministic is not None and not isinstance(deterministic, bool):
             raise self.fail("'deterministic' must be true or false")
+        unknown = set(raw_opts) - options.NAMES - _LIFETIME_OPTIONS
+        if unknown:
+            raise self.fail(f"unknown option {sorted(unknown)[0]!r} (known: "
+                            f"{', '.join(sorted(options.NAMES | _LIFETIME_OPTIONS))})")
         return GenerateOptions(
-            max_tokens=self.int_field(src, "max_tokens", 1, 1 << 20, d.max_tokens) or d.max_tokens,
-            temperature=self.float_field(src, "temperature", 0.0, 100.0, d.temperature),
-            top_p=self.float_field(src, "top_p", 0.0, 1.0, d.top_p),
-            top_k=self.int_field(src, "top_k", 0, 1 << 20, d.top_k) or 0,
-            seed=self.int_field(src, "seed", -(1 << 31), (1 << 32) - 1, d.seed) or 0,
-            stop=tuple(stop),
+            sampling=options.parse(src, self.fail),
             keep_alive=self.keep_alive(src),
             n_ctx=self.n_ctx(src),
             raw=raw,

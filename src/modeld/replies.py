@@ -41,14 +41,23 @@ class GenerateTimings(TypedDict):
     total_s: float
 
 
+class ToolCallDone(TypedDict):
+    """A tool call the reply made: ``arguments`` is the JSON text of an object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class GenerateDone(TypedDict):
     """The ``done`` body of a ``generate`` request."""
 
     model: str
     n_ctx: int | None
     usage: Usage
-    finish_reason: str | None  # "stop", "length" or "eos"
+    finish_reason: str | None  # "stop", "length", "eos" or "tool_calls"
     timings: GenerateTimings
+    tool_calls: NotRequired[list[ToolCallDone]]  # the calls the reply made, in order
 
 
 class PooledTimings(TypedDict, total=False):
@@ -180,6 +189,7 @@ class RunnerGenerateDone(TypedDict):
     usage: Usage
     timings: dict[str, float]  # prompt_eval_s, generation_s, tokens_per_s, batched_max
     memory: NotRequired[RunnerMemory]  # measured right after
+    tool_calls: NotRequired[list[ToolCallDone]]
 
 
 class RunnerEmbedDone(TypedDict):

@@ -196,6 +196,10 @@ def run(
     keep_alive: KeepAliveOpt = None,
     ctx: CtxOpt = None,
     raw: Annotated[bool, typer.Option("--raw", help="Plain completion, no chat template.")] = False,
+    format: Annotated[str | None, typer.Option(
+        "--format", help="'json', or a JSON Schema file the reply must follow.")] = None,
+    think: Annotated[bool | None, typer.Option(
+        "--think/--no-think", help="The model's thinking on or off (models that think).")] = None,
     json_out: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
 ) -> None:
@@ -216,6 +220,8 @@ def run(
         raw=raw,
         json_out=json_out,
         verbose=verbose,
+        format=format,
+        think=think,
     )
     run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
 

@@ -111,6 +111,12 @@ def message(text: str) -> None:
     sys.stderr.flush()
 
 
+def thinking(text: str) -> None:
+    """A piece of the model's thinking, dimmed, on stderr (stdout carries only the reply)."""
+    sys.stderr.write(f"\x1b[2m{text}\x1b[0m")
+    sys.stderr.flush()
+
+
 def fmt_bytes(n: float | int | None) -> str:
     if n is None:
         return "-"

@@ -37,6 +37,25 @@ class RunOptions:
     raw: bool = False
     json_out: bool = False
     verbose: bool = False
+    format: str | None = None  # "json" or the path of a JSON Schema file
+    think: bool | None = None
+
+    def output_format(self) -> str | dict[str, Any] | None:
+        """``--format``: "json", or the JSON Schema read from the file it names."""
+        if self.format in (None, "json"):
+            return self.format
+        import json
+
+        try:
+            with open(self.format, encoding="utf-8") as f:
+                schema = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise InvalidRequestError(f"--format {self.format}: cannot read a JSON Schema: "
+                                      f"{exc}", hint='give "json" or a JSON Schema file') from None
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(f"--format {self.format}: the file is not a JSON object",
+                                      hint="a JSON Schema is an object")
+        return schema
 
     def sampling(self) -> dict[str, Any]:
         return {
@@ -136,11 +155,15 @@ def _start(
     messages: list[dict[str, str]],
     opts: RunOptions,
 ) -> Generation:
-    common: dict[str, Any] = {"keep_alive": opts.keep_alive, "n_ctx": opts.n_ctx, **opts.sampling()}
+    common: dict[str, Any] = {"keep_alive": opts.keep_alive, "n_ctx": opts.n_ctx,
+                              "format": opts.output_format(), **opts.sampling()}  # fmt: skip
     if opts.raw:
         text = f"{opts.system}\n\n{prompt}" if opts.system else prompt
         return client.generate(model, text, raw=True, **common)
-    return client.chat(model, messages, **common)
+    gen = client.chat(model, messages, think=opts.think, **common)
+    if sys.stderr.isatty() and not opts.json_out:
+        gen.on_thinking = render.thinking  # dimmed on the terminal; never on stdout
+    return gen
 
 
 def _stream(gen: Generation, *, echo: bool) -> str:

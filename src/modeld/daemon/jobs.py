@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, protocol
+from modeld import ctx, grammar, protocol
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner
@@ -128,11 +128,12 @@ def request_job(
                    keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
     o = req.options
     # The promise: a greedy reply does not depend on what else its model decodes.
-    alone = o.temperature == 0.0 and o.deterministic is not False
+    alone = o.sampling.greedy and o.deterministic is not False
     payload = rp.generate(
         rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
-        raw=o.raw, max_tokens=o.max_tokens, temperature=o.temperature, top_p=o.top_p,
-        top_k=o.top_k, seed=o.seed, stop=o.stop, deterministic=alone,
+        raw=o.raw, sampling=o.sampling, deterministic=alone,
+        tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
+        grammar=grammar.for_request(req.format, req.tools, req.tool_choice), think=req.think,
     )  # fmt: skip
     job = Job(client, rid, "generate", key, name, payload,
               keep_alive_of(o.keep_alive, settings), requested_ctx(o.n_ctx))  # fmt: skip
@@ -160,7 +161,7 @@ def done_body(
                              embeddings=msg.get("embeddings", []), timings=pooled)  # fmt: skip
         return RerankDone(model=name, n_ctx=n_ctx, usage=usage,
                           results=msg.get("results", []), timings=pooled)  # fmt: skip
-    return GenerateDone(
+    done = GenerateDone(
         model=name,
         n_ctx=n_ctx,
         usage=usage,
@@ -177,6 +178,10 @@ def done_body(
             total_s=now - job.created,
         ),
     )
+    calls = msg.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        done["tool_calls"] = calls
+    return done
 
 
 def _parallel_reason(slot: Slot | None) -> str | None:

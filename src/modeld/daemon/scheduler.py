@@ -275,7 +275,8 @@ class Scheduler:
             if mtype == "chunk":
                 text = msg.get("text")
                 if isinstance(text, str) and not job.client_gone:
-                    self._deliver(job, protocol.chunk(job.rid, text))
+                    parts = {k: msg[k] for k in protocol.CHUNK_PARTS if msg.get(k)}
+                    self._deliver(job, protocol.chunk(job.rid, text, **parts))
             elif mtype == "done":
                 self._on_done(slot, job, msg)
             else:

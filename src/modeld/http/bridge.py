@@ -109,15 +109,24 @@ class Bridge:
             return await s.call(type_, **body)
 
     async def collect(self, type_: str, **body: Any) -> tuple[str, dict[str, Any]]:
-        """A streamed request read to its end: (the whole text, the ``done`` body)."""
+        """A streamed request read to its end: (the whole text, the ``done`` body, with the
+        whole ``thinking`` and the ``logprobs`` of every token added when there were any)."""
         parts: list[str] = []
+        thinking: list[str] = []
+        logprobs: list[Any] = []
         done: dict[str, Any] = {}
         async with self.session() as s:
             async for kind, msg in s.stream(type_, **body):
                 if kind == "chunk":
                     parts.append(str(msg.get("text", "")))
+                    thinking.append(str(msg.get("thinking", "")))
+                    logprobs.extend(msg.get("logprobs") or [])
                 else:
                     done = msg
+        if any(thinking):
+            done["thinking"] = "".join(thinking)
+        if logprobs:
+            done["logprobs"] = logprobs
         return "".join(parts), done
 
     def close(self) -> None:

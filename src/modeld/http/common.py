@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from modeld import options
 from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
@@ -110,22 +111,7 @@ def iso_time(epoch: float) -> str:
 
 
 #: max_tokens for "no limit": generation ends at end-of-text or at the end of the context.
-UNLIMITED = 1 << 20
-
-
-def sampling(src: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
-    """modeld generate options from an API's field names (``mapping``: api name -> modeld)."""
-    out: dict[str, Any] = {}
-    for api_name, ours in mapping.items():
-        value = src.get(api_name)
-        if value is None:
-            continue
-        if ours == "max_tokens" and isinstance(value, int) and value <= 0:
-            value = UNLIMITED  # Ollama's -1: until the end of the text or of the context
-        if ours == "stop" and isinstance(value, str):
-            value = [value]
-        out[ours] = value
-    return out
+UNLIMITED = options.MAX_TOKENS
 
 
 async def stream_or_error(body: AsyncIterator[bytes], media_type: str,

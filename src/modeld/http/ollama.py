@@ -17,9 +17,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from modeld import __version__
+from modeld import __version__, options
 from modeld.describe import list_models
 from modeld.errors import InvalidRequestError, ModeldError
+from modeld.gguf import read_chat_template
+from modeld.http.chatreq import ollama_generate, ollama_messages, ollama_tool_calls
 from modeld.http.common import (
     API,
     UNLIMITED,
@@ -29,13 +31,13 @@ from modeld.http.common import (
     message_of,
     model_ref,
     read_json,
-    sampling,
     status_of,
     stream_or_error,
 )
+from modeld.replyparse import template_capabilities
 
-OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_p": "top_p",
-           "top_k": "top_k", "seed": "seed", "stop": "stop", "num_ctx": "n_ctx"}  # fmt: skip
+#: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, and the context.
+OPTIONS = {**options.api_fields("ollama"), "num_ctx": "n_ctx"}
 NS = 1_000_000_000
 
 
@@ -44,11 +46,27 @@ def error(exc: ModeldError) -> JSONResponse:
 
 
 def _options(doc: dict[str, Any]) -> dict[str, Any]:
+    """modeld options from Ollama's ``options`` (an unknown one is a 400 naming it) and the
+    top-level ``keep_alive``, ``logprobs`` and ``top_logprobs``. ``num_predict`` -1 (or
+    left out) is Ollama's "no limit": until the end of the text or of the context."""
     opts = doc.get("options") or {}
     if not isinstance(opts, dict):
         raise InvalidRequestError("'options' must be an object", hint="see Ollama's API docs")
-    out = sampling(opts, OPTIONS)
+    for key in opts:
+        if key not in OPTIONS:
+            raise InvalidRequestError(f"the option {key!r} is not supported by modeld",
+                                      hint="supported: " + ", ".join(sorted(OPTIONS)))
+    out = {OPTIONS[k]: v for k, v in opts.items() if v is not None}
+    limit = out.get("max_tokens")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit <= 0:
+        if limit not in (-1, -2):
+            raise InvalidRequestError("'num_predict' must be positive, or -1 for no limit",
+                                      hint="0 would generate nothing")
+        out["max_tokens"] = UNLIMITED
     out.setdefault("max_tokens", UNLIMITED)
+    for key in ("logprobs", "top_logprobs"):
+        if doc.get(key) is not None:
+            out[key] = doc[key]
     if doc.get("keep_alive") is not None:
         out["keep_alive"] = doc["keep_alive"]
     return out
@@ -99,53 +117,63 @@ class OllamaAPI(API):
             prompt = doc.get("prompt") or ""
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string", hint="send text")
+            body = ollama_generate(doc)
             if not prompt and not doc.get("system"):
                 return await self._load_or_unload(doc, ref, "response")
-            opts = _options(doc)
+            body["options"] = _options(doc)
             if doc.get("raw"):
-                what: dict[str, Any] = {"prompt": prompt}
-                opts["raw"] = True
+                body["prompt"] = prompt
+                body["options"]["raw"] = True
             else:
                 messages = [{"role": "system", "content": str(doc["system"])}] \
                     if doc.get("system") else []
                 messages.append({"role": "user", "content": prompt})
-                what = {"messages": messages}
+                body["messages"] = messages
         except ModeldError as exc:
             return error(exc)
-        return await self._generation(doc, ref, what, opts, "response")
+        return await self._generation(doc, ref, body, "response")
 
     async def chat(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
             ref = model_ref(doc.get("model"))
-            messages = doc.get("messages") or []
-            if not isinstance(messages, list):
-                raise InvalidRequestError("'messages' must be a list", hint="see the API docs")
+            body = ollama_generate(doc)
+            messages = ollama_messages(doc.get("messages") or [])
             if not messages:
                 return await self._load_or_unload(doc, ref, "message")
-            clean = [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")}
-                     for m in messages if isinstance(m, dict)]
-            opts = _options(doc)
+            body.update(messages=messages, options=_options(doc))
         except ModeldError as exc:
             return error(exc)
-        return await self._generation(doc, ref, {"messages": clean}, opts, "message")
+        return await self._generation(doc, ref, body, "message")
 
-    async def _generation(self, doc: dict[str, Any], ref: str | None, what: dict[str, Any],
-                          opts: dict[str, Any], field: str) -> Response:
+    async def _generation(self, doc: dict[str, Any], ref: str | None, body: dict[str, Any],
+                          field: str) -> Response:
         name = str(doc.get("model") or "default")
         started = time.monotonic()
 
-        def piece(text: str) -> dict[str, Any]:
-            body: Any = {"role": "assistant", "content": text} if field == "message" else text
-            return {"model": name, "created_at": iso_now(), field: body, "done": False}
+        def piece(text: str, parts: dict[str, Any]) -> dict[str, Any]:
+            if field == "message":
+                msg: dict[str, Any] = {"role": "assistant", "content": text}
+                if parts.get("thinking"):
+                    msg["thinking"] = parts["thinking"]
+                calls = parts.get("calls_done", parts.get("tool_calls"))
+                if calls:
+                    msg["tool_calls"] = ollama_tool_calls(calls)
+                out = {"model": name, "created_at": iso_now(), "message": msg, "done": False}
+            else:
+                out = {"model": name, "created_at": iso_now(), "response": text, "done": False}
+                if parts.get("thinking"):
+                    out["thinking"] = parts["thinking"]
+            if parts.get("logprobs"):
+                out["logprobs"] = parts["logprobs"]
+            return out
 
         if doc.get("stream") is False:
             try:
-                text, done = await self.bridge.collect("generate", model=ref, options=opts,
-                                                       **what)
+                text, done = await self.bridge.collect("generate", model=ref, **body)
             except ModeldError as exc:
                 return error(exc)
-            record = piece(text)
+            record = piece(text, done)
             record.update(_done_record(name, done, started))
             if field == "response":
                 record["context"] = []
@@ -155,12 +183,14 @@ class OllamaAPI(API):
             sent = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, body in s.stream("generate", model=ref, options=opts, **what):
+                    async for kind, msg in s.stream("generate", model=ref, **body):
                         if kind == "chunk":
-                            yield _line(piece(str(body.get("text", ""))))
+                            parts = {k: msg[k] for k in ("thinking", "calls_done", "logprobs")
+                                     if msg.get(k)}  # fmt: skip
+                            yield _line(piece(str(msg.get("text", "")), parts))
                         else:
-                            last = piece("")
-                            last.update(_done_record(name, body, started))
+                            last = piece("", {})
+                            last.update(_done_record(name, msg, started))
                             yield _line(last)
                         sent = True
                 except ModeldError as exc:
@@ -260,10 +290,28 @@ class OllamaAPI(API):
             "template": "", "details": _details(info),
             "model_info": {f"general.{k}": v for k, v in info.items()
                            if isinstance(v, (str, int, float, bool))},
-            "capabilities": ["completion"] + (["embedding"] if info.get("pooling_type") else []),
+            "capabilities": await asyncio.to_thread(_capabilities, body),
             "modeld": {k: body.get(k) for k in ("n_ctx", "ctx_reason", "estimate_bytes",
                                                "fits", "plan", "plan_reason", "would_evict")},
         })  # fmt: skip
+
+
+def _capabilities(show: dict[str, Any]) -> list[str]:
+    """What the model can do here, as Ollama names it: completion (a generative model; every
+    one can call tools: natively when its template knows tools, else shown them as text and
+    answering in JSON, or forced by a grammar), thinking when its template thinks, embedding
+    for a pooling model. Never vision (modeld has no image support)."""
+    info = show.get("info", {})
+    if info.get("pooling_type"):
+        return ["embedding"]
+    caps = ["completion", "tools"]
+    try:
+        template = read_chat_template(str(show.get("path")))
+    except (OSError, ValueError):
+        template = None
+    if "thinking" in template_capabilities(template):
+        caps.append("thinking")
+    return caps
 
 
 def _line(doc: dict[str, Any]) -> bytes:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from modeld.describe import list_models
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.http.chatreq import openai_generate
 from modeld.http.common import (
     API,
     UNLIMITED,
@@ -28,14 +29,10 @@ from modeld.http.common import (
     message_of,
     model_ref,
     read_json,
-    sampling,
     status_of,
     stream_or_error,
 )
 
-OPTIONS = {"max_tokens": "max_tokens", "max_completion_tokens": "max_tokens",
-           "temperature": "temperature", "top_p": "top_p", "seed": "seed", "stop": "stop",
-           "top_k": "top_k", "keep_alive": "keep_alive", "num_ctx": "n_ctx"}  # fmt: skip
 _TYPES = {ErrorCode.MODEL_NOT_FOUND: "not_found_error", ErrorCode.INVALID_REQUEST:
           "invalid_request_error", ErrorCode.CONTEXT_EXCEEDED: "invalid_request_error",
           ErrorCode.INVALID_MODEL: "invalid_request_error"}  # fmt: skip
@@ -56,7 +53,64 @@ def _usage(done: dict[str, Any]) -> dict[str, int]:
 
 
 def _finish(done: dict[str, Any]) -> str:
-    return "length" if done.get("finish_reason") == "length" else "stop"
+    reason = done.get("finish_reason")
+    return str(reason) if reason in ("length", "tool_calls") else "stop"
+
+
+class _Reply:
+    """One reply's parts in OpenAI's shapes: chat message or delta, text choice, logprobs."""
+
+    def __init__(self, chat: bool, one_call: bool) -> None:
+        self.chat, self.one_call = chat, one_call
+
+    def calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        kept = calls[:1] if self.one_call else calls
+        return [{"id": c["id"], "type": "function",
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in kept]
+
+    def deltas(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for d in deltas:
+            if self.one_call and d["index"] != 0:
+                continue
+            item: dict[str, Any] = {"index": d["index"]}
+            fn: dict[str, Any] = {"arguments": d.get("arguments", "")}
+            if "name" in d:
+                item.update(id=d["id"], type="function")
+                fn["name"] = d["name"]
+            item["function"] = fn
+            out.append(item)
+        return out
+
+    def logprobs(self, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": entries}
+        return {"tokens": [e["token"] for e in entries],
+                "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])}
+                                 for e in entries]}  # fmt: skip
+
+    def message(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
+        calls = self.calls(done.get("tool_calls") or [])
+        msg: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+        if done.get("thinking"):
+            msg["reasoning_content"] = done["thinking"]
+        if calls:
+            msg["tool_calls"] = calls
+        return msg
+
+    def delta(self, body: dict[str, Any]) -> dict[str, Any]:
+        delta: dict[str, Any] = {"role": "assistant"}
+        if body.get("thinking"):
+            delta["reasoning_content"] = body["thinking"]
+        if body.get("text") or not (body.get("thinking") or body.get("tool_calls")):
+            delta["content"] = str(body.get("text", ""))
+        calls = self.deltas(body.get("tool_calls") or [])
+        if calls:
+            delta["tool_calls"] = calls
+        return delta
 
 
 class OpenAIAPI(API):
@@ -75,17 +129,11 @@ class OpenAIAPI(API):
     async def chat(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
-            messages = doc.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise InvalidRequestError("'messages' must be a non-empty list",
-                                          hint="send at least one message")
-            clean = [{"role": str(m.get("role", "user")), "content": _content(m.get("content"))}
-                     for m in messages if isinstance(m, dict)]
-            opts = sampling(doc, OPTIONS)
-            opts.setdefault("max_tokens", UNLIMITED)
+            body = openai_generate(doc, chat=True)
+            body["options"].setdefault("max_tokens", UNLIMITED)
         except ModeldError as exc:
             return error(exc)
-        return await self._complete(doc, {"messages": clean}, opts, chat=True)
+        return await self._complete(doc, body, chat=True)
 
     async def completions(self, request: Request) -> Response:
         try:
@@ -96,38 +144,47 @@ class OpenAIAPI(API):
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string",
                                           hint="send one prompt per request")
-            opts = sampling(doc, OPTIONS)
-            opts.setdefault("max_tokens", 16)  # the API's documented default
-            opts["raw"] = True
+            body = openai_generate(doc, chat=False)
+            if body.keys() & {"tools", "tool_choice"}:
+                raise InvalidRequestError("tools need /v1/chat/completions",
+                                          hint="send messages to /v1/chat/completions")
+            body["options"].setdefault("max_tokens", 16)  # the API's documented default
+            body["options"]["raw"] = True
+            body["prompt"] = prompt
         except ModeldError as exc:
             return error(exc)
-        return await self._complete(doc, {"prompt": prompt}, opts, chat=False)
+        return await self._complete(doc, body, chat=False)
 
-    async def _complete(self, doc: dict[str, Any], what: dict[str, Any], opts: dict[str, Any],
-                        chat: bool) -> Response:
+    async def _complete(self, doc: dict[str, Any], body: dict[str, Any], chat: bool
+                        ) -> Response:
         name = str(doc.get("model") or "default")
         ref = model_ref(doc.get("model"))
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
+        reply = _Reply(chat, doc.get("parallel_tool_calls") is False)
+        want_logprobs = bool(body["options"].get("logprobs"))
 
-        def choice(text: str | None, finish: str | None, delta: bool) -> dict[str, Any]:
+        def choice(body: dict[str, Any] | None, finish: str | None,
+                   logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+            lp = reply.logprobs(logprobs) if want_logprobs else None
             if chat:
-                key = "delta" if delta else "message"
-                content = {} if text is None else {"content": text}
-                return {"index": 0, key: {"role": "assistant", **content},
-                        "finish_reason": finish}
-            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+                return {"index": 0, "delta": {} if body is None else reply.delta(body),
+                        "logprobs": lp, "finish_reason": finish}
+            text = "" if body is None else str(body.get("text", ""))
+            return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
 
         if not doc.get("stream"):
             try:
-                text, done = await self.bridge.collect("generate", model=ref, options=opts,
-                                                       **what)
+                text, done = await self.bridge.collect("generate", model=ref, **body)
             except ModeldError as exc:
                 return error(exc)
+            lp = reply.logprobs(done.get("logprobs")) if want_logprobs else None
+            one = ({"index": 0, "message": reply.message(text, done), "logprobs": lp,
+                    "finish_reason": _finish(done)} if chat else
+                   {"index": 0, "text": text, "logprobs": lp, "finish_reason": _finish(done)})
             return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
-                                 "choices": [choice(text, _finish(done), False)],
-                                 "usage": _usage(done)})
+                                 "choices": [one], "usage": _usage(done)})
 
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
@@ -143,13 +200,13 @@ class OpenAIAPI(API):
             sent = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, body in s.stream("generate", model=ref, options=opts, **what):
+                    async for kind, msg in s.stream("generate", model=ref, **body):
                         if kind == "chunk":
-                            yield event([choice(str(body.get("text", "")), None, True)])
+                            yield event([choice(msg, None, msg.get("logprobs") or [])])
                         else:
-                            yield event([choice(None if chat else "", _finish(body), True)])
+                            yield event([choice(None, _finish(msg), None)])
                             if include_usage:
-                                yield event([], _usage(body))
+                                yield event([], _usage(msg))
                         sent = True
                 except ModeldError as exc:
                     if not sent:
@@ -223,11 +280,3 @@ class OpenAIAPI(API):
         return JSONResponse({"object": "list", "data": [
             {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld"}
             for m in listed["models"]]})
-
-
-def _content(value: object) -> str:
-    """A message's content: a string, or OpenAI's list of parts (the text parts joined)."""
-    if isinstance(value, list):
-        return "".join(str(p.get("text", "")) for p in value
-                       if isinstance(p, dict) and p.get("type") == "text")
-    return "" if value is None else str(value)

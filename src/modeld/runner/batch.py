@@ -25,11 +25,13 @@ from typing import Any, Protocol
 import llama_cpp
 import llama_cpp._internals
 
-from modeld import probe
+from modeld import probe, replyparse
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
+from modeld.replies import ToolCallDone
 from modeld.runner import protocol as rp
 from modeld.runner import specs
-from modeld.runner.generation import DecodeBatch, PromptState, make_sampler
+from modeld.runner.generation import DecodeBatch, Grammar, PromptState, make_sampler, plain_greedy
+from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.textstream import TextStream
 
@@ -48,7 +50,7 @@ RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 class Host(Protocol):
     """What the engine needs from its runner: the prompt's tokens, replies, and the socket."""
 
-    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], tuple[str, ...]]: ...
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]: ...
 
     def apply_threads(self, n_threads: int | None) -> None: ...
 
@@ -77,6 +79,13 @@ class Stream:
     last_send: float = 0.0
     finish: str = "length"
     batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
+    grammar: Grammar | None = None  # the reply's constraint (a format, a forced tool call)
+    parser: replyparse.ReplyParser | None = None  # finds thinking and tool calls in the text
+    unsent_thinking: str = ""
+    unsent_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style deltas
+    unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
+    unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
+    calls: list[replyparse.ToolCall] = field(default_factory=list)
 
     @property
     def rid(self) -> str:
@@ -169,28 +178,29 @@ class BatchEngine:
         this request's reply only."""
         try:
             self.host.apply_threads(spec.n_threads)
-            tokens, format_stops = self.host.prompt_tokens(spec)
+            tokens, prompt = self.host.prompt_tokens(spec)
             if len(tokens) >= self.n_ctx_seq:
                 raise context_exceeded(len(tokens), self.n_ctx_seq)
+            grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
         except ModeldError as exc:
             self.host.send(rp.error(spec.rid, exc.code, exc.message, exc.details, exc.hint))
             return
         state = self._free_state(tokens)
-        self.llm.set_seed(spec.seed if spec.seed >= 0 else RANDOM_SEED)
-        sampler = make_sampler(
-            self.llm, temperature=spec.temperature, top_k=spec.top_k, top_p=spec.top_p
-        )
+        sampling = spec.sampling
+        self.llm.set_seed(sampling.seed if sampling.seed >= 0 else RANDOM_SEED)
         stream = Stream(
             spec=spec,
             state=state,
             prompt=tokens,
-            sampler=sampler,
-            text=TextStream((*spec.stop, *format_stops)),
+            sampler=make_sampler(self.llm, sampling),
+            text=TextStream((*sampling.stop, *prompt.stops)),
             strip_lead=not spec.raw and self.chat_qa,
             t0=time.perf_counter(),
+            grammar=grammar,
+            parser=prompt.parser(spec.forced_tools),
         )
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
-        prepared, todo = state.begin(tokens, spec.temperature == 0.0)
+        prepared, todo = state.begin(tokens, sampling.greedy)
         stream.reused, stream.todo = prepared.reused, deque(todo)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
@@ -289,7 +299,8 @@ class BatchEngine:
 
     @staticmethod
     def _sample(stream: Stream, index: int = -1) -> int:
-        return stream.state.sample(stream.sampler, index, greedy=stream.spec.temperature == 0.0)
+        return stream.state.sample(stream.sampler, index, greedy=plain_greedy(stream.spec.sampling),
+                                   grammar=stream.grammar)  # fmt: skip
 
     def _sampled(self, stream: Stream, token: int) -> None:
         """Handle one new token of ``stream``: end of generation, text, stop strings, limits."""
@@ -301,34 +312,103 @@ class BatchEngine:
             self._done(stream)
             return
         stream.completion += 1
+        if stream.spec.sampling.logprobs:
+            stream.unsent_logprobs.append(self._logprob(stream, token))
         out = stream.text.feed(self.llm.detokenize([token]))
         if stream.strip_lead and out:  # the reply need not start with the space after "Answer:"
             out = out.lstrip()
             stream.strip_lead = not out
-        if out:  # coalesced: one message per CHUNK_INTERVAL_S, not per token
-            stream.unsent += out
-            if now - stream.last_send >= CHUNK_INTERVAL_S:
-                self.host.send(rp.chunk(stream.rid, stream.unsent, stream.completion))
-                stream.unsent, stream.last_send = "", now
+        if out:
+            self._text(stream, out)
+        if now - stream.last_send >= CHUNK_INTERVAL_S:  # coalesced: not one message a token
+            self._flush(stream, now)
         if stream.text.stopped:
             stream.finish = "stop"
         elif (
-            stream.completion < stream.spec.max_tokens
+            stream.completion < stream.spec.sampling.max_tokens
             and len(stream.prompt) + stream.completion < self.n_ctx_seq
         ):
             stream.next_token = token
             return
         self._done(stream)
 
+    # ---------------------------------------------------------------- the reply's parts
+
+    def _text(self, stream: Stream, out: str) -> None:
+        """New reply text: content, or through the parser into thinking and tool calls."""
+        if stream.parser is None:
+            stream.unsent += out
+            return
+        for event in stream.parser.feed(out):
+            self._event(stream, event)
+
+    def _event(self, stream: Stream, event: replyparse.Event) -> None:
+        """One parsed piece; a chunk keeps the reply's order (thinking, text, calls), so a
+        piece of an earlier kind first sends what is pending."""
+        if isinstance(event, replyparse.ThinkingDelta):
+            if stream.unsent or stream.unsent_calls:
+                self._flush(stream, time.perf_counter())
+            stream.unsent_thinking += event.text
+        elif isinstance(event, replyparse.TextDelta):
+            if stream.unsent_calls:
+                self._flush(stream, time.perf_counter())
+            stream.unsent += event.text
+        elif isinstance(event, replyparse.ToolCallStart):
+            stream.unsent_calls.append({"index": event.index, "id": event.id,
+                                        "name": event.name, "arguments": ""})  # fmt: skip
+        elif isinstance(event, replyparse.ToolCallArgs):
+            last = stream.unsent_calls[-1] if stream.unsent_calls else None
+            if last is not None and last["index"] == event.index:
+                last["arguments"] += event.fragment
+            else:
+                stream.unsent_calls.append({"index": event.index, "arguments": event.fragment})
+        elif isinstance(event, replyparse.ToolCallEnd):
+            stream.calls.append(event.call)
+            stream.unsent_done.append(_call(event.call))
+
+    def _flush(self, stream: Stream, now: float) -> None:
+        """Send what is pending of ``stream``'s reply as one chunk."""
+        if not (stream.unsent or stream.unsent_thinking or stream.unsent_calls
+                or stream.unsent_logprobs or stream.unsent_done):
+            return
+        self.host.send(rp.chunk(stream.rid, stream.unsent, stream.completion,
+                                thinking=stream.unsent_thinking, tool_calls=stream.unsent_calls,
+                                calls_done=stream.unsent_done,
+                                logprobs=stream.unsent_logprobs))  # fmt: skip
+        stream.unsent, stream.unsent_thinking, stream.last_send = "", "", now
+        stream.unsent_calls, stream.unsent_logprobs, stream.unsent_done = [], [], []
+
+    def _logprob(self, stream: Stream, token: int) -> dict[str, Any]:
+        """OpenAI's logprobs entry of a sampled token (texts, bytes, alternatives)."""
+        entry = stream.state.logprobs(token, stream.spec.sampling.top_logprobs)
+
+        def text(tok: int) -> tuple[str, list[int]]:
+            raw = self.llm.detokenize([tok])
+            return raw.decode("utf-8", errors="replace"), list(raw)
+
+        tok_text, tok_bytes = text(token)
+        out: dict[str, Any] = {"token": tok_text, "logprob": entry["logprob"],
+                               "bytes": tok_bytes}  # fmt: skip
+        if "top" in entry:
+            out["top_logprobs"] = [{"token": t, "logprob": lp, "bytes": b}
+                                   for (t, b), lp in ((text(i), lp) for i, lp in entry["top"])]
+        return out
+
     # ---------------------------------------------------------------- endings
 
     def _done(self, stream: Stream) -> None:
         t_end = time.perf_counter()
-        tail = stream.unsent + stream.text.finish()
+        tail = stream.text.finish()
         if tail:
-            self.host.send(rp.chunk(stream.rid, tail, stream.completion))
+            self._text(stream, tail)
+        if stream.parser is not None:
+            for event in stream.parser.finish():
+                self._event(stream, event)
+        self._flush(stream, t_end)
         if stream.text.stopped:
             stream.finish = "stop"
+        if stream.calls:
+            stream.finish = "tool_calls"
         first = stream.t_first if stream.t_first is not None else t_end
         self._end(
             stream,
@@ -342,6 +422,7 @@ class BatchEngine:
                 generation_s=t_end - first,
                 batched_max=stream.batched_max,
                 memory=probe.own_memory(),
+                tool_calls=[_call(c) for c in stream.calls],
             ),
         )
 
@@ -357,7 +438,13 @@ class BatchEngine:
         self.streams.remove(stream)
         # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
         stream.sampler.close()  # type: ignore[no-untyped-call]
+        if stream.grammar is not None:
+            stream.grammar.close()
         self.host.send(reply)
+
+
+def _call(call: replyparse.ToolCall) -> ToolCallDone:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}
 
 
 def context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from modeld.errors import InvalidRequestError
 
@@ -26,8 +27,8 @@ KNOWN_FORMATS = (TEMPLATE, GEMMA, CHATML, LLAMA3, PLAIN, QA)
 #: ``general.finetune`` / ``general.name`` words that mark an instruction-tuned model.
 _INSTRUCT_WORDS = ("it", "instruct", "chat", "sft", "dpo", "rlhf")
 
-#: ``render(template, messages, bos_token, eos_token) -> prompt text``
-Renderer = Callable[[str, Sequence[Mapping[str, str]], str, str], str]
+#: ``render(template, messages, bos_token, eos_token, **template variables) -> prompt text``
+Renderer = Callable[..., str]
 
 #: Architectures whose chat format is known when the file carries no template.
 _ARCH_FORMATS = {
@@ -108,20 +109,23 @@ def format_messages(
     bos_token: str = "",
     eos_token: str = "",
     render: Renderer | None = None,
+    template_vars: Mapping[str, Any] | None = None,
 ) -> ChatPrompt:
     """Format ``messages`` (dicts with role and content) as a prompt ending at the reply.
 
-    ``render`` is required for the ``template`` format (see :data:`Renderer`).
+    ``render`` is required for the ``template`` format (see :data:`Renderer`); it gets the
+    messages as they are (with tool calls, tool results) and ``template_vars`` (``tools``,
+    ``enable_thinking``). The other formats see only each message's role and content.
     """
     if not messages:
         raise InvalidRequestError("a chat needs at least one message")
-    msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     if fmt == TEMPLATE:
         if not template or render is None:
             raise InvalidRequestError("the model has no chat template to render")
-        text = render(template, msgs, bos_token, eos_token)
+        text = render(template, messages, bos_token, eos_token, **(template_vars or {}))
         starts_with_bos = bool(bos_token) and text.startswith(bos_token)
         return ChatPrompt(text, (eos_token,) if eos_token else (), not starts_with_bos, TEMPLATE)
+    msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     if fmt == GEMMA:
         return ChatPrompt(_gemma(msgs), ("<end_of_turn>",), True, GEMMA)
     if fmt == CHATML:

@@ -25,6 +25,8 @@ import llama_cpp
 import llama_cpp._internals
 import numpy as np
 
+from modeld.errors import InvalidRequestError
+from modeld.options import Sampling
 from modeld.runner import promptfile, promptplan
 from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
 
@@ -41,15 +43,65 @@ class Prepared:
     source: str  # "exact", "snapshot", "live" or "none"
 
 
-def make_sampler(
-    llm: llama_cpp.Llama, *, temperature: float, top_k: int, top_p: float
-) -> llama_cpp._internals.LlamaSampler:
-    """The sampler chain ``Llama.generate`` builds for these settings (min_p 0, no repeat
-    penalty), seeded with ``llm``'s seed: one per request, so a seed gives the same text."""
-    sampler: llama_cpp._internals.LlamaSampler = llm._init_sampler(
-        top_k=top_k, top_p=top_p, min_p=0.0, temp=temperature, repeat_penalty=1.0
-    )
-    return sampler
+def make_sampler(llm: llama_cpp.Llama, sampling: Sampling) -> llama_cpp._internals.LlamaSampler:
+    """The sampler chain for these settings (``Llama._init_sampler``'s order: penalties, then
+    greedy, or top-k, typical, top-p, min-p, temperature and a seeded draw), seeded with
+    ``llm``'s seed: one per request, so a seed gives the same text."""
+    s = sampling
+    chain = llama_cpp._internals.LlamaSampler()  # type: ignore[no-untyped-call]
+    last_n = s.repeat_last_n if s.repeat_last_n >= 0 else int(llm.n_ctx())
+    chain.add_penalties(int(llm.n_vocab()), last_n, s.repeat_penalty, s.frequency_penalty,
+                        s.presence_penalty)  # fmt: skip
+    if s.greedy:
+        chain.add_greedy()  # type: ignore[no-untyped-call]
+    else:
+        chain.add_top_k(s.top_k)
+        chain.add_typical(1.0, 1)
+        chain.add_top_p(s.top_p, 1)
+        chain.add_min_p(s.min_p, 1)
+        chain.add_temp(s.temperature)
+        chain.add_dist(llm._seed)
+    return chain
+
+
+def plain_greedy(s: Sampling) -> bool:
+    """Greedy with neutral penalties: the first highest logit is the chain's choice."""
+    return s.greedy and s.repeat_penalty == 1.0 and not s.frequency_penalty \
+        and not s.presence_penalty  # fmt: skip
+
+
+class Grammar:
+    """One sequence's grammar sampler, applied as llama.cpp's common sampler does: the token
+    the chain picks is checked alone (cheap), and only when the grammar rejects it are the
+    full candidates masked and picked again. The daemon checked the grammar parses; a NULL
+    here (never expected) is still an error, not a crash."""
+
+    def __init__(self, llm: llama_cpp.Llama, gbnf: str) -> None:
+        self.ptr = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, gbnf.encode(), b"root")
+        if not self.ptr:
+            raise InvalidRequestError("llama.cpp rejected the reply's grammar",
+                                      hint="check the format or the tools' parameters")
+        self._one = (llama_cpp.llama_token_data * 1)()
+
+    def allows(self, token: int, logit: float) -> bool:
+        one = self._one[0]
+        one.id, one.logit, one.p = token, logit, 0.0  # type: ignore[assignment]
+        arr = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(self._one, llama_cpp.llama_token_data_p), size=1, selected=-1,
+            sorted=False)  # fmt: skip
+        llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(arr))
+        return bool(np.isfinite(self._one[0].logit))
+
+    def mask(self, cur: Any) -> None:
+        llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(cur))
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self.ptr, token)
+
+    def close(self) -> None:
+        if self.ptr:
+            llama_cpp.llama_sampler_free(self.ptr)
+            self.ptr = None
 
 
 class DecodeBatch:
@@ -109,7 +161,8 @@ class PromptState:
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self.stable = 0
         self._pending: Any = None  # logits row of an exact hit, sampled before any decode
-        self._candidates: _Candidates | None = None  # made on the first exact hit
+        self._candidates: _Candidates | None = None  # made on first use
+        self.row: Any = None  # the logits row of the latest sample()
         self._stable_before = 0  # the stable prefix before the prompt's latest piece
         self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
         self._alone = True  # every piece of the prompt so far was decoded without other tokens
@@ -321,23 +374,66 @@ class PromptState:
         logits_index: int = -1,
         *,
         greedy: bool = False,
+        grammar: Grammar | None = None,
     ) -> int:
-        """The next token: from row ``logits_index`` of the last decode, or an exact hit's
-        stored row. ``greedy`` (temperature 0): the first highest logit, which is what the
-        greedy chain picks (its repeat penalty is neutral), read in place: the chain would
-        first copy all n_vocab logits into candidates (262k for Gemma: ~4% of a step)."""
-        if self._pending is None:
-            if greedy:
-                row = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
-                return int(np.argmax(np.ctypeslib.as_array(row, shape=(self.n_vocab,))))
-            return int(sampler.sample(self.llm._ctx, logits_index))
-        logits, self._pending = self._pending, None
+        """The next token, from row ``logits_index`` of the last decode or an exact hit's
+        stored row (kept as :attr:`row` for :meth:`logprobs`). ``greedy`` (temperature 0,
+        neutral penalties): the first highest logit, read in place: the chain would first copy
+        all n_vocab logits into candidates (262k for Gemma: ~4% of a step). ``grammar``: the
+        token must be one it allows (:class:`Grammar`)."""
+        in_context = self._pending is None
+        if in_context:
+            ptr = llama_cpp.llama_get_logits_ith(self.ctx, logits_index)
+            row = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        else:
+            logits, self._pending = self._pending, None
+            row = np.frombuffer(memoryview(logits).cast("B"), np.float32, self.n_vocab)
+        self.row = row
         if greedy:
-            row_view = np.frombuffer(memoryview(logits).cast("B"), np.float32, self.n_vocab)
-            return int(np.argmax(row_view))
+            token = int(np.argmax(row))
+            if grammar is not None and not grammar.allows(token, float(row[token])):
+                cand = self._cands()
+                grammar.mask(cand.fill(row))
+                token = int(cand.view["id"][int(np.argmax(cand.view["logit"]))])
+        elif grammar is None and in_context:  # llama.cpp fills the candidates itself
+            token = int(sampler.sample(self.llm._ctx, logits_index))
+        else:
+            token = self._sample_chain(sampler, row, grammar)
+        if grammar is not None:
+            grammar.accept(token)
+        return token
+
+    def _cands(self) -> _Candidates:
         if self._candidates is None:
             self._candidates = _Candidates(self.n_vocab)
-        return sample_row(sampler, logits, self._candidates)
+        return self._candidates
+
+    def _sample_chain(self, sampler: llama_cpp._internals.LlamaSampler, row: Any,
+                      grammar: Grammar | None) -> int:
+        """The chain's pick from ``row``; when the grammar rejects it, the pick among the
+        tokens the grammar allows (llama.cpp's resampling)."""
+        cand = self._cands()
+        token = cand.pick(sampler, row)
+        if grammar is not None and not grammar.allows(token, float(row[token])):
+            cur = cand.fill(row)
+            grammar.mask(cur)
+            llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
+            token = cand.selected(cur)
+        llama_cpp.llama_sampler_accept(sampler.sampler, token)
+        return token
+
+    def logprobs(self, token: int, top: int) -> dict[str, Any]:
+        """OpenAI's per-token entry for ``token`` from the row it was sampled from: its
+        log-probability under the model (before sampling settings) and the ``top`` best."""
+        row = self.row.astype(np.float64)
+        peak = float(row.max())
+        log_z = peak + float(np.log(np.exp(row - peak).sum()))
+        entry: dict[str, Any] = {"id": token, "logprob": float(row[token]) - log_z}
+        if top:
+            best = np.argpartition(-row, top)[:top]
+            best = best[np.argsort(-row[best], kind="stable")]
+            entry["top"] = [(int(i), float(row[i]) - log_z) for i in best]
+        return entry
 
     def decode(self, token: int) -> None:
         """Append a sampled token (a batch of one: never part of the stable prefix)."""
@@ -349,7 +445,8 @@ class PromptState:
 
 
 class _Candidates:
-    """A reusable candidate array for :func:`sample_row` (ids set once: 262k for Gemma)."""
+    """A reusable candidate array (ids set once per fill: samplers reorder it; 262k for
+    Gemma)."""
 
     def __init__(self, n_vocab: int) -> None:
         self.n_vocab = n_vocab
@@ -357,24 +454,22 @@ class _Candidates:
         self.view = np.frombuffer(memoryview(self.data).cast("B"), dtype=_TOKEN_DATA)
         self.ids = np.arange(n_vocab, dtype=np.int32)
 
+    def fill(self, row: Any) -> Any:
+        """Candidates in token order with ``row``'s logits, as a llama_token_data_array."""
+        self.view["id"] = self.ids
+        self.view["logit"] = row
+        self.view["p"] = 0.0
+        return llama_cpp.llama_token_data_array(
+            data=ctypes.cast(self.data, llama_cpp.llama_token_data_p),
+            size=self.n_vocab, selected=-1, sorted=False)  # fmt: skip
 
-def sample_row(sampler: llama_cpp._internals.LlamaSampler, logits: Any, cand: _Candidates) -> int:
-    """What ``llama_sampler_sample`` does, from a stored logits row instead of the context:
-    candidates in token order, apply the chain, accept the choice."""
-    n_vocab = cand.n_vocab
-    view = cand.view
-    view["id"] = cand.ids  # samplers reorder the array: reset all three fields
-    view["logit"] = np.frombuffer(memoryview(logits).cast("B"), dtype=np.float32, count=n_vocab)
-    view["p"] = 0.0
-    cur = llama_cpp.llama_token_data_array(
-        data=ctypes.cast(cand.data, llama_cpp.llama_token_data_p),
-        size=n_vocab,
-        selected=-1,
-        sorted=False,
-    )
-    llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
-    if not 0 <= cur.selected < n_vocab:
-        raise RuntimeError(f"the sampler selected no token ({cur.selected})")
-    token = int(cand.data[cur.selected].id)
-    llama_cpp.llama_sampler_accept(sampler.sampler, token)
-    return token
+    def selected(self, cur: Any) -> int:
+        if not 0 <= cur.selected < self.n_vocab:
+            raise RuntimeError(f"the sampler selected no token ({cur.selected})")
+        return int(self.data[cur.selected].id)
+
+    def pick(self, sampler: llama_cpp._internals.LlamaSampler, row: Any) -> int:
+        """What ``llama_sampler_sample`` does before its accept: candidates, the chain."""
+        cur = self.fill(row)
+        llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
+        return self.selected(cur)

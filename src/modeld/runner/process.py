@@ -37,12 +37,13 @@ from modeld import memory, probe
 from modeld.errors import ErrorCode, InvalidRequestError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, rank, specs
+from modeld.runner import chat, prompting, rank, specs
 from modeld.runner import protocol as rp
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
 from modeld.runner.promptcache import SnapshotStore
+from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
 
@@ -231,31 +232,16 @@ class Runner(RunnerServer):
             )
         return self.llm
 
-    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], tuple[str, ...]]:
-        """Tokens of the prompt and the stop strings that go with its format.
-
-        A raw prompt is used as is; a non-raw prompt is one user turn (Ollama semantics);
-        messages are formatted with the chosen chat format.
-        """
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]:
+        """Tokens of the prompt, and its text with the stop strings of its format and how to
+        read the reply (:mod:`modeld.runner.prompting`)."""
         llm = self._require("generate")
-        stops: tuple[str, ...] = ()
-        if spec.raw and spec.prompt is not None:
-            text, add_bos = spec.prompt, True
-        else:
-            messages = spec.messages or ({"role": "user", "content": spec.prompt or ""},)
-            cp = chat.format_messages(
-                messages,
-                self.chat_format,
-                template=self.template,
-                bos_token=self.bos_text,
-                eos_token=self.eos_text,
-                render=render_template,
-            )
-            text, add_bos, stops = cp.text, cp.add_bos, cp.stop
-        tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        model = ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
+        prompt = prompting.build(spec, model, render_template)
+        tokens = llm.tokenize(prompt.text.encode("utf-8"), add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
-        return tokens, stops
+        return tokens, prompt
 
     def apply_threads(self, n_threads: int | None) -> None:
         """Use the thread count the daemon chose for this request: when several runners
@@ -410,14 +396,15 @@ def _sequences(n_seq: int) -> Iterator[None]:
 
 
 def render_template(
-    template: str, messages: Sequence[Mapping[str, str]], bos_token: str, eos_token: str
+    template: str, messages: Sequence[Mapping[str, Any]], bos_token: str, eos_token: str,
+    **template_vars: Any,
 ) -> str:
     """Render a GGUF chat template with llama-cpp-python's sandboxed Jinja formatter (the same
     HF-style environment its own chat handler uses); template errors are request errors."""
     formatter = _formatter(template, eos_token, bos_token)
     try:
         chat_messages: Any = [dict(m) for m in messages]
-        result = formatter(messages=chat_messages)
+        result = formatter(messages=chat_messages, **template_vars)
     except Exception as exc:  # Jinja errors and the template's own raise_exception()
         raise InvalidRequestError(
             f"the model's chat template could not format these messages: {exc}",

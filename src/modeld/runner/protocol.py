@@ -16,12 +16,16 @@ second DEALER identified as :func:`heartbeat_identity` (so it flows while llama.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from modeld.errors import ErrorCode
+from modeld.messages import ChatMessage, Tool
+from modeld.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.options import Sampling
 from modeld.protocol import ProtocolError
 from modeld.replies import (
     RerankResult,
@@ -33,6 +37,7 @@ from modeld.replies import (
     RunnerMemory,
     RunnerMemoryReply,
     RunnerRerankDone,
+    ToolCallDone,
 )
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
@@ -51,7 +56,7 @@ FROM_RUNNER = frozenset(
 HEARTBEAT_S = 1.0
 HEARTBEAT_SUFFIX = "/hb"
 #: finish_reason values of a generate ``done``.
-FINISH_REASONS = ("stop", "length", "eos")
+FINISH_REASONS = ("stop", "length", "eos", "tool_calls")
 
 
 # --------------------------------------------------------------------------- building
@@ -175,34 +180,43 @@ def generate(
     rid: str,
     *,
     prompt: str | None = None,
-    messages: Sequence[Mapping[str, str]] | None = None,
+    messages: Sequence[ChatMessage | Mapping[str, Any]] | None = None,
     raw: bool = False,
-    max_tokens: int = 256,
-    temperature: float = 0.8,
-    top_p: float = 0.95,
-    top_k: int = 40,
-    seed: int = 0,
-    stop: Sequence[str] = (),
+    sampling: Sampling = DEFAULT_SAMPLING,
     deterministic: bool = False,
+    tools: Sequence[Tool] = (),
+    tool_choice: str = "auto",
+    grammar: str | None = None,
+    think: bool | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
-    greedy request the daemon sends only to an otherwise idle runner."""
+    greedy request the daemon sends only to an otherwise idle runner; ``grammar``: GBNF the
+    reply must follow (checked by the daemon: a grammar llama.cpp rejects never reaches a
+    runner); ``tools``/``tool_choice``/``think`` as in the client protocol; ``options``:
+    sampling fields that override ``sampling``'s (``max_tokens=16``)."""
+    if options:
+        sampling = dataclasses.replace(sampling, **{
+            k: tuple(v) if k == "stop" else v for k, v in options.items()})  # fmt: skip
     msg: dict[str, Any] = {
         "type": "generate",
         "rid": rid,
         "raw": raw,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "seed": seed,
-        "stop": list(stop),
+        **sampling.to_wire(),
         "deterministic": deterministic,
     }
     if prompt is not None:
         msg["prompt"] = prompt
     if messages is not None:
-        msg["messages"] = [dict(m) for m in messages]
+        msg["messages"] = [m.to_wire() if isinstance(m, ChatMessage) else dict(m)
+                           for m in messages]  # fmt: skip
+    if tools:
+        msg["tools"] = [t.to_wire() for t in tools]
+        msg["tool_choice"] = tool_choice
+    if grammar is not None:
+        msg["grammar"] = grammar
+    if think is not None:
+        msg["think"] = think
     return msg
 
 
@@ -246,11 +260,31 @@ def memory_reply(memory: Mapping[str, int], footprint: Mapping[str, int]) -> Run
     return {"type": "memory", "memory": _memory(memory), "footprint": _memory(footprint)}
 
 
-def chunk(rid: str, text: str, tokens: int | None = None) -> dict[str, Any]:
-    """Generated text; ``tokens``: completion tokens so far (a chunk may hold several)."""
+def chunk(
+    rid: str,
+    text: str,
+    tokens: int | None = None,
+    *,
+    thinking: str = "",
+    tool_calls: Sequence[Mapping[str, Any]] = (),
+    calls_done: Sequence[ToolCallDone] = (),
+    logprobs: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """Generated text; ``tokens``: completion tokens so far (a chunk may hold several).
+    Optional parts, in the reply's order: ``thinking`` (before the text), ``tool_calls``
+    (OpenAI-style deltas: ``index``, then ``id``/``name`` once, ``arguments`` fragments),
+    ``calls_done`` (the calls completed, whole) and ``logprobs`` (an entry per token)."""
     msg: dict[str, Any] = {"type": "chunk", "rid": rid, "text": text}
     if tokens is not None:
         msg["tokens"] = tokens
+    if thinking:
+        msg["thinking"] = thinking
+    if tool_calls:
+        msg["tool_calls"] = [dict(c) for c in tool_calls]
+    if calls_done:
+        msg["calls_done"] = list(calls_done)
+    if logprobs:
+        msg["logprobs"] = [dict(e) for e in logprobs]
     return msg
 
 
@@ -265,6 +299,7 @@ def done_generate(
     generation_s: float,
     batched_max: int = 1,
     memory: Mapping[str, int] | None = None,
+    tool_calls: Sequence[ToolCallDone] = (),
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
@@ -291,6 +326,8 @@ def done_generate(
     }
     if memory is not None:
         msg["memory"] = _memory(memory)
+    if tool_calls:
+        msg["tool_calls"] = list(tool_calls)
     return msg
 
 

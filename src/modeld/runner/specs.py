@@ -7,11 +7,13 @@ job, and its errors name the field so a daemon bug is obvious.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from modeld import options
+from modeld.messages import ChatMessage, Tool, parse_messages, parse_tools
+from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
@@ -35,15 +37,19 @@ class LoadSpec:
 class GenerateSpec:
     rid: str
     prompt: str | None
-    messages: tuple[dict[str, str], ...] | None
+    messages: tuple[ChatMessage, ...] | None
     raw: bool
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    stop: tuple[str, ...]
+    sampling: Sampling
     n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "auto"
+    grammar: str | None = None  # GBNF the reply follows (the daemon checked it parses)
+    think: bool | None = None
+
+    @property
+    def forced_tools(self) -> bool:
+        """The reply must be a tool call (``required`` or one named tool: a grammar says so)."""
+        return bool(self.tools) and self.tool_choice not in ("auto", "none")
 
 
 @dataclass(frozen=True)
@@ -88,45 +94,40 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
 def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
     rid = _str(msg, "rid")
     prompt = msg.get("prompt")
-    messages = msg.get("messages")
-    if (prompt is None) == (messages is None):
+    raw_messages = msg.get("messages")
+    if (prompt is None) == (raw_messages is None):
         raise ProtocolError("generate: give exactly one of 'prompt' or 'messages'")
     if prompt is not None and not isinstance(prompt, str):
         raise ProtocolError("generate: 'prompt' must be a string")
-    parsed_messages: tuple[dict[str, str], ...] | None = None
-    if messages is not None:
-        if not (
-            isinstance(messages, list)
-            and messages
-            and all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            raise ProtocolError("generate: 'messages' must be a non-empty list of {role, content}")
-        parsed_messages = tuple({"role": m["role"], "content": m["content"]} for m in messages)
-    stop = msg.get("stop", [])
-    if isinstance(stop, str):
-        stop = [stop]
-    if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
-        raise ProtocolError("generate: 'stop' must be a list of non-empty strings")
+
+    def fail(text: str) -> ProtocolError:
+        return ProtocolError(f"generate: {text}")
+
+    messages = None if raw_messages is None else parse_messages(raw_messages, fail)
     raw = msg.get("raw", False)
     if not isinstance(raw, bool):
         raise ProtocolError("generate: 'raw' must be a boolean")
+    tools = parse_tools(msg.get("tools"), fail)
+    grammar = msg.get("grammar")
+    if grammar is not None and (not isinstance(grammar, str) or not grammar):
+        raise ProtocolError("generate: 'grammar' must be a non-empty string")
+    think = msg.get("think")
+    if think is not None and not isinstance(think, bool):
+        raise ProtocolError("generate: 'think' must be a boolean")
+    choice = msg.get("tool_choice", "auto")
+    if not isinstance(choice, str):
+        raise ProtocolError("generate: 'tool_choice' must be a string")
     return GenerateSpec(
         rid=rid,
         prompt=prompt,
-        messages=parsed_messages,
+        messages=messages,
         raw=raw,
-        max_tokens=_int(msg, "max_tokens", 1, 1 << 24, 256),
-        temperature=_float(msg, "temperature", 0.0, 100.0, 0.8),
-        top_p=_float(msg, "top_p", 0.0, 1.0, 0.95),
-        top_k=_int(msg, "top_k", 0, 1 << 24, 40),
-        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
-        stop=tuple(stop),
+        sampling=options.parse(msg, fail),
         n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
+        tools=tools,
+        tool_choice=choice,
+        grammar=grammar,
+        think=think,
     )
 
 
@@ -174,12 +175,3 @@ def _int(msg: Mapping[str, Any], key: str, lo: int, hi: int, default: int | None
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ProtocolError(f"{msg.get('type')}: {key!r} must be an integer in [{lo}, {hi}]")
     return value
-
-
-def _float(msg: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
-    value = msg.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be a number")
-    if not (math.isfinite(value) and lo <= value <= hi):
-        raise ProtocolError(f"{msg.get('type')}: {key!r} must be in [{lo}, {hi}]")
-    return float(value)

@@ -1,0 +1,263 @@
+"""Chat requests of the OpenAI and Ollama APIs translated into modeld's generate request:
+messages with tool calls and results, tools, tool choice, output format, thinking, logprobs —
+and every field checked: one modeld does is done, one it does not is a 400 naming it.
+
+Each API's fields are declared once here (``*_FIELDS``); the sampling options come from
+:mod:`modeld.options`. The result is the body of a protocol ``generate`` request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from modeld import options
+from modeld.errors import InvalidRequestError
+
+#: Fields an OpenAI chat/completions body may carry besides the sampling options. Those in
+#: ``_NO_EFFECT`` change nothing a local model does (routing, storage, accounting at OpenAI).
+OPENAI_FIELDS = frozenset({
+    "model", "messages", "prompt", "stream", "stream_options", "tools", "tool_choice",
+    "parallel_tool_calls", "response_format", "logprobs", "top_logprobs", "n",
+    "reasoning_effort", "keep_alive", "num_ctx", "user", "metadata", "store", "service_tier",
+    "echo", "best_of", "suffix",
+})  # fmt: skip
+_NO_EFFECT = ("user", "metadata", "store", "service_tier")
+#: Top-level fields of Ollama's /api/chat and /api/generate.
+OLLAMA_FIELDS = frozenset({
+    "model", "messages", "prompt", "system", "stream", "format", "options", "keep_alive",
+    "think", "tools", "raw", "images", "suffix", "template", "context", "logprobs",
+    "top_logprobs",
+})  # fmt: skip
+_OLLAMA_TOP_SAMPLING = ("logprobs", "top_logprobs")
+_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
+
+
+def refuse_unknown(doc: Mapping[str, Any], known: Iterable[str], api: str) -> None:
+    """A 400 naming the first field that is neither known nor a sampling option."""
+    allowed = set(known) | (set(options.api_fields("openai")) if api == "openai" else set())
+    for key in doc:
+        if key not in allowed:
+            raise InvalidRequestError(f"the field {key!r} is not supported by modeld",
+                                      hint="leave it out; docs/protocol.md lists what the "
+                                           f"{api} API accepts here")  # fmt: skip
+
+
+def _bad(text: str) -> InvalidRequestError:
+    return InvalidRequestError(text, hint="see docs/protocol.md")
+
+
+# --------------------------------------------------------------------------- OpenAI
+
+
+def openai_generate(doc: Mapping[str, Any], chat: bool) -> dict[str, Any]:
+    """A protocol generate body (``messages`` or ``prompt``, ``tools``, ``tool_choice``,
+    ``format``, ``think``; ``options`` without the defaults an endpoint adds)."""
+    refuse_unknown(doc, OPENAI_FIELDS, "openai")
+    n = doc.get("n")
+    if n not in (None, 1):
+        raise _bad("'n' must be 1: modeld returns one choice per request")
+    for key in ("echo", "suffix"):
+        if doc.get(key):
+            raise _bad(f"'{key}' is not supported by modeld")
+    if doc.get("best_of") not in (None, 1):
+        raise _bad("'best_of' must be 1")
+    body: dict[str, Any] = {}
+    opts = {ours: doc[api] for api, ours in options.api_fields("openai").items()
+            if doc.get(api) is not None}  # fmt: skip
+    if chat:
+        body["messages"] = openai_messages(doc.get("messages"))
+        if doc.get("logprobs") is not None:
+            opts["logprobs"] = doc["logprobs"]
+        if doc.get("top_logprobs") is not None:
+            opts["top_logprobs"] = doc["top_logprobs"]
+    else:
+        lp = doc.get("logprobs")  # /v1/completions: an integer, the alternatives per token
+        if lp is not None:
+            if isinstance(lp, bool) or not isinstance(lp, int) or not 0 <= lp <= 5:
+                raise _bad("'logprobs' must be an integer in [0, 5]")
+            opts.update(logprobs=True, top_logprobs=lp)
+    if "max_tokens" in opts and isinstance(opts["max_tokens"], int) and opts["max_tokens"] < 1:
+        raise _bad("'max_tokens' must be at least 1 (leave it out for no limit)")
+    if doc.get("tools") is not None:
+        body["tools"] = [_openai_tool(i, t) for i, t in enumerate(_list(doc["tools"], "tools"))]
+    choice = doc.get("tool_choice")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict):
+            raise _bad("'tool_choice' must be none, auto, required or "
+                       '{"type": "function", "function": {"name": …}}')
+        choice = {"name": fn.get("name")}
+    if choice is not None:
+        body["tool_choice"] = choice
+    fmt = _response_format(doc.get("response_format"))
+    if fmt is not None:
+        body["format"] = fmt
+    effort = doc.get("reasoning_effort")
+    if effort is not None:
+        if effort not in ("none", "minimal", "low", "medium", "high"):
+            raise _bad("'reasoning_effort' must be none, minimal, low, medium or high")
+        body["think"] = effort != "none"
+    if doc.get("parallel_tool_calls") not in (None, True, False):
+        raise _bad("'parallel_tool_calls' must be true or false")
+    body["options"] = opts
+    return body
+
+
+def openai_messages(raw: Any) -> list[dict[str, Any]]:
+    """OpenAI messages in modeld's wire form: content parts joined, ``developer`` as system,
+    tool calls with their JSON-text arguments, tool results named after their call."""
+    msgs = _list(raw, "messages")
+    if not msgs:
+        raise _bad("'messages' must be a non-empty list")
+    names: dict[str, str] = {}  # tool call id -> the function's name
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object")
+        role = m.get("role")
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool"):
+            raise _bad(f"{where}.role must be system, developer, user, assistant or tool "
+                       f"(got {role!r})")
+        content = m.get("content")
+        if content is None and role != "assistant":
+            raise _bad(f"{where}.content is required for a {role} message")
+        msg: dict[str, Any] = {"role": role, "content": _openai_content(content, where)}
+        calls = m.get("tool_calls")
+        if calls:
+            msg["tool_calls"] = []
+            for j, c in enumerate(_list(calls, f"{where}.tool_calls")):
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict):
+                    raise _bad(f"{where}.tool_calls[{j}] needs a 'function'")
+                call = {"name": fn.get("name"), "arguments": fn.get("arguments") or "{}"}
+                if isinstance(c.get("id"), str):
+                    call["id"] = c["id"]
+                    names[c["id"]] = str(fn.get("name"))
+                msg["tool_calls"].append(call)
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise _bad(f"{where}.tool_call_id is required for a tool message")
+            msg["tool_call_id"] = call_id
+            if call_id in names:
+                msg["tool_name"] = names[call_id]
+        thinking = m.get("reasoning_content", m.get("reasoning"))
+        if isinstance(thinking, str) and thinking:
+            msg["thinking"] = thinking
+        out.append(msg)
+    return out
+
+
+def _openai_content(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise _bad(f"{where}.content must be a string or a list of content parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_image", "image"):
+            raise _bad(f"{where}.content[{j}] is an image: {_NO_IMAGES}")
+        else:
+            raise _bad(f"{where}.content[{j}]: content parts of type {kind!r} are not "
+                       "supported (only text)")
+    return "".join(texts)
+
+
+def _openai_tool(i: int, t: Any) -> dict[str, Any]:
+    if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(
+            t.get("function"), dict):
+        raise _bad(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{…}}}}")
+    fn = t["function"]
+    return {k: fn[k] for k in ("name", "description", "parameters") if fn.get(k) is not None}
+
+
+def _response_format(rf: Any) -> str | dict[str, Any] | None:
+    if rf is None:
+        return None
+    kind = rf.get("type") if isinstance(rf, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise _bad("'response_format.json_schema.schema' must be a JSON Schema object")
+        return schema
+    raise _bad("'response_format.type' must be text, json_object or json_schema")
+
+
+# --------------------------------------------------------------------------- Ollama
+
+
+def ollama_generate(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of an Ollama chat/generate body beyond its prompt or messages: ``tools``,
+    ``format``, ``think`` and the top-level ``logprobs``/``top_logprobs`` options."""
+    refuse_unknown(doc, OLLAMA_FIELDS, "ollama")
+    if doc.get("images"):
+        raise _bad(f"'images': {_NO_IMAGES}")
+    if doc.get("suffix"):
+        raise _bad("'suffix' (fill-in-the-middle) is not supported by modeld")
+    if doc.get("template"):
+        raise _bad("'template' is not supported: modeld uses the model's own chat template")
+    if doc.get("context"):
+        raise _bad("'context' is not supported: send the conversation as /api/chat messages")
+    body: dict[str, Any] = {}
+    if doc.get("tools") is not None:
+        body["tools"] = [_openai_tool(i, t) for i, t in enumerate(_list(doc["tools"], "tools"))]
+    if doc.get("format") not in (None, ""):
+        body["format"] = doc["format"]
+    think = doc.get("think")
+    if think is not None:
+        if think not in (True, False, "low", "medium", "high"):
+            raise _bad("'think' must be true, false, low, medium or high")
+        body["think"] = think is not False
+    return body
+
+
+def ollama_messages(raw: Any) -> list[dict[str, Any]]:
+    """Ollama messages in modeld's wire form (tool call arguments are objects already)."""
+    msgs = _list(raw, "messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object")
+        if m.get("images"):
+            raise _bad(f"{where}.images: {_NO_IMAGES}")
+        msg = {k: m[k] for k in ("role", "content", "thinking", "tool_name") if k in m}
+        if "tool_name" not in msg and isinstance(m.get("name"), str):
+            msg["tool_name"] = m["name"]
+        calls = m.get("tool_calls")
+        if calls:
+            msg["tool_calls"] = []
+            for j, c in enumerate(_list(calls, f"{where}.tool_calls")):
+                fn = c.get("function") if isinstance(c, dict) else None
+                if not isinstance(fn, dict):
+                    raise _bad(f"{where}.tool_calls[{j}] needs a 'function'")
+                msg["tool_calls"].append({"name": fn.get("name"),
+                                          "arguments": fn.get("arguments") or {}})
+        out.append(msg)
+    return out
+
+
+def ollama_tool_calls(calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Calls as Ollama's ``message.tool_calls``: arguments as an object."""
+    return [{"function": {"index": i, "name": c["name"],
+                          "arguments": json.loads(c["arguments"])}}
+            for i, c in enumerate(calls)]  # fmt: skip
+
+
+def _list(value: Any, name: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _bad(f"'{name}' must be a list")
+    return value

@@ -1,0 +1,92 @@
+"""A generate request's prompt text and how its reply is read back (content, thinking, tool
+calls), from the request and what the model's chat template can do.
+
+Tools reach a template that knows tools as the ``tools`` variable (as llama-server and Ollama
+pass them) and thinking on/off as ``enable_thinking``; a model whose template knows no tools
+(the default model has no template at all) is shown the tools as a system text and answers
+in the generic JSON shape. Pure: rendering is the ``render`` callable the runner passes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from modeld import replyparse
+from modeld.errors import InvalidRequestError
+from modeld.messages import ChatMessage, plain_text, template_messages, tools_prompt
+from modeld.runner import chat
+from modeld.runner.specs import GenerateSpec
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """The prompt and the reading of its reply: ``family`` of tool-call syntax, ``thinking``
+    split on, ``thinking_open`` (the prompt itself opened the thinking block)."""
+
+    text: str
+    add_bos: bool
+    stops: tuple[str, ...]
+    family: str = "generic"
+    tools: bool = False
+    thinking: bool = False
+    thinking_open: bool = False
+
+    def parser(self, forced: bool) -> replyparse.ReplyParser | None:
+        """A reader of the reply, when it has anything but text to find."""
+        if not (self.tools or self.thinking or forced):
+            return None
+        return replyparse.ReplyParser("generic" if forced else self.family, tools=self.tools,
+                                      thinking=self.thinking, thinking_open=self.thinking_open,
+                                      forced=forced)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelChat:
+    """What the loaded model's chat side is: its format, template and special texts."""
+
+    fmt: str
+    template: str | None
+    bos: str
+    eos: str
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return replyparse.template_capabilities(self.template) if self.template else frozenset()
+
+
+def build(spec: GenerateSpec, model: ModelChat, render: chat.Renderer) -> PromptText:
+    """The prompt for ``spec`` (raw, one user turn, or its messages) on ``model``."""
+    if spec.raw and spec.prompt is not None:
+        if spec.tools or spec.think:
+            raise InvalidRequestError("a raw prompt cannot carry 'tools' or 'think'",
+                                      hint="send messages, or leave them out")
+        return PromptText(spec.prompt, True, ())
+    caps = model.capabilities
+    markers = replyparse.thinking_markers(model.template)
+    if spec.think and markers is None:
+        raise InvalidRequestError("this model does not think ('think' was true)",
+                                  hint="leave 'think' out for this model")
+    messages = spec.messages or (ChatMessage("user", spec.prompt or ""),)
+    tools = spec.tools
+    native_tools = bool(tools) and model.fmt == chat.TEMPLATE and "tools" in caps
+    if tools and not native_tools:  # show them as text; the reply is generic JSON
+        messages = (ChatMessage("system", tools_prompt(tools)), *messages)
+    if model.fmt == chat.TEMPLATE:
+        variables: dict[str, Any] = {}
+        if native_tools:
+            variables["tools"] = [t.openai() for t in tools]
+        if spec.think is not None and markers is not None:
+            variables["enable_thinking"] = spec.think
+        cp = chat.format_messages(template_messages(messages), chat.TEMPLATE,
+                                  template=model.template, bos_token=model.bos,
+                                  eos_token=model.eos, render=render,
+                                  template_vars=variables)  # fmt: skip
+    else:
+        plain = [{"role": "user" if m.role == "tool" else m.role, "content": plain_text(m)}
+                 for m in messages]  # fmt: skip
+        cp = chat.format_messages(plain, model.fmt)
+    family = replyparse.tool_family(model.template, "") if native_tools else "generic"
+    thinking = markers is not None and spec.think is not False
+    opened = thinking and markers is not None and cp.text.rstrip().endswith(markers[0])
+    return PromptText(cp.text, cp.add_bos, cp.stop, family, bool(tools), thinking, opened)
