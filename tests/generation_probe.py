@@ -42,7 +42,8 @@ def main(path: str) -> dict[str, Any]:
         else:
             ptr = llama_cpp.llama_get_logits_ith(state.ctx, -1)
             row = np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
-        sampler = make_sampler(llm, Sampling(temperature=0.0 if greedy else 1.0, top_k=40, top_p=0.95))
+        settings = Sampling(temperature=0.0 if greedy else 1.0, top_k=40, top_p=0.95)
+        sampler = make_sampler(llm, settings)
         out, rows = [], [row]
         for _ in range(6):
             tok = state.sample(sampler)

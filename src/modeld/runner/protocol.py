@@ -196,8 +196,9 @@ def generate(
     runner); ``tools``/``tool_choice``/``think`` as in the client protocol; ``options``:
     sampling fields that override ``sampling``'s (``max_tokens=16``)."""
     if options:
-        sampling = dataclasses.replace(sampling, **{
-            k: tuple(v) if k == "stop" else v for k, v in options.items()})  # fmt: skip
+        overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
+                                     for k, v in options.items()}  # fmt: skip
+        sampling = dataclasses.replace(sampling, **overrides)
     msg: dict[str, Any] = {
         "type": "generate",
         "rid": rid,
