@@ -33,6 +33,8 @@ from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
 log = logging.getLogger("modeld.runner")
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+#: Candidates a grammar is first checked on when the chain's pick is not allowed.
+SHORTLIST = 256
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class Grammar:
             raise InvalidRequestError("llama.cpp rejected the reply's grammar",
                                       hint="check the format or the tools' parameters")
         self._one = (llama_cpp.llama_token_data * 1)()
+        self._short = _Candidates(SHORTLIST)
 
     def allows(self, token: int, logit: float) -> bool:
         one = self._one[0]
@@ -91,6 +94,27 @@ class Grammar:
             sorted=False)  # fmt: skip
         llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(arr))
         return bool(np.isfinite(self._one[0].logit))
+
+    def pick(self, row: Any, sampler: llama_cpp._internals.LlamaSampler | None,
+             full: Callable[[], _Candidates]) -> int:
+        """A token the grammar allows, by the chain (``sampler``) or greedily (None): among
+        the :data:`SHORTLIST` most likely tokens when any of them is allowed (the grammar is
+        checked on a few hundred tokens, not all 262k of Gemma's vocabulary: the greedy pick
+        is the same, the first most likely allowed token), else among all (``full()``)."""
+        ids = np.argpartition(-row, SHORTLIST - 1)[:SHORTLIST] if len(row) > SHORTLIST \
+            else np.arange(len(row))  # fmt: skip
+        short = self._short
+        cur = short.fill_ids(row, ids.astype(np.int32))
+        self.mask(cur)
+        if not np.isfinite(short.view["logit"][: len(ids)]).any():
+            short, cur = full(), full().fill(row)
+            self.mask(cur)
+        if sampler is None:
+            logits = short.view["logit"][: cur.size]
+            best = np.flatnonzero(logits == logits.max())
+            return int(short.view["id"][best].min())
+        llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
+        return short.selected(cur)
 
     def mask(self, cur: Any) -> None:
         llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(cur))
@@ -392,13 +416,14 @@ class PromptState:
         if greedy:
             token = int(np.argmax(row))
             if grammar is not None and not grammar.allows(token, float(row[token])):
-                cand = self._cands()
-                grammar.mask(cand.fill(row))
-                token = int(cand.view["id"][int(np.argmax(cand.view["logit"]))])
+                token = grammar.pick(row, None, self._cands)
         elif grammar is None and in_context:  # llama.cpp fills the candidates itself
             token = int(sampler.sample(self.llm._ctx, logits_index))
         else:
-            token = self._sample_chain(sampler, row, grammar)
+            token = self._cands().pick(sampler, row, accept=False)
+            if grammar is not None and not grammar.allows(token, float(row[token])):
+                token = grammar.pick(row, sampler, self._cands)
+            llama_cpp.llama_sampler_accept(sampler.sampler, token)
         if grammar is not None:
             grammar.accept(token)
         return token
@@ -407,20 +432,6 @@ class PromptState:
         if self._candidates is None:
             self._candidates = _Candidates(self.n_vocab)
         return self._candidates
-
-    def _sample_chain(self, sampler: llama_cpp._internals.LlamaSampler, row: Any,
-                      grammar: Grammar | None) -> int:
-        """The chain's pick from ``row``; when the grammar rejects it, the pick among the
-        tokens the grammar allows (llama.cpp's resampling)."""
-        cand = self._cands()
-        token = cand.pick(sampler, row)
-        if grammar is not None and not grammar.allows(token, float(row[token])):
-            cur = cand.fill(row)
-            grammar.mask(cur)
-            llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
-            token = cand.selected(cur)
-        llama_cpp.llama_sampler_accept(sampler.sampler, token)
-        return token
 
     def logprobs(self, token: int, top: int) -> dict[str, Any]:
         """OpenAI's per-token entry for ``token`` from the row it was sampled from: its
@@ -459,17 +470,32 @@ class _Candidates:
         self.view["id"] = self.ids
         self.view["logit"] = row
         self.view["p"] = 0.0
+        return self._array(self.n_vocab)
+
+    def fill_ids(self, row: Any, ids: Any) -> Any:
+        """Candidates ``ids`` (at most the array's size) with their logits from ``row``."""
+        n = len(ids)
+        self.view["id"][:n] = ids
+        self.view["logit"][:n] = row[ids]
+        self.view["p"][:n] = 0.0
+        return self._array(n)
+
+    def _array(self, n: int) -> Any:
         return llama_cpp.llama_token_data_array(
             data=ctypes.cast(self.data, llama_cpp.llama_token_data_p),
-            size=self.n_vocab, selected=-1, sorted=False)  # fmt: skip
+            size=n, selected=-1, sorted=False)  # fmt: skip
 
     def selected(self, cur: Any) -> int:
-        if not 0 <= cur.selected < self.n_vocab:
+        if not 0 <= cur.selected < cur.size:
             raise RuntimeError(f"the sampler selected no token ({cur.selected})")
         return int(self.data[cur.selected].id)
 
-    def pick(self, sampler: llama_cpp._internals.LlamaSampler, row: Any) -> int:
-        """What ``llama_sampler_sample`` does before its accept: candidates, the chain."""
+    def pick(self, sampler: llama_cpp._internals.LlamaSampler, row: Any, *,
+             accept: bool = True) -> int:
+        """What ``llama_sampler_sample`` does: candidates, the chain, (its accept)."""
         cur = self.fill(row)
         llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
-        return self.selected(cur)
+        token = self.selected(cur)
+        if accept:
+            llama_cpp.llama_sampler_accept(sampler.sampler, token)
+        return token
