@@ -22,11 +22,13 @@ _ARCH_FAMILIES = {"qwen2": "hermes", "qwen2moe": "hermes", "qwen3": "hermes", "q
 
 def tool_family(template: str | None, architecture: str) -> str:
     """The family of the model's tool-call syntax (one of ``FAMILIES``): from markers in the
-    chat template, else from the architecture; ``generic`` when neither tells."""
+    chat template; from the architecture only when the file has no template (a template with
+    none of the markers, like DeepSeek-R1's on a qwen2 architecture, is ``generic``)."""
     if template:
         for family, markers in _MARKERS:
             if any(marker in template for marker in markers):
                 return family
+        return "generic"
     return _ARCH_FAMILIES.get(architecture, "generic")
 
 
