@@ -413,8 +413,8 @@ CASES: list[Case] = [
     Case(
         "text-with-markup",
         "hermes",
-        "Use <b>bold</b>, <tool> or <tool_cal>, a dict {\"a\": 1} and a list [1, 2] < 3.",
-        "Use <b>bold</b>, <tool> or <tool_cal>, a dict {\"a\": 1} and a list [1, 2] < 3.",
+        'Use <b>bold</b>, <tool> or <tool_cal>, a dict {"a": 1} and a list [1, 2] < 3.',
+        'Use <b>bold</b>, <tool> or <tool_cal>, a dict {"a": 1} and a list [1, 2] < 3.',
     ),
     Case(
         "partial-marker-at-end",
