@@ -87,6 +87,26 @@ CASES: list[Case] = [
         calls=(("python", {"code": "# This is a program:\nprint('hey')"}),),
     ),
     Case(
+        "hermes-bare-json-call",  # test-chat.cpp: HERMES_2_PRO also takes a bare call object
+        "hermes",
+        '{\n  "name": "special_function", "arguments": {"arg1": 1}}',
+        "",
+        calls=(SF,),
+    ),
+    Case(
+        "hermes-leading-newline-before-call",
+        "hermes",
+        '\n<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n</tool_call>\n',
+        "",
+        calls=(SF,),
+    ),
+    Case(
+        "hermes-json-after-text-is-text",  # unlike llama-server, only at the start of the reply
+        "hermes",
+        'This is not a tool call:\n{"name": "special_function", "arguments": {"arg1": 1}}',
+        'This is not a tool call:\n{"name": "special_function", "arguments": {"arg1": 1}}',
+    ),
+    Case(
         "hermes-plain-reply",
         "hermes",
         HELLO,
