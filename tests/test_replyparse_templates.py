@@ -107,6 +107,14 @@ def test_no_template_falls_back_on_the_architecture() -> None:
     assert thinking_markers(None) is None
 
 
+def test_capabilities_from_template_words() -> None:
+    assert template_capabilities("{% if tools %}{% endif %}") == frozenset({"tools"})
+    assert template_capabilities("<think> only the opening tag") == frozenset()
+    assert template_capabilities("{% if enable_thinking %}{% endif %}") == {"thinking"}
+    assert thinking_markers("{{ '<think>' }}{{ '</think>' }}") == ("<think>", "</think>")
+    assert tool_family("<|start_header_id|>ipython<|end_header_id|>", "llama") == "llama3"
+
+
 @pytest.mark.parametrize("name", sorted(set(TEMPLATES) - {R1}))
 def test_renders_tools_calls_and_results(name: str) -> None:
     """Arguments as a dict, content "" (not None), a 9-character id: every template renders."""

@@ -46,13 +46,11 @@ def template_capabilities(template: str | None) -> frozenset[str]:
 
 
 def thinking_markers(template: str | None) -> tuple[str, str] | None:
-    """``("<think>", "</think>")`` when the model thinks in such a block, else None.
-
-    A closing tag alone counts (DeepSeek-R1 distills strip ``…</think>`` from history and open
-    the block in the generation prompt), as does ``enable_thinking`` (Qwen3)."""
+    """``("<think>", "</think>")`` when the model thinks in such a block (the template has both
+    tags, as Qwen3's and DeepSeek-R1's do, or an ``enable_thinking`` switch), else None."""
     if not template:
         return None
-    if "</think>" in template or "enable_thinking" in template:
+    if ("<think>" in template and "</think>" in template) or "enable_thinking" in template:
         return ("<think>", "</think>")
     return None
 
