@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from modeld.replyparse import (
+    FAMILIES,
     parse_reply,
+    preserved_markers,
     prompt_opens_thinking,
     template_capabilities,
     thinking_markers,
@@ -176,3 +178,15 @@ def test_prompt_opens_thinking() -> None:
     no_think = formatter(messages=user, enable_thinking=False).prompt
     assert no_think.endswith("<think>\n\n</think>\n\n")
     assert not prompt_opens_thinking(no_think)
+
+
+def test_preserved_markers() -> None:
+    assert preserved_markers("hermes", thinking=True) == (
+        "<tool_call>",
+        "</tool_call>",
+        "<think>",
+        "</think>",
+    )
+    assert preserved_markers("mistral", thinking=False) == ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    assert preserved_markers("llama3", thinking=False) == ("<|python_tag|>",)
+    assert all(isinstance(preserved_markers(f, thinking=False), tuple) for f in FAMILIES)

@@ -7,7 +7,7 @@ and its capabilities come from its GGUF chat template (``tool_family``,
 
 Wiring notes: the generated text must keep the markers, and llama-cpp-python's ``detokenize``
 drops CONTROL-typed tokens unless ``special=True`` (a vocabulary may type ``[TOOL_CALLS]``,
-``[ARGS]`` or ``<|python_tag|>`` so), so render special tokens when tools are on; pass
+``[ARGS]`` or ``<|python_tag|>`` so), so render the ``preserved_markers`` tokens; pass
 ``thinking_open=prompt_opens_thinking(prompt)``; pass ``forced=True`` when a grammar made the
 reply a generic call object (tool_choice "required" or a named function).
 """
@@ -27,6 +27,7 @@ from modeld.replyparse.events import (
 from modeld.replyparse.parser import ReplyParser, fold, parse_reply
 from modeld.replyparse.templates import (
     FAMILIES,
+    preserved_markers,
     prompt_opens_thinking,
     template_capabilities,
     thinking_markers,
@@ -46,6 +47,7 @@ __all__ = [
     "fold",
     "new_call_id",
     "parse_reply",
+    "preserved_markers",
     "prompt_opens_thinking",
     "template_capabilities",
     "thinking_markers",

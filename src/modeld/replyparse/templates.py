@@ -55,6 +55,23 @@ def thinking_markers(template: str | None) -> tuple[str, str] | None:
     return None
 
 
+#: The marker strings each family's parser must see in the generated text.
+_FAMILY_MARKERS = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "llama3": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    "generic": (),
+}
+
+
+def preserved_markers(family: str, *, thinking: bool) -> tuple[str, ...]:
+    """Markers the runner must keep in the detokenized text: where one is a single special
+    (control) token, render that token with ``special=True``, as llama-server does for its
+    ``preserved_tokens``; other special tokens (end of turn) stay hidden."""
+    think = ("<think>", "</think>") if thinking else ()
+    return _FAMILY_MARKERS[family] + think
+
+
 def prompt_opens_thinking(prompt: str) -> bool:
     """Whether a rendered prompt ends inside an opened ``<think>`` block (DeepSeek-R1 distills,
     QwQ), so that the reply starts with thinking: pass the result as ``thinking_open``."""
