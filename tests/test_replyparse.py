@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -172,3 +174,12 @@ def test_finish_twice_and_feed_after_finish() -> None:
     assert parser.finish() == []
     with pytest.raises(RuntimeError):
         parser.feed("x")
+
+
+def test_module_is_pure() -> None:
+    code = (
+        "import sys, modeld.replyparse\n"
+        "bad = [m for m in ('llama_cpp', 'numpy', 'zmq', 'psutil', 'jinja2') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
