@@ -21,7 +21,8 @@ from modeld.replyparse import (
     fold,
     parse_reply,
 )
-from replyparse_cases import CASES, Case, check_event_order, random_chunks, shape
+from replyparse_cases import CASES, Case
+from replyparse_util import check_event_order, random_chunks, shape
 
 
 def stream(case: Case, chunks: list[str]) -> list[Event]:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from modeld.replyparse import FAMILIES, Event, ReplyParser, fold, parse_reply
-from replyparse_cases import check_event_order, random_chunks, shape
+from replyparse_util import check_event_order, random_chunks, shape
 
 PIECES = [
     "<tool_call>", "</tool_call>", "<tool", "[TOOL_CALLS]", "[TOOL_", "[ARGS]", "[CALL_ID]",
