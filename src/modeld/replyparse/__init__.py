@@ -4,6 +4,12 @@ Pure (no native imports). The runner feeds each decoded piece to a ``ReplyParser
 the events; ``parse_reply`` does a whole reply at once. The family of a model's tool-call syntax
 and its capabilities come from its GGUF chat template (``tool_family``,
 ``template_capabilities``, ``thinking_markers``).
+
+Wiring notes: the generated text must keep the markers, and llama-cpp-python's ``detokenize``
+drops CONTROL-typed tokens unless ``special=True`` (a vocabulary may type ``[TOOL_CALLS]``,
+``[ARGS]`` or ``<|python_tag|>`` so), so render the ``preserved_markers`` tokens; pass
+``thinking_open=prompt_opens_thinking(prompt)``; pass ``forced=True`` when a grammar made the
+reply a generic call object (tool_choice "required" or a named function).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from modeld.replyparse.events import (
 from modeld.replyparse.parser import ReplyParser, fold, parse_reply
 from modeld.replyparse.templates import (
     FAMILIES,
+    preserved_markers,
     prompt_opens_thinking,
     template_capabilities,
     thinking_markers,
@@ -40,6 +47,7 @@ __all__ = [
     "fold",
     "new_call_id",
     "parse_reply",
+    "preserved_markers",
     "prompt_opens_thinking",
     "template_capabilities",
     "thinking_markers",

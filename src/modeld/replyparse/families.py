@@ -32,18 +32,29 @@ class PlainStage(Stage):
 
 
 class HermesStage(Stage):
+    """``<tool_call>`` blocks anywhere; also a bare call object that starts the reply (small
+    Qwen models sometimes leave the tags out; llama-server accepts it too)."""
+
     marker = "<tool_call>"
     close = "</tool_call>"
 
     def __init__(self, log: CallLog) -> None:
         super().__init__(log)
         self._close_seen = ""
+        self.mode = "start"
 
     def enter_call(self) -> None:
         self.new_object()
         self.start("call")
 
     def char(self, ch: str) -> bool:
+        if self.mode == "start":
+            if ch in WHITESPACE:
+                self.raw.append(ch)
+                return True
+            if ch != "{":
+                return self.resume_text()
+            self.enter_call()
         if self.mode == "call":
             if self.object_char(ch, "close"):
                 self._close_seen = ""

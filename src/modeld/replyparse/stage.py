@@ -93,6 +93,14 @@ class Stage:
         self._after_call = False
         return False
 
+    def resume_text(self) -> bool:
+        """Go to text mode with ``raw`` (leading whitespace) held as if text mode had read it,
+        handing the current character back."""
+        self._pending = "".join(self.raw)
+        self.raw = []
+        self.mode = TEXT
+        return False
+
     def committed(self, mode: str) -> None:
         """A call completed; ``mode`` reads what may follow it (separators, closing tags)."""
         self.raw = []

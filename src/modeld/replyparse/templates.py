@@ -22,11 +22,13 @@ _ARCH_FAMILIES = {"qwen2": "hermes", "qwen2moe": "hermes", "qwen3": "hermes", "q
 
 def tool_family(template: str | None, architecture: str) -> str:
     """The family of the model's tool-call syntax (one of ``FAMILIES``): from markers in the
-    chat template, else from the architecture; ``generic`` when neither tells."""
+    chat template; from the architecture only when the file has no template (a template with
+    none of the markers, like DeepSeek-R1's on a qwen2 architecture, is ``generic``)."""
     if template:
         for family, markers in _MARKERS:
             if any(marker in template for marker in markers):
                 return family
+        return "generic"
     return _ARCH_FAMILIES.get(architecture, "generic")
 
 
@@ -44,15 +46,30 @@ def template_capabilities(template: str | None) -> frozenset[str]:
 
 
 def thinking_markers(template: str | None) -> tuple[str, str] | None:
-    """``("<think>", "</think>")`` when the model thinks in such a block, else None.
-
-    A closing tag alone counts (DeepSeek-R1 distills strip ``…</think>`` from history and open
-    the block in the generation prompt), as does ``enable_thinking`` (Qwen3)."""
+    """``("<think>", "</think>")`` when the model thinks in such a block (the template has both
+    tags, as Qwen3's and DeepSeek-R1's do, or an ``enable_thinking`` switch), else None."""
     if not template:
         return None
-    if "</think>" in template or "enable_thinking" in template:
+    if ("<think>" in template and "</think>" in template) or "enable_thinking" in template:
         return ("<think>", "</think>")
     return None
+
+
+#: The marker strings each family's parser must see in the generated text.
+_FAMILY_MARKERS = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "llama3": ("<|python_tag|>",),
+    "mistral": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    "generic": (),
+}
+
+
+def preserved_markers(family: str, *, thinking: bool) -> tuple[str, ...]:
+    """Markers the runner must keep in the detokenized text: where one is a single special
+    (control) token, render that token with ``special=True``, as llama-server does for its
+    ``preserved_tokens``; other special tokens (end of turn) stay hidden."""
+    think = ("<think>", "</think>") if thinking else ()
+    return _FAMILY_MARKERS[family] + think
 
 
 def prompt_opens_thinking(prompt: str) -> bool:
