@@ -15,52 +15,98 @@ llama_cpp is imported on first use only (a daemon that never sees a format never
 
 from __future__ import annotations
 
-import ctypes
+import functools
 import json
+import os
+import tempfile
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from modeld.errors import InvalidRequestError
 from modeld.messages import Tool, forced_tool
+from modeld.replyparse import native_family
 
 #: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
 MAX_GRAMMAR_BYTES = 1 << 20
+#: Deepest nesting of groups handed to llama.cpp's parser (a schema's ``maxLength: 100000``
+#: nests 100000 deep and crashed it with a stack overflow: llama.cpp#22396's family).
+MAX_NESTING = 1024
 _HINT = "simplify the schema (llama.cpp's converter supports the JSON Schema subset of " \
         "docs/protocol.md), or send 'format': 'json'"  # fmt: skip
 _lock = threading.Lock()
-_log_lines: list[str] = []
-_callback: Any = None
 
 
 def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
-                tool_choice: str) -> str | None:
+                tool_choice: str, family: str = "generic") -> str | None:
     """The GBNF a reply must follow, or None when it is free text (raises InvalidRequestError
-    naming the part that cannot be used)."""
+    naming the part that cannot be used). ``family``: the tool-call syntax of the model's
+    template (:func:`modeld.replyparse.native_family`): a forced call is written in it."""
     forced = bool(tools) and tool_choice not in ("auto", "none")
     if fmt is not None and tools and tool_choice != "none":
         raise InvalidRequestError(
             "'format' and 'tools' cannot be used together",
             hint="constrain the reply with a format, or let the model call tools, not both")
     if forced:
-        schema = tool_call_schema(tools, forced_tool(tool_choice))
-        return check(from_schema(schema, "the tool's 'parameters'"), "tool_choice")
+        schema = tool_call_schema(tools, forced_tool(tool_choice), family)
+        call = from_schema(schema, "the tool's 'parameters'")
+        return check(_wrapped(call, family), "tool_choice")
     if fmt is None:
         return None
-    if isinstance(fmt, dict):
-        return check(from_schema(fmt, "format"), "format")
-    from llama_cpp.llama_grammar import JSON_GBNF
+    # "json": any object, as the converter writes it (its numbers have at most 16 digits,
+    # where llama-cpp-python's JSON_GBNF lets a greedy base model write zeros forever)
+    schema = fmt if isinstance(fmt, dict) else {"type": "object"}
+    return check(from_schema(schema, "format"), "format")
 
-    return check(JSON_GBNF, "format")
+
+#: How each family writes one forced call around its JSON object (llama-server's forms).
+_WRAP = {
+    "hermes": ('"<tool_call>\\n"', '"\\n</tool_call>"'),
+    "mistral": ('"[TOOL_CALLS]["', '"]"'),
+    "llama3": ("", ""),
+    "generic": ("", ""),
+}
 
 
-def tool_call_schema(tools: Sequence[Tool], only: str | None) -> dict[str, Any]:
-    """The JSON Schema of one call: ``{"name": <a tool>, "arguments": <its parameters>}``."""
+def _wrapped(call: str, family: str) -> str:
+    """``call``'s grammar (its ``root`` the JSON object) inside the family's markers."""
+    before, after = _WRAP.get(family, ("", ""))
+    if not before and not after:
+        return call
+    body = call.replace("root ::=", "forced-tool-call ::=", 1)
+    return f"root ::= {before} forced-tool-call {after}\n{body}"
+
+
+def family_of(path: str) -> str:
+    """The tool-call syntax of the model file at ``path`` (its GGUF chat template's)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "generic"
+    return _family_of(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _family_of(path: str, size: int, mtime_ns: int) -> str:
+    from modeld.gguf import read_chat_template
+
+    try:
+        template = read_chat_template(path)
+    except Exception:  # an unreadable file fails its load with its own message
+        return "generic"
+    return str(native_family(template))
+
+
+def tool_call_schema(tools: Sequence[Tool], only: str | None,
+                     family: str = "generic") -> dict[str, Any]:
+    """The JSON Schema of one call: ``{"name": <a tool>, "arguments": <its parameters>}``
+    (Llama 3 names the arguments ``parameters``)."""
+    key = "parameters" if family == "llama3" else "arguments"
     chosen = [t for t in tools if only is None or t.name == only]
     shapes = [{"type": "object", "properties": {
         "name": {"const": t.name},
-        "arguments": dict(t.parameters) if t.parameters else {"type": "object"},
-    }, "required": ["name", "arguments"]} for t in chosen]  # fmt: skip
+        key: dict(t.parameters) if t.parameters else {"type": "object"},
+    }, "required": ["name", key]} for t in chosen]  # fmt: skip
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
@@ -86,30 +132,50 @@ def check(gbnf: str, what: str) -> str:
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidRequestError(f"{what}: the grammar built from it is over "
                                   f"{MAX_GRAMMAR_BYTES} bytes", hint=_HINT)
-    with _lock:
-        _capture_log(llama_cpp)
-        _log_lines.clear()
-        sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+    depth = nesting(gbnf)
+    if depth > MAX_NESTING:  # llama.cpp's parser recurses per group: deeper overflows its stack
+        raise InvalidRequestError(
+            f"{what}: the grammar built from it nests {depth} groups deep (at most "
+            f"{MAX_NESTING}): a repetition bound such as maxLength or maxItems is too large",
+            hint=_HINT)
+    with _lock, tempfile.TemporaryFile() as err:
+        # llama.cpp prints the parser's reason with fprintf(stderr): keep it for the reply
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)
+        try:
+            sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
         if not sampler:
-            why = next((ln for ln in _log_lines if "error" in ln), "it failed to parse")
+            err.seek(0)
+            lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
+            why = next((ln for ln in lines if "error" in ln), "it failed to parse")
             raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
                                       hint=_HINT)
         llama_cpp.llama_sampler_free(sampler)
     return gbnf
 
 
-def _capture_log(llama_cpp: Any) -> None:
-    """Keep llama.cpp's messages (the parser says why it failed) instead of printing them."""
-    global _callback
-    if _callback is not None:
-        return
-
-    @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
-    def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        line = text.decode("utf-8", errors="replace").strip()
-        if line:
-            del _log_lines[:-20]
-            _log_lines.append(line)
-
-    _callback = _log
-    llama_cpp.llama_log_set(_callback, ctypes.c_void_p(0))
+def nesting(gbnf: str) -> int:
+    """The deepest nesting of ``( … )`` groups in GBNF text (quoted literals and character
+    classes left out)."""
+    depth = deepest = 0
+    i, n = 0, len(gbnf)
+    while i < n:
+        ch = gbnf[i]
+        if ch in "\"[":
+            close = '"' if ch == '"' else "]"
+            i += 1
+            while i < n and gbnf[i] != close:
+                i += 2 if gbnf[i] == "\\" else 1
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+        elif ch == "#":  # a comment runs to the end of the line
+            while i < n and gbnf[i] != "\n":
+                i += 1
+        i += 1
+    return deepest

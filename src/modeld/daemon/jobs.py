@@ -133,7 +133,9 @@ def request_job(
         rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
-        grammar=grammar.for_request(req.format, req.tools, req.tool_choice), think=req.think,
+        grammar=grammar.for_request(req.format, req.tools, req.tool_choice,
+                                    grammar.family_of(key.path) if req.tools else "generic"),
+        think=req.think,
     )  # fmt: skip
     job = Job(client, rid, "generate", key, name, payload,
               keep_alive_of(o.keep_alive, settings), requested_ctx(o.n_ctx))  # fmt: skip

@@ -28,7 +28,7 @@ _NO_EFFECT = ("user", "metadata", "store", "service_tier")
 OLLAMA_FIELDS = frozenset({
     "model", "messages", "prompt", "system", "stream", "format", "options", "keep_alive",
     "think", "tools", "raw", "images", "suffix", "template", "context", "logprobs",
-    "top_logprobs",
+    "top_logprobs", "tool_choice",  # modeld's extension: OpenAI's values
 })  # fmt: skip
 _OLLAMA_TOP_SAMPLING = ("logprobs", "top_logprobs")
 _NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
@@ -82,15 +82,7 @@ def openai_generate(doc: Mapping[str, Any], chat: bool) -> dict[str, Any]:
         raise _bad("'max_tokens' must be at least 1 (leave it out for no limit)")
     if doc.get("tools") is not None:
         body["tools"] = [_openai_tool(i, t) for i, t in enumerate(_list(doc["tools"], "tools"))]
-    choice = doc.get("tool_choice")
-    if isinstance(choice, dict):
-        fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict):
-            raise _bad("'tool_choice' must be none, auto, required or "
-                       '{"type": "function", "function": {"name": …}}')
-        choice = {"name": fn.get("name")}
-    if choice is not None:
-        body["tool_choice"] = choice
+    _tool_choice(doc, body)
     fmt = _response_format(doc.get("response_format"))
     if fmt is not None:
         body["format"] = fmt
@@ -103,6 +95,19 @@ def openai_generate(doc: Mapping[str, Any], chat: bool) -> dict[str, Any]:
         raise _bad("'parallel_tool_calls' must be true or false")
     body["options"] = opts
     return body
+
+
+def _tool_choice(doc: Mapping[str, Any], body: dict[str, Any]) -> None:
+    """OpenAI's ``tool_choice`` (also accepted on Ollama's chat, which has none of its own)."""
+    choice = doc.get("tool_choice")
+    if isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type") != "function" or not isinstance(fn, dict):
+            raise _bad("'tool_choice' must be none, auto, required or "
+                       '{"type": "function", "function": {"name": …}}')
+        choice = {"name": fn.get("name")}
+    if choice is not None:
+        body["tool_choice"] = choice
 
 
 def openai_messages(raw: Any) -> list[dict[str, Any]]:
@@ -214,6 +219,7 @@ def ollama_generate(doc: Mapping[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {}
     if doc.get("tools") is not None:
         body["tools"] = [_openai_tool(i, t) for i, t in enumerate(_list(doc["tools"], "tools"))]
+    _tool_choice(doc, body)
     if doc.get("format") not in (None, ""):
         body["format"] = doc["format"]
     think = doc.get("think")

@@ -27,6 +27,7 @@ from modeld.replyparse.events import (
 from modeld.replyparse.parser import ReplyParser, fold, parse_reply
 from modeld.replyparse.templates import (
     FAMILIES,
+    native_family,
     preserved_markers,
     prompt_opens_thinking,
     template_capabilities,
@@ -45,6 +46,7 @@ __all__ = [
     "ToolCallEnd",
     "ToolCallStart",
     "fold",
+    "native_family",
     "new_call_id",
     "parse_reply",
     "preserved_markers",

@@ -32,6 +32,14 @@ def tool_family(template: str | None, architecture: str) -> str:
     return _ARCH_FAMILIES.get(architecture, "generic")
 
 
+def native_family(template: str | None) -> str:
+    """The syntax a model writes tool calls in when tools reach its template: its family
+    when the template knows tools, else ``generic`` (tools shown as text, JSON replies)."""
+    if template and "tools" in template_capabilities(template):
+        return tool_family(template, "")
+    return "generic"
+
+
 def template_capabilities(template: str | None) -> frozenset[str]:
     """Subset of {"tools", "thinking"}, as Ollama decides it: "tools" when the template
     mentions tools; "thinking" when it has think tags or an ``enable_thinking`` switch."""

@@ -86,6 +86,7 @@ class Stream:
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
     unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
     calls: list[replyparse.ToolCall] = field(default_factory=list)
+    preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
 
     @property
     def rid(self) -> str:
@@ -110,6 +111,7 @@ class BatchEngine:
         self.waiting: deque[specs.GenerateSpec] = deque()  # more than parallel sent: wait a seq
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
+        self._markers: dict[str, int | None] = {}  # marker text -> its single token
 
     # ---------------------------------------------------------------- the loop
 
@@ -198,6 +200,7 @@ class BatchEngine:
             t0=time.perf_counter(),
             grammar=grammar,
             parser=prompt.parser(spec.forced_tools),
+            preserve=self._marker_tokens(prompt.markers),
         )
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
         prepared, todo = state.begin(tokens, sampling.greedy)
@@ -205,6 +208,18 @@ class BatchEngine:
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
             self._sampled(stream, self._sample(stream))
+
+    def _marker_tokens(self, markers: tuple[str, ...]) -> frozenset[int]:
+        """The tokens that are each one of ``markers`` by themselves (cached per text)."""
+        ids = []
+        for marker in markers:
+            if marker not in self._markers:
+                tokens = self.llm.tokenize(marker.encode(), add_bos=False, special=True)
+                self._markers[marker] = tokens[0] if len(tokens) == 1 else None
+            token = self._markers[marker]
+            if token is not None:
+                ids.append(token)
+        return frozenset(ids)
 
     # ---------------------------------------------------------------- one step
 
@@ -314,7 +329,7 @@ class BatchEngine:
         stream.completion += 1
         if stream.spec.sampling.logprobs:
             stream.unsent_logprobs.append(self._logprob(stream, token))
-        out = stream.text.feed(self.llm.detokenize([token]))
+        out = stream.text.feed(self.llm.detokenize([token], special=token in stream.preserve))
         if stream.strip_lead and out:  # the reply need not start with the space after "Answer:"
             out = out.lstrip()
             stream.strip_lead = not out

@@ -33,8 +33,11 @@ from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
 log = logging.getLogger("modeld.runner")
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-#: Candidates a grammar is first checked on when the chain's pick is not allowed.
-SHORTLIST = 256
+#: When the chain's pick breaks the grammar, the grammar is checked on the tokens within
+#: these logit margins of the best (at most SHORTLIST of them) before the whole vocabulary:
+#: e^-8 and e^-24 of the best token's probability at temperature 1.
+SHORTLIST_MARGINS = (8.0, 24.0)
+SHORTLIST = 4096
 
 
 @dataclass(frozen=True)
@@ -97,24 +100,36 @@ class Grammar:
 
     def pick(self, row: Any, sampler: llama_cpp._internals.LlamaSampler | None,
              full: Callable[[], _Candidates]) -> int:
-        """A token the grammar allows, by the chain (``sampler``) or greedily (None): among
-        the :data:`SHORTLIST` most likely tokens when any of them is allowed (the grammar is
-        checked on a few hundred tokens, not all 262k of Gemma's vocabulary: the greedy pick
-        is the same, the first most likely allowed token), else among all (``full()``)."""
-        ids = np.argpartition(-row, SHORTLIST - 1)[:SHORTLIST] if len(row) > SHORTLIST \
-            else np.arange(len(row))  # fmt: skip
-        short = self._short
-        cur = short.fill_ids(row, ids.astype(np.int32))
-        self.mask(cur)
-        if not np.isfinite(short.view["logit"][: len(ids)]).any():
-            short, cur = full(), full().fill(row)
+        """A token the grammar allows, by the chain (``sampler``) or greedily (None).
+
+        The grammar is checked first on the tokens whose logit is within a margin of the
+        best (a few, or a few hundred: not all 262k of Gemma's vocabulary, which costs a
+        step's time): when one of them is allowed, every token outside is less likely than
+        it, so the greedy pick is exactly the full masking's. The whole vocabulary is masked
+        only when none near the top is allowed."""
+        top = float(row.max())
+        for margin in SHORTLIST_MARGINS:
+            ids = np.flatnonzero(row >= top - margin)
+            if len(ids) > SHORTLIST:
+                break
+            cur = self._short.fill_ids(row, ids.astype(np.int32))
             self.mask(cur)
-        if sampler is None:
-            logits = short.view["logit"][: cur.size]
-            best = np.flatnonzero(logits == logits.max())
-            return int(short.view["id"][best].min())
+            if np.isfinite(self._short.view["logit"][: len(ids)]).any():
+                return self._choose(self._short, cur, sampler)
+        cands = full()
+        cur = cands.fill(row)
+        self.mask(cur)
+        return self._choose(cands, cur, sampler)
+
+    @staticmethod
+    def _choose(cands: _Candidates, cur: Any,
+                sampler: llama_cpp._internals.LlamaSampler | None) -> int:
+        if sampler is None:  # the first highest logit among the allowed
+            view = cands.view[: cur.size]
+            best = np.flatnonzero(view["logit"] == view["logit"].max())
+            return int(view["id"][best].min())
         llama_cpp.llama_sampler_apply(sampler.sampler, ctypes.byref(cur))
-        return short.selected(cur)
+        return cands.selected(cur)
 
     def mask(self, cur: Any) -> None:
         llama_cpp.llama_sampler_apply(self.ptr, ctypes.byref(cur))

@@ -9,6 +9,7 @@ in the generic JSON shape. Pure: rendering is the ``render`` callable the runner
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,13 +33,23 @@ class PromptText:
     thinking: bool = False
     thinking_open: bool = False
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Marker texts the reply's special tokens must be detokenized as (a family's
+        ``[TOOL_CALLS]`` or ``<think>`` is often a control token, which is otherwise
+        rendered as nothing)."""
+        if not (self.tools or self.thinking):
+            return ()
+        return replyparse.preserved_markers(self.family, thinking=self.thinking)
+
     def parser(self, forced: bool) -> replyparse.ReplyParser | None:
         """A reader of the reply, when it has anything but text to find."""
         if not (self.tools or self.thinking or forced):
             return None
-        return replyparse.ReplyParser("generic" if forced else self.family, tools=self.tools,
-                                      thinking=self.thinking, thinking_open=self.thinking_open,
-                                      forced=forced)  # fmt: skip
+        # a forced call is written in the family's syntax (modeld.grammar), generic's is JSON
+        return replyparse.ReplyParser(self.family, tools=self.tools, thinking=self.thinking,
+                                      thinking_open=self.thinking_open,
+                                      forced=forced and self.family == "generic")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,13 +83,17 @@ def build(spec: GenerateSpec, model: ModelChat, render: chat.Renderer) -> Prompt
     native_tools = bool(tools) and model.fmt == chat.TEMPLATE and "tools" in caps
     if tools and not native_tools:  # show them as text; the reply is generic JSON
         messages = (ChatMessage("system", tools_prompt(tools)), *messages)
+    family = replyparse.native_family(model.template) if native_tools else "generic"
     if model.fmt == chat.TEMPLATE:
+        history = template_messages(messages)
+        if family == "mistral":
+            _mistral_ids(history)
         variables: dict[str, Any] = {}
         if native_tools:
             variables["tools"] = [t.openai() for t in tools]
         if spec.think is not None and markers is not None:
             variables["enable_thinking"] = spec.think
-        cp = chat.format_messages(template_messages(messages), chat.TEMPLATE,
+        cp = chat.format_messages(history, chat.TEMPLATE,
                                   template=model.template, bos_token=model.bos,
                                   eos_token=model.eos, render=render,
                                   template_vars=variables)  # fmt: skip
@@ -86,7 +101,20 @@ def build(spec: GenerateSpec, model: ModelChat, render: chat.Renderer) -> Prompt
         plain = [{"role": "user" if m.role == "tool" else m.role, "content": plain_text(m)}
                  for m in messages]  # fmt: skip
         cp = chat.format_messages(plain, model.fmt)
-    family = replyparse.tool_family(model.template, "") if native_tools else "generic"
     thinking = markers is not None and spec.think is not False
-    opened = thinking and markers is not None and cp.text.rstrip().endswith(markers[0])
+    opened = thinking and replyparse.prompt_opens_thinking(cp.text)
     return PromptText(cp.text, cp.add_bos, cp.stop, family, bool(tools), thinking, opened)
+
+
+def _mistral_ids(history: list[dict[str, Any]]) -> None:
+    """Mistral's templates raise on a call id that is not 9 characters (modeld's and OpenAI's
+    are longer): the same id gets the same 9-character stand-in in the call and its result."""
+    def short(call_id: str) -> str:
+        return call_id if len(call_id) == 9 and call_id.isalnum() else \
+            hashlib.sha1(call_id.encode()).hexdigest()[:9]  # fmt: skip
+
+    for m in history:
+        for call in m.get("tool_calls", ()):
+            call["id"] = short(call["id"])
+        if "tool_call_id" in m:
+            m["tool_call_id"] = short(m["tool_call_id"])

@@ -1,0 +1,100 @@
+"""modeld.grammar: what a reply must follow, built and checked before any runner sees it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from modeld import grammar
+from modeld.errors import InvalidRequestError
+from modeld.messages import Tool
+
+ROOT = Path(__file__).resolve().parent.parent
+WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},
+                                    "required": ["city"]})  # fmt: skip
+CLOCK = Tool("get_time")
+
+
+def test_free_text_has_no_grammar_and_json_is_an_object() -> None:
+    assert grammar.for_request(None, (), "auto") is None
+    assert grammar.for_request(None, (WEATHER,), "auto") is None  # auto: parsed, not forced
+    gbnf = grammar.for_request("json", (), "auto")
+    assert gbnf is not None and 'root ::= object' in gbnf and 'integral-part' in gbnf
+
+
+def test_a_schema_becomes_its_grammar() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    gbnf = grammar.for_request(schema, (), "auto")
+    assert gbnf is not None and '"\\"n\\""' in gbnf
+
+
+@pytest.mark.parametrize(("family", "before", "key"), [
+    ("hermes", '"<tool_call>\\n"', '"\\"arguments\\""'),
+    ("mistral", '"[TOOL_CALLS]["', '"\\"arguments\\""'),
+    ("llama3", "", '"\\"parameters\\""'),
+    ("generic", "", '"\\"arguments\\""'),
+])
+def test_forced_calls_are_written_in_the_family_syntax(family: str, before: str, key: str) -> None:
+    gbnf = grammar.for_request(None, (WEATHER, CLOCK), "function:get_weather", family)
+    assert gbnf is not None and key in gbnf and "get_weather" in gbnf and "get_time" not in gbnf
+    root = next(line for line in gbnf.splitlines() if line.startswith("root ::="))
+    assert root.startswith(f"root ::= {before}") if before else "forced-tool-call" not in gbnf
+    both = grammar.for_request(None, (WEATHER, CLOCK), "required", family)
+    assert both is not None and "get_weather" in both and "get_time" in both
+
+
+@pytest.mark.parametrize(("schema", "needle"), [
+    ({"type": "string", "pattern": "[a-z]+"}, "cannot be used"),
+    ({"properties": {"a": {"$ref": "https://example.com/x.json"}}}, "cannot be used"),
+    ({"type": "wizard"}, "cannot be used"),
+    ({"type": "string", "maxLength": 100000}, "nests"),  # crashed llama.cpp's parser
+    ({"type": "string", "maxLength": 1500}, "nests"),
+])
+def test_unusable_schemas_are_request_errors_naming_the_part(schema: dict[str, object],
+                                                             needle: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        grammar.for_request(schema, (), "auto")
+    assert info.value.message.startswith("format:") and needle in info.value.message
+    bad_tool = Tool("f", "", {"type": "object", "properties": {"a": {"type": "wizard"}}})
+    with pytest.raises(InvalidRequestError) as info2:
+        grammar.for_request(None, (bad_tool,), "required")
+    assert "parameters" in info2.value.message
+
+
+def test_a_grammar_llama_cpp_rejects_says_why() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        grammar.check("root ::= undefined-rule", "format")
+    assert "rejected" in info.value.message and "undefined-rule" in info.value.message
+    with pytest.raises(InvalidRequestError, match="unexpected end"):
+        grammar.check("root ::= [a-", "format")
+    assert grammar.check('root ::= "x"', "format") == 'root ::= "x"'
+
+
+def test_format_and_tools_together_are_refused() -> None:
+    with pytest.raises(InvalidRequestError, match="together"):
+        grammar.for_request("json", (WEATHER,), "auto")
+    assert grammar.for_request("json", (WEATHER,), "none") is not None
+
+
+def test_nesting_ignores_literals_and_classes() -> None:
+    assert grammar.nesting('root ::= "(((" [()] ( "x" ( "y" ) )') == 2
+    assert grammar.nesting("root ::= x # (((\nx ::= (\"a\")") == 1
+
+
+def test_the_deep_grammar_check_does_not_crash_a_process() -> None:
+    """The check runs in the daemon: a schema that crashed llama.cpp's parser must fail as an
+    error in a process that then goes on (checked in a child, so a crash is seen, not
+    suffered)."""
+    code = ("import json; from modeld import grammar\n"
+            "for n in (100000, 1000000):\n"
+            "    try: grammar.for_request({'type': 'string', 'maxLength': n}, (), 'auto')\n"
+            "    except Exception as e: print(type(e).__name__)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={"PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["InvalidRequestError", "InvalidRequestError"]
+    assert json.dumps(grammar.tool_call_schema((CLOCK,), None))
