@@ -81,8 +81,17 @@ def read_stdin_prompt() -> str | None:
     """The piped stdin text, or None when stdin is a terminal or empty."""
     if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
         return None
-    data = sys.stdin.read()
+    data = stdin_text()
     return data if data.strip() else None
+
+
+def stdin_text() -> str:
+    """All of stdin as text; bytes that are not UTF-8 (a latin-1 file) are a clear
+    invalid-request error naming the offset, not a traceback or mojibake sent to a model."""
+    from modeld.textcheck import decode_utf8
+
+    raw = getattr(sys.stdin, "buffer", None)
+    return decode_utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
 
 
 def run_command(
@@ -93,8 +102,11 @@ def run_command(
     connect: Callable[[], Client],
 ) -> None:
     from modeld.registry import normalize_ref
+    from modeld.textcheck import from_argv
 
     model, prompt = split_model_and_prompt(settings, first, second)
+    if prompt is not None:
+        prompt = from_argv(prompt, "the prompt argument")
     model = normalize_ref(model)  # ./m.gguf means the caller's cwd, not the daemon's
     piped = read_stdin_prompt()
     if prompt and piped:

@@ -13,6 +13,7 @@ from starlette.responses import Response, StreamingResponse
 from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
+from modeld.textcheck import check_text
 
 #: HTTP status for each modeld error code (both APIs use the same statuses).
 STATUS: dict[str, int] = {
@@ -59,6 +60,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
                                   hint="send a JSON object") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
+    check_text(doc)  # a lone surrogate is this request's 400, never a runner's encode error
     return doc
 
 

@@ -1,0 +1,99 @@
+"""Issue 21 against a real daemon behind the HTTP front door: one bad request never touches
+another, and the rebinding guard parses what it checks."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+import test_http
+from daemonutil import until
+from test_http import Served
+
+served = test_http.served  # the fixture: a daemon with HTTP, the tiny chat model as ``tiny``
+
+SURROGATE = '"x\\ud83d"'  # valid JSON, no UTF-8 form
+#: (route, body with the bad text, the field the 400 must name)
+BAD_TEXT = [
+    ("/api/generate", '{"model": "tiny", "prompt": %s}', "prompt"),
+    ("/api/chat", '{"model": "tiny", "messages": [{"role": "user", "content": %s}]}',
+     "messages[0].content"),
+    ("/api/embed", '{"model": "tiny", "input": [%s]}', "input[0]"),
+    ("/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "user", "content": %s}]}',
+     "messages[0].content"),
+    ("/v1/completions", '{"model": "tiny", "prompt": %s}', "prompt"),
+    ("/v1/embeddings", '{"model": "tiny", "input": %s}', "input"),
+    ("/v1/rerank", '{"model": "tiny", "query": "q", "documents": [%s]}', "documents[0]"),
+    ("/api/show", '{"model": %s}', "model"),
+]
+
+
+def _in_flight(s: Served) -> int:
+    return int(s.stats()["in_flight"])
+
+
+def test_a_lone_surrogate_is_a_400_and_touches_no_other_stream(served: Served) -> None:
+    """Item 1: while a stream runs on the model, each API's request carrying ``\\ud83d`` gets
+    a 400 naming the field; the stream ends normally and nothing stays in flight."""
+    lines: list[dict[str, Any]] = []
+
+    def stream() -> None:
+        body = {"model": "tiny", "prompt": "once upon a time", "raw": True,
+                "options": {"num_predict": 400, "temperature": 0}}
+        with httpx.stream("POST", f"{served.base}/api/generate", json=body, timeout=120) as r:
+            lines.extend(json.loads(line) for line in r.iter_lines() if line)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    until(lambda: _in_flight(served) >= 1, timeout=60, what="the stream to start")
+    for route, template, field in BAD_TEXT:
+        r = httpx.post(f"{served.base}{route}", content=template % SURROGATE, timeout=30)
+        assert r.status_code == 400, (route, r.status_code, r.text)
+        assert field in r.text and "\\\\ud83d" in r.text, (route, r.text)
+    t.join(120)
+    assert not t.is_alive()
+    assert lines and lines[-1]["done"] is True and lines[-1]["eval_count"] == 400, lines[-1:]
+    assert not any("error" in line for line in lines)
+    until(lambda: _in_flight(served) == 0, timeout=15, what="nothing in flight")
+    ok = httpx.post(f"{served.base}/api/generate", timeout=60, json={
+        "model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 3}})
+    assert ok.status_code == 200 and ok.json()["eval_count"] == 3
+
+
+def test_a_lone_surrogate_on_the_daemon_socket(served: Served) -> None:
+    """The daemon's own protocol refuses it too (invalid_request naming the field)."""
+    from modeld.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=r"messages\[0\]\.content"):
+        "".join(served.d.client().chat("tiny", [{"role": "user", "content": "a\udc80"}]))
+
+
+@pytest.mark.parametrize(("host", "origin", "status"), [
+    ("127.0.0.1.evil.com:{port}", None, 403),
+    ("127.0.0.1.evil.com:{port}", "http://127.0.0.1.evil.com:{port}", 403),
+    ("127.evil.com", None, 403),
+    ("localhost.evil.com", None, 403),
+    ("127.0.0.1:{port}", "http://127.0.0.1.evil.com:{port}", 403),
+    ("127.0.0.1:{port}", "http://localhost.evil.com", 403),
+    ("127.0.0.1:notaport", None, 403),
+    ("127.0.0.1@evil.com", None, 403),
+    ("", None, 403),
+    ("127.0.0.1:{port}", None, 200),
+    ("127.1.2.3", None, 200),
+    ("localhost", "http://localhost:3000", 200),
+    ("LOCALHOST:{port}", "http://127.0.0.1:{port}", 200),
+    ("[::1]:{port}", "http://[::1]:8080", 200),
+])
+def test_the_rebinding_guard_parses_host_and_origin(
+    served: Served, host: str, origin: str | None, status: int
+) -> None:
+    """Item 2: loopback is decided by parsing (an IP literal, ``localhost``), never by prefix."""
+    headers = {"Host": host.format(port=served.port)}
+    if origin is not None:
+        headers["Origin"] = origin.format(port=served.port)
+    r = httpx.get(f"{served.base}/api/tags", headers=headers, timeout=30)
+    assert r.status_code == status, (headers, r.status_code, r.text)
