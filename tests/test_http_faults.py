@@ -97,3 +97,42 @@ def test_the_rebinding_guard_parses_host_and_origin(
         headers["Origin"] = origin.format(port=served.port)
     r = httpx.get(f"{served.base}/api/tags", headers=headers, timeout=30)
     assert r.status_code == status, (headers, r.status_code, r.text)
+
+
+def test_the_default_model_unloads_under_every_name(served: Served, default_model: Any) -> None:
+    """Item 4: ``default``, the name ``ps`` shows, on the CLI, the daemon socket and Ollama's
+    ``keep_alive: 0``; a name that is not loaded says what is."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    c = served.d.client()
+    shown = default_model.stem  # gemma-3-270m-q4_k_m: what ps and /api/ps show
+    modeld = str(Path(sys.executable).parent / "modeld")
+
+    def loaded() -> set[str]:
+        return {r["name"] for r in c.ps() if r["state"] in ("ready", "loading")}
+
+    def load() -> None:
+        c.load(None)
+        assert shown in loaded()
+        assert [m["name"] for m in httpx.get(f"{served.base}/api/ps").json()["models"]] == [shown]
+
+    for name in ("default", shown):
+        load()
+        cli = subprocess.run([modeld, "unload", name], env=served.d.env, capture_output=True,
+                             text=True, timeout=60)
+        assert cli.returncode == 0, (name, cli.stderr)
+        until(lambda: shown not in loaded(), timeout=30, what=f"unload {name} (CLI)")
+        load()
+        r = httpx.post(f"{served.base}/api/generate", json={"model": name, "keep_alive": 0},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+        until(lambda: shown not in loaded(), timeout=30, what=f"unload {name} (Ollama)")
+    load()
+    assert c.unload(shown)["unloaded"] == [shown]  # the daemon's own protocol
+    from modeld.errors import ModelNotFoundError
+
+    c.load("tiny")
+    with pytest.raises(ModelNotFoundError, match="loaded: tiny"):
+        c.unload("default")

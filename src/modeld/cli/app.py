@@ -344,7 +344,8 @@ def unload(
         raise InvalidRequestError(
             "name a model or pass --all", hint="see loaded models with modeld ps"
         )
-    reply = _client().unload(_model_ref(model), all=all_models)
+    ref = "default" if model == "default" else _model_ref(model)  # "default" names one here
+    reply = _client().unload(ref, all=all_models)
     if json_out:
         render.emit_json("unload", reply)
     else:

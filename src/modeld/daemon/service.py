@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -231,23 +232,35 @@ class Service:
                    req.pinned, parallel=req.parallel)  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
-        if req.all:
-            keys = list(self.sched.slots)
-        else:
-            from modeld import registry
-
-            path = os.path.realpath(registry.resolve(req.model, self.settings).path)
-            keys = [
-                k
-                for k in self.sched.slots
-                if k.path == path and (req.mode is None or k.mode == req.mode)
-            ]
-            if not keys:
-                raise ModelNotFoundError(
-                    f"{req.model} is not loaded", hint="see what is loaded with modeld ps"
-                )
+        keys = list(self.sched.slots) if req.all else self._loaded_keys(req.model, req.mode)
         now, later = self.sched.unload(keys)
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
+
+    def _loaded_keys(self, ref: str | None, mode: str | None) -> list[ModelKey]:
+        """The loaded entries ``ref`` names: every name a model is requested or shown under
+        (``default``, a path, an alias, a models-dir name, and the name ``ps`` shows, which
+        for the default model is its file's stem: no registry lookup finds that one)."""
+        from modeld import registry
+
+        ref = None if ref in (None, "", "default") else ref
+        path: str | None = None
+        try:
+            path = os.path.realpath(registry.resolve(ref, self.settings).path)
+        except ModelNotFoundError:
+            if ref is None:
+                raise
+        keys = [
+            k for k, slot in self.sched.slots.items()
+            if (k.path == path or slot.name == ref or registry.model_stem(Path(k.path)) == ref)
+            and (mode is None or k.mode == mode)
+        ]  # fmt: skip
+        if not keys:
+            shown = sorted({slot.name for slot in self.sched.slots.values()})
+            raise ModelNotFoundError(
+                f"{ref or 'default'} is not loaded",
+                hint=("loaded: " + ", ".join(shown)) if shown else "no model is loaded",
+            )
+        return keys
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
         from modeld import describe

@@ -178,7 +178,7 @@ class OllamaAPI(API):
         unload = doc.get("keep_alive") in (0, "0", "0s", "0m")
         try:
             if unload:
-                await self.bridge.call("unload", model=ref)
+                await self.bridge.call("unload", model=ref or "default")
             else:
                 await self.bridge.call("load", model=ref, mode="generate",
                                        keep_alive=doc.get("keep_alive"))
