@@ -11,6 +11,7 @@ from starlette.routing import Route
 
 from modeld.config import Settings
 from modeld.http.bridge import Bridge
+from modeld.http.disconnect import Watch
 from modeld.http.metrics import Metrics
 from modeld.http.ollama import OllamaAPI
 from modeld.http.openai import OpenAIAPI
@@ -29,4 +30,4 @@ def build(settings: Settings, bridge: Bridge) -> Any:
               Route("/metrics", metrics.endpoint, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={404: _not_found})
     known = frozenset(r.path for r in routes)
-    return Guard(metrics.timer(app, known), settings)
+    return Guard(Watch(metrics.timer(app, known)), settings)
