@@ -41,6 +41,8 @@ from modeld.replies import PsRow, UnloadedRow
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
+#: The advice a full queue gives (HTTP ``Retry-After``): about one short generation's time.
+QUEUE_FULL_RETRY_S = 2
 
 
 class Scheduler:
@@ -116,7 +118,8 @@ class Scheduler:
                 job,
                 RequestTimeoutError(
                     f"{queued} requests are already queued",
-                    hint="retry later or raise max_queue",
+                    hint=f"retry in {QUEUE_FULL_RETRY_S} s or raise max_queue",
+                    details={"queued": queued, "retry_after_s": QUEUE_FULL_RETRY_S},
                 ),
             )
             return

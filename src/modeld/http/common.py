@@ -33,7 +33,17 @@ STATUS: dict[str, int] = {
 
 
 def status_of(exc: ModeldError) -> int:
+    if isinstance(exc, BodyTooLarge):
+        return 413
     return STATUS.get(exc.code, 500)
+
+
+def headers_of(exc: ModeldError) -> dict[str, str]:
+    """``Retry-After`` (seconds) on a busy answer whose error says when to try again."""
+    retry = exc.details.get("retry_after_s")
+    if isinstance(retry, int | float) and retry > 0:
+        return {"Retry-After": str(max(1, round(retry)))}
+    return {}
 
 
 def message_of(exc: ModeldError) -> str:

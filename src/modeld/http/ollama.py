@@ -23,6 +23,7 @@ from modeld.errors import InvalidRequestError, ModeldError
 from modeld.http.common import (
     API,
     UNLIMITED,
+    headers_of,
     input_list,
     iso_now,
     iso_time,
@@ -40,7 +41,8 @@ NS = 1_000_000_000
 
 
 def error(exc: ModeldError) -> JSONResponse:
-    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc),
+                        headers=headers_of(exc))
 
 
 def _options(doc: dict[str, Any]) -> dict[str, Any]:
@@ -234,8 +236,8 @@ class OllamaAPI(API):
             return error(exc)
         models = []
         for row in body.get("models", []):
-            if row.get("state") not in ("ready", "loading") or row.get("mode") != "generate":
-                continue
+            if row.get("state") not in ("ready", "busy", "loading"):
+                continue  # every mode, as `modeld ps` shows them
             left = row.get("keep_alive_left_s")
             expires = time.time() + (left if isinstance(left, (int, float)) else 10 * 365 * 86400)
             name = str(row.get("name"))

@@ -24,6 +24,7 @@ from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.common import (
     API,
     UNLIMITED,
+    headers_of,
     input_list,
     message_of,
     model_ref,
@@ -45,7 +46,8 @@ def error(exc: ModeldError) -> JSONResponse:
     status = status_of(exc)
     kind = _TYPES.get(exc.code, "server_error" if status >= 500 else "invalid_request_error")
     return JSONResponse({"error": {"message": message_of(exc), "type": kind, "param": None,
-                                   "code": exc.code.value}}, status_code=status)
+                                   "code": exc.code.value}}, status_code=status,
+                        headers=headers_of(exc))
 
 
 def _usage(done: dict[str, Any]) -> dict[str, int]:
