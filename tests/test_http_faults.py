@@ -136,3 +136,47 @@ def test_the_default_model_unloads_under_every_name(served: Served, default_mode
     c.load("tiny")
     with pytest.raises(ModelNotFoundError, match="loaded: tiny"):
         c.unload("default")
+
+
+@pytest.mark.parametrize(("route", "body", "field"), [
+    ("/v1/chat/completions", {"model": 123, "messages": [{"role": "user", "content": "hi"}]},
+     "'model'"),
+    ("/v1/completions", {"model": ["x"], "prompt": "hi"}, "'model'"),
+    ("/api/chat", {"model": 123, "messages": [{"role": "user", "content": "hi"}]}, "'model'"),
+    ("/api/generate", {"model": "tiny", "prompt": "hi", "stream": "no"}, "'stream'"),
+    ("/v1/chat/completions", {"model": "tiny", "stream": "no",
+                              "messages": [{"role": "user", "content": "hi"}]}, "'stream'"),
+    ("/api/chat", None, "no body"),
+    ("/api/generate", None, "no body"),
+    ("/v1/chat/completions", None, "no body"),
+])
+def test_unchecked_input_is_a_400_in_the_apis_shape(
+    served: Served, route: str, body: dict[str, Any] | None, field: str
+) -> None:
+    """Item 5 (its parts outside the generate-options table): each is a 400 naming the field,
+    in the API's JSON error shape, and nothing is loaded."""
+    r = httpx.post(f"{served.base}{route}", timeout=30,
+                   **({"json": body} if body is not None else {}))
+    assert r.status_code == 400, (route, r.status_code, r.text)
+    err = r.json()["error"]
+    message = err["message"] if route.startswith("/v1") else err
+    if route.startswith("/v1"):
+        assert err["type"] == "invalid_request_error", err
+    assert field in message, message
+    assert served.d.client().ps() == []
+
+
+def test_num_ctx_past_training_is_capped_and_the_reload_is_timed(served: Served) -> None:
+    """Item 5: options.num_ctx 300000 loads at the training context with a note in ps, and
+    the reply's load_duration is the reload it waited for (it said 0)."""
+    c = served.d.client()
+    c.load("tiny", n_ctx=256)
+    r = httpx.post(f"{served.base}/api/generate", timeout=120, json={
+        "model": "tiny", "prompt": "hi", "stream": False,
+        "options": {"num_ctx": 300000, "num_predict": 2}})
+    assert r.status_code == 200, r.text
+    (row,) = c.ps()
+    training = c.show("tiny")["info"]["context_length"]
+    assert row["n_ctx"] == training < 300000, row
+    assert "capped at the training context" in row["ctx_reason"], row["ctx_reason"]
+    assert r.json()["load_duration"] > 0, r.json()

@@ -191,8 +191,9 @@ class Scheduler:
         """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued."""
         jobs = list(slot.queue)
         slot.queue.clear()
-        for _ in jobs:
+        for job in jobs:
             self.cache.dequeue(slot.key)
+            job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
         self.admission.requeue(slot.key, slot.name, jobs)
 

@@ -13,6 +13,7 @@ from starlette.responses import Response, StreamingResponse
 from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
+from modeld.http.checks import check_common
 from modeld.textcheck import check_text
 
 #: HTTP status for each modeld error code (both APIs use the same statuses).
@@ -62,7 +63,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if len(data) > limit:
             raise BodyTooLarge(limit)
     if not data.strip():
-        return {}
+        raise InvalidRequestError("the request has no body",
+                                  hint='send a JSON object, e.g. {"model": "default", ...}')
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -71,6 +73,7 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
     check_text(doc)  # a lone surrogate is this request's 400, never a runner's encode error
+    check_common(doc)
     return doc
 
 
