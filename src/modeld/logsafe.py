@@ -26,7 +26,7 @@ class QuietFileHandler(logging.FileHandler):
             _say(f"modeld: writing {self.baseFilename} works again")
         self._failed_now = False
 
-    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+    def handleError(self, record: logging.LogRecord) -> None:
         self._failed_now = True
         if self.failing:
             return
