@@ -54,9 +54,10 @@ def split_model_and_prompt(
 ) -> tuple[str | None, str | None]:
     """Tell ``run MODEL PROMPT`` from ``run PROMPT`` (default model).
 
-    One argument is a model when it resolves to one; otherwise, if it reads like a sentence
-    (has whitespace), it is the prompt for the default model. A single unknown word is an error,
-    never silently sent as a prompt: ``modeld run default WORD`` does that explicitly.
+    One argument is a model when it resolves to one; otherwise, if it cannot be a model name
+    (whitespace, or characters no name has: ``Summarise:``, ``Why?``), it is the prompt for the
+    default model. A single unknown word that could be a name is an error, never silently sent
+    as a prompt: ``modeld run default WORD`` does that explicitly.
     """
     from modeld.registry import looks_like_path, resolve
 
@@ -69,12 +70,20 @@ def split_model_and_prompt(
         resolve(first, settings)
         return first, None
     except ModelNotFoundError as exc:
-        if looks_like_path(first) or not any(ch.isspace() for ch in first):
+        if looks_like_path(first) or _could_be_a_name(first):
             exc.hint = (exc.hint + "; " if exc.hint else "") + (
                 f"to send it as a prompt to the default model: modeld run default {first!r}"
             )
             raise
         return None, first
+
+
+def _could_be_a_name(word: str) -> bool:
+    """A model name, alias or Ollama-style ``name:tag``: letters, digits and ``._+-``, with
+    at most one ``:`` between two such parts (``Summarise:`` is a prompt, ``qwen:7b`` a name)."""
+    import re
+
+    return re.fullmatch(r"[\w.+-]+(:[\w.+-]+)?", word) is not None
 
 
 def read_stdin_prompt() -> str | None:
