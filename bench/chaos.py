@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
+from chaos_leave import leave_trials
 from harness import BIN, RESULTS, Context, daemon, smaps_rollup, write_result
 
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
@@ -135,8 +136,9 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
 
     while time.monotonic() < stop:
         m = str(rng.choice(models))
-        op = rng.choices(("generate", "chat", "embed", "load", "unload", "cancel"),
-                         weights=(5, 3, 2, 1, 1, 1))[0]
+        op = rng.choices(("generate", "chat", "embed", "load", "unload", "cancel", "bad_text",
+                          "http_bad_text", "http_leave"),
+                         weights=(5, 3, 2, 1, 1, 1, 1, 1, 1))[0]
         p = rng.choice(PROMPTS)
         try:
             if op == "generate":
@@ -157,6 +159,11 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
             elif op == "unload":
                 c.unload(m)
                 tally.add(op, "done")
+            elif op == "bad_text":  # a lone surrogate: refused, typed, touching nobody else
+                c.generate(m, f"{p} \ud83d", raw=True, **_GREEDY).text()
+                tally.add(op, "untyped", "a lone surrogate was accepted")
+            elif op in ("http_bad_text", "http_leave"):
+                tally.add(op, _http(op, d.http_base, Path(m).stem, p))
             else:  # cancel after the first piece of a long reply
                 gen = c.generate(m, p, raw=True, temperature=0, max_tokens=400)
                 for _ in gen:
@@ -176,6 +183,25 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
             tally.add(op, "untyped", f"{type(exc).__name__}: {exc}")
             c.close()
             c = d.client(timeout=REPLY_DEADLINE_S)
+
+
+def _http(op: str, base: str, model: str, prompt: str) -> str:
+    """One HTTP request: a prompt with a lone surrogate (must be a 400), or a non-streaming
+    request whose client gives up after 0.2 s and closes its connection (its generation must
+    stop: checked when the run is over, as no model may stay in flight)."""
+    import httpx
+
+    if op == "http_bad_text":
+        body = '{"model": "%s", "prompt": "%s \\ud83d", "options": {"num_predict": 12}}'
+        r = httpx.post(f"{base}/api/generate", content=body % (model, prompt), timeout=60)
+        return "error:invalid_request" if r.status_code == 400 else f"untyped:{r.status_code}"
+    try:
+        httpx.post(f"{base}/api/generate", timeout=0.2, json={
+            "model": model, "prompt": prompt, "raw": True, "stream": False,
+            "options": {"num_predict": 400}})
+        return "done"
+    except httpx.TimeoutException:
+        return "left"
 
 
 def _runner_pids(d: Any) -> list[int]:
@@ -280,9 +306,11 @@ def chaos(ctx: Context, duration_s: float, seed: int = 0) -> dict[str, Any]:
 def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> dict[str, Any]:
     budget = _budget(models)
     tally = Tally()
+    port = harness.free_port()
     args = ("--memory-cap", str(budget), "--runner-stall", str(STALL_S), "--max-models", "3",
-            "--keep-alive", "30s")
+            "--keep-alive", "30s", "--http", f"127.0.0.1:{port}")
     with daemon(*args) as d:
+        d.http_base = f"http://127.0.0.1:{port}"
         c = d.client(timeout=120.0)
         refs = References(c, models)
         _quiesce(d, c)
@@ -302,6 +330,10 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
             t.join(duration_s + REPLY_DEADLINE_S + 60)
         hung = sum(t.is_alive() for t in threads)
         time.sleep(STALL_S + 2)  # a runner stopped at the very end is killed by now
+        deadline = time.monotonic() + 60  # every model's in-flight count must return to 0
+        while c.stats()["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        wedged = [r["name"] for r in c.ps() if r.get("in_flight") or r.get("queued")]
         # Accounting vs measurement, models loaded and quiet: load two, compare.
         for m in models[:2]:
             c.load(str(m))
@@ -318,8 +350,10 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         _quiesce(d, c)
         time.sleep(1.0)  # closed client connections leave the daemon's descriptor table
         after = {"runners": len(d.runners()), "fds": _fds(d.pid)}
+    leave = leave_trials(1 if ctx.smoke else 5)
     requests = sum(sum(v.values()) for v in tally.by_op.values())
-    lost = tally.total("lost") + tally.total("untyped") + hung
+    lost = tally.total("lost") + tally.total("untyped") + hung + sum(
+        n for cnt in tally.by_op.values() for k, n in cnt.items() if k.startswith("untyped:"))
     mixed = tally.total("mixed")
     leaked_runners = max(0, after["runners"] - before["runners"])
     leaked_fds = max(0, after["fds"] - before["fds"])
@@ -330,14 +364,23 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         harness.target("mixed replies", mixed, 0, "<="),
         harness.target("leaked runners + fds", leaked_runners + leaked_fds, 0, "<="),
         harness.target("peak runner RSS / budget", peak_ratio, 1.0, "<="),
+        harness.target("wedged models (in flight after the run, or a leave not idle in 60 s)",
+                       len(wedged) + len(leave["wedged_models"]) + leave["leave_wedged"], 0,
+                       "<="),
+        harness.target("lone-surrogate requests not answered 400", leave["bad_text"]["other"],
+                       0, "<="),
+        harness.target("disconnect during prompt evaluation -> idle runner, max (s)",
+                       leave["disconnect_to_idle_all_s"].get("max"), 1.0, "<="),
         harness.target("|accounted - prompt-cache reservation - measured| / measured",
                        abs(acc_err) if acc_err is not None else None, 0.10, "<="),
     ]
     return {
         "title": "Reliability: chaos run",
         "what": f"{CLIENTS} clients x {duration_s:.0f} s on 3 generated models under a budget "
-                "that fits 2, with client kills, runner SIGKILL/SIGSTOP, spare SIGSTOP and a "
-                f"model file replaced; runner_stall_s {STALL_S:g}.",
+                "that fits 2, with client kills, runner SIGKILL/SIGSTOP, spare SIGSTOP, a "
+                "model file replaced, lone-surrogate requests (ZeroMQ and HTTP) and HTTP "
+                f"clients that leave; runner_stall_s {STALL_S:g}. Then leave trials on the "
+                "default model (bench/chaos_leave.py).",
         "command": f".venv/bin/python bench/chaos.py --duration {duration_s:g} --seed {seed}",
         "requests": requests,
         "outcomes": {op: dict(cnt) for op, cnt in sorted(tally.by_op.items())},
@@ -350,6 +393,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         "samples": sampler.samples, "samples_over_budget": sampler.over,
         "accounted_bytes": accounted, "measured_bytes": measured, "accounting_error": acc_err,
         "prompt_cache_reserved_bytes": reserved,
+        "wedged_models": wedged, **leave,
         "daemon_alive": alive, "runner_stalls": stats.get("runner_stalls"),
         "evictions": stats.get("evictions"),
         "targets": targets,

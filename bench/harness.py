@@ -222,6 +222,7 @@ class Daemon:
     env: dict[str, str]
     endpoint: str
     _clients: list[Any] = field(default_factory=list)
+    http_base: str = ""  # set by a caller that started it with --http
 
     @property
     def pid(self) -> int:

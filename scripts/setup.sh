@@ -27,4 +27,13 @@ if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
     "$VENV/bin/python" -m pip install --quiet "llama-cpp-python==0.3.36"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[$extras]"
+# An editable install copies no data files: put the man page and completions under the venv's
+# share/ (man finds <dir>/../share/man for each <dir> on PATH, so `man modeld` works once
+# .venv/bin is on PATH).
+mkdir -p "$VENV/share/man/man1" "$VENV/share/bash-completion/completions" \
+    "$VENV/share/zsh/site-functions" "$VENV/share/fish/vendor_completions.d"
+cp man/modeld.1 "$VENV/share/man/man1/"
+cp completions/modeld.bash "$VENV/share/bash-completion/completions/modeld"
+cp completions/_modeld "$VENV/share/zsh/site-functions/"
+cp completions/modeld.fish "$VENV/share/fish/vendor_completions.d/"
 echo "setup: ready — $VENV/bin/modeld" >&2

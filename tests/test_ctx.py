@@ -93,7 +93,8 @@ def test_floor_does_not_fit(budget: int, largest: int | None) -> None:
         (3000, 10**9, 3072, "requested"),  # rounded up to 256
         (256, 10**9, 256, "requested"),  # below the floor is allowed when asked for
         (16384, 10**9, 16384, "requested"),  # above the ceiling is allowed when asked for
-        (65536, 10**9, 65536, "requested (above the training context 32768)"),
+        (65536, 10**9, 32768, "requested 65536, capped at the training context 32768"),
+        (300000, 10**9, 32768, "requested 300000, capped at the training context 32768"),
     ],
 )
 def test_requested_fits(requested: int, budget: int, expected: int, reason: str) -> None:

@@ -179,7 +179,7 @@ def test_host_and_origin_checks(served: Served) -> None:
     ok = httpx.get(url, headers={"Origin": "http://localhost:3000"})
     assert ok.status_code == 200 and "access-control-allow-origin" not in ok.headers
     big = httpx.post(f"{served.base}/api/generate", content=b"x" * (17 << 20))
-    assert big.status_code == 400 and "larger than" in big.json()["error"]
+    assert big.status_code == 413 and "larger than" in big.json()["error"]
 
 
 def test_metrics(served: Served) -> None:

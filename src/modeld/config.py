@@ -7,6 +7,7 @@ an answer). Pure: reads one file and the given environment mapping, imports noth
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -258,7 +259,18 @@ def parse_http_address(text: str) -> tuple[str, int] | None:
 
 
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """``localhost`` or a loopback IP literal (``127.0.0.0/8``, ``::1``, bracketed or not).
+    Decided by parsing, never by prefix: ``127.0.0.1.evil.com`` is a DNS name anyone can point
+    anywhere (DNS rebinding)."""
+    name = host.strip().lower()
+    if name in LOOPBACK_HOSTS:
+        return True
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _parse_http(value: object) -> str:

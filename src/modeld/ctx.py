@@ -55,6 +55,12 @@ def round_down(n: int, step: int = STEP) -> int:
     return max(step, int(n) // step * step)
 
 
+def cap_at_training(n_ctx: int, training: int) -> int:
+    """A requested context past the training one (0: unknown) is capped at it: beyond it the
+    model only degrades, at many times the memory."""
+    return min(n_ctx, round_down(training)) if training > 0 else n_ctx
+
+
 def largest_fitting(fits: Callable[[int], bool], lo: int, hi: int, step: int = STEP) -> int | None:
     """Largest multiple of ``step`` in [lo, hi] with ``fits`` true (monotone), else None."""
     a, b = round_up(lo, step) // step, hi // step
@@ -104,10 +110,12 @@ def choose_context(
         if requested <= 0:
             raise ValueError(f"requested n_ctx must be positive, got {requested}")
         n = round_up(requested)
+        reason = "requested"
+        if training is not None and n > training:
+            # issue 21: num_ctx 300000 loaded a 32k model at 4x its training; now with a note
+            n = cap_at_training(n, training)
+            reason = f"requested {requested}, capped at the training context {training}"
         if fits(n):
-            reason = "requested"
-            if training is not None and n > training:
-                reason += f" (above the training context {training})"
             return ContextChoice(n, est(n), reason)
         raise _too_big(info, n, est(n), budget_bytes, fits, what=f"the requested n_ctx {n}")
 

@@ -29,6 +29,7 @@ from modeld.messages import (
 )
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
+from modeld.textcheck import check_text
 
 PROTOCOL_VERSION = 1
 
@@ -175,6 +176,11 @@ def decode(frames: list[bytes]) -> Message:
     if not isinstance(type_, str):
         raise ProtocolError("'type' must be a string", request_id=request_id)
     body = {k: v for k, v in data.items() if k not in ("v", "id", "type")}
+    try:  # a lone surrogate must be refused here, not raise in a runner's tokenizer
+        check_text(body)
+    except InvalidRequestError as exc:
+        raise ProtocolError(exc.message, hint=exc.hint, details=exc.details,
+                            request_id=request_id) from None
     return Message(type_, request_id, body, version)
 
 

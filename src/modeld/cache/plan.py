@@ -121,13 +121,8 @@ def plan_load(
     if space >= need and slots_free >= 1:
         if not victims:
             return make("admit", f"{format_bytes(need)} fits in {format_bytes(free)} free")
-        reclaim = sum(v.accounted_bytes for v in victims)
-        return make(
-            "evict",
-            f"evicting {len(victims)} idle model(s) to free {format_bytes(reclaim)} "
-            f"for {key.name}",
-            victims=victims, victim_reasons=reasons,
-        )  # fmt: skip
+        return make("evict", _evict_reason(key.name, victims, reasons, room.max_models),
+                    victims=victims, victim_reasons=reasons)
     if space + busy_bytes >= need or slots_free < 1:
         return make(
             "wait",
@@ -141,6 +136,23 @@ def plan_load(
         f"{key.name} needs {format_bytes(need)} but at most {format_bytes(space + busy_bytes)}"
         " can ever be freed",
     )
+
+
+def _evict_reason(name: str, victims: list[Entry], reasons: list[EvictionReason],
+                  max_models: int) -> str:
+    """Why these victims go, by their reasons: memory, a model slot (``max_models``), or the
+    model's own reload; the same words ``show`` and the log print (issue 21: a slot eviction
+    was described as freeing memory)."""
+    whys: list[str] = []
+    if EvictionReason.RELOAD in reasons:
+        whys.append(f"to reload {name}")
+    freed = sum(v.accounted_bytes for v, r in zip(victims, reasons, strict=True)
+                if r is EvictionReason.MEMORY)
+    if freed:
+        whys.append(f"to free {format_bytes(freed)} for {name}")
+    if EvictionReason.SLOTS in reasons:
+        whys.append(f"because all {max_models} model slots are taken (max_models {max_models})")
+    return f"evicting {len(victims)} idle model(s) " + " and ".join(whys)
 
 
 def plan_rebalance(room: Room) -> Plan | None:

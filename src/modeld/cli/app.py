@@ -236,11 +236,12 @@ def embed(
 ) -> None:
     """Print embeddings as JSON (one vector per input text)."""
     from modeld.cli import render
+    from modeld.cli.runcmd import stdin_text
     from modeld.errors import InvalidRequestError
 
     inputs = list(text or [])
     if inputs == ["-"] or (not inputs and not sys.stdin.isatty()):
-        inputs = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        inputs = [line for line in stdin_text().splitlines() if line.strip()]
     if not inputs:
         raise InvalidRequestError("nothing to embed", hint="pass text arguments or '-' for stdin")
     settings = _settings()
@@ -266,11 +267,12 @@ def rerank(
 ) -> None:
     """Score how well each document answers the query (a cross-encoder reranker)."""
     from modeld.cli import render, views
+    from modeld.cli.runcmd import stdin_text
     from modeld.errors import InvalidRequestError
 
     docs = list(documents or [])
     if docs == ["-"] or (not docs and not sys.stdin.isatty()):
-        docs = [line for line in sys.stdin.read().splitlines() if line.strip()]
+        docs = [line for line in stdin_text().splitlines() if line.strip()]
     if not docs:
         raise InvalidRequestError(
             "nothing to rerank", hint="pass documents after the query, or one per line on stdin"
@@ -348,7 +350,8 @@ def unload(
         raise InvalidRequestError(
             "name a model or pass --all", hint="see loaded models with modeld ps"
         )
-    reply = _client().unload(_model_ref(model), all=all_models)
+    ref = "default" if model == "default" else _model_ref(model)  # "default" names one here
+    reply = _client().unload(ref, all=all_models)
     if json_out:
         render.emit_json("unload", reply)
     else:

@@ -193,10 +193,15 @@ def _run(args: list[str]) -> None:
     if len(pos) != 2:
         raise _Fallthrough  # one argument may be a model or a prompt: the full CLI decides
     from modeld.cli.runcmd import read_stdin_prompt
+    from modeld.textcheck import from_argv
 
     model = _model_ref(pos[0])
     session = Session()  # no daemon: hand over now, before stdin is read (the full CLI reads it)
-    prompt, piped = pos[1], read_stdin_prompt()
+    try:
+        prompt, piped = from_argv(pos[1], "the prompt argument"), read_stdin_prompt()
+    except BaseException:
+        session.close()
+        raise
     if prompt and piped:
         prompt = f"{prompt}\n\n{piped}"
     elif piped:

@@ -73,9 +73,10 @@ def split_model_and_prompt(
 ) -> tuple[str | None, str | None]:
     """Tell ``run MODEL PROMPT`` from ``run PROMPT`` (default model).
 
-    One argument is a model when it resolves to one; otherwise, if it reads like a sentence
-    (has whitespace), it is the prompt for the default model. A single unknown word is an error,
-    never silently sent as a prompt: ``modeld run default WORD`` does that explicitly.
+    One argument is a model when it resolves to one; otherwise, if it cannot be a model name
+    (whitespace, or characters no name has: ``Summarise:``, ``Why?``), it is the prompt for the
+    default model. A single unknown word that could be a name is an error, never silently sent
+    as a prompt: ``modeld run default WORD`` does that explicitly.
     """
     from modeld.registry import looks_like_path, resolve
 
@@ -88,7 +89,7 @@ def split_model_and_prompt(
         resolve(first, settings)
         return first, None
     except ModelNotFoundError as exc:
-        if looks_like_path(first) or not any(ch.isspace() for ch in first):
+        if looks_like_path(first) or _could_be_a_name(first):
             exc.hint = (exc.hint + "; " if exc.hint else "") + (
                 f"to send it as a prompt to the default model: modeld run default {first!r}"
             )
@@ -96,12 +97,29 @@ def split_model_and_prompt(
         return None, first
 
 
+def _could_be_a_name(word: str) -> bool:
+    """A model name, alias or Ollama-style ``name:tag``: letters, digits and ``._+-``, with
+    at most one ``:`` between two such parts (``Summarise:`` is a prompt, ``qwen:7b`` a name)."""
+    import re
+
+    return re.fullmatch(r"[\w.+-]+(:[\w.+-]+)?", word) is not None
+
+
 def read_stdin_prompt() -> str | None:
     """The piped stdin text, or None when stdin is a terminal or empty."""
     if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
         return None
-    data = sys.stdin.read()
+    data = stdin_text()
     return data if data.strip() else None
+
+
+def stdin_text() -> str:
+    """All of stdin as text; bytes that are not UTF-8 (a latin-1 file) are a clear
+    invalid-request error naming the offset, not a traceback or mojibake sent to a model."""
+    from modeld.textcheck import decode_utf8
+
+    raw = getattr(sys.stdin, "buffer", None)
+    return decode_utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
 
 
 def run_command(
@@ -112,8 +130,11 @@ def run_command(
     connect: Callable[[], Client],
 ) -> None:
     from modeld.registry import normalize_ref
+    from modeld.textcheck import from_argv
 
     model, prompt = split_model_and_prompt(settings, first, second)
+    if prompt is not None:
+        prompt = from_argv(prompt, "the prompt argument")
     model = normalize_ref(model)  # ./m.gguf means the caller's cwd, not the daemon's
     piped = read_stdin_prompt()
     if prompt and piped:

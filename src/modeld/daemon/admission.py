@@ -210,6 +210,7 @@ class Admission:
                             f"waited {self.settings.queue_timeout_s:g} s for room to load "
                             f"{waiting.name}: {waiting.reason}",
                             hint="retry later, unload other models, or raise the memory budget",
+                            details={"retry_after_s": min(30.0, self.settings.queue_timeout_s)},
                         ),
                     )
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from modeld import protocol
+from modeld import ctx, protocol
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
 from modeld.daemon import sizing
@@ -102,8 +102,9 @@ class Dispatch:
     @staticmethod
     def needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
         """A larger context, or (an explicit ``load``) another ``parallel`` than loaded."""
-        if job.n_ctx is not None and job.n_ctx > n_ctx:
-            return True
+        if job.n_ctx is not None and ctx.cap_at_training(
+                job.n_ctx, slot.info.context_length) > n_ctx:
+            return True  # a larger context (never past training: that one would loop)
         return (
             job.kind == "load"
             and job.parallel is not None

@@ -41,6 +41,8 @@ from modeld.replies import PsRow, UnloadedRow
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
+#: The advice a full queue gives (HTTP ``Retry-After``): about one short generation's time.
+QUEUE_FULL_RETRY_S = 2
 
 
 class Scheduler:
@@ -116,7 +118,8 @@ class Scheduler:
                 job,
                 RequestTimeoutError(
                     f"{queued} requests are already queued",
-                    hint="retry later or raise max_queue",
+                    hint=f"retry in {QUEUE_FULL_RETRY_S} s or raise max_queue",
+                    details={"queued": queued, "retry_after_s": QUEUE_FULL_RETRY_S},
                 ),
             )
             return
@@ -188,8 +191,9 @@ class Scheduler:
         """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued."""
         jobs = list(slot.queue)
         slot.queue.clear()
-        for _ in jobs:
+        for job in jobs:
             self.cache.dequeue(slot.key)
+            job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
         self.admission.requeue(slot.key, slot.name, jobs)
 

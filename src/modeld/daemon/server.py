@@ -36,6 +36,7 @@ from modeld.errors import (
     format_bytes,
     unusable_path,
 )
+from modeld.logsafe import QuietFileHandler
 
 log = logging.getLogger("modeld.daemon")
 
@@ -187,7 +188,7 @@ def setup_logging(settings: Settings) -> Path:
     log_file = log_dir / "modeld.log"
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.FileHandler(log_file)
+        file_handler = QuietFileHandler(log_file)  # a full disk: one warning, not tracebacks
     except OSError as exc:
         raise unusable_path(exc, "log_dir") from None
     fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")

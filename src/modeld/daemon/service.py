@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -34,6 +35,10 @@ from modeld.errors import (
 log = logging.getLogger("modeld.daemon")
 
 TICK_S = 0.1  # timer resolution: dead runners are noticed within this (well under 2 s)
+#: How often clients with requests are probed for having vanished (issue 21: a SIGKILLed CLI
+#: was noticed only at its first token, 21 s into a long prompt).
+PROBE_S = 0.25
+PROBE = protocol.Message("probe", "modeld-probe")
 _DRAIN = 256  # messages handled per socket per loop turn, so timers keep running under load
 
 
@@ -65,7 +70,7 @@ class Service:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.sup.socket, zmq.POLLIN)
-        next_tick = 0.0
+        next_tick = next_probe = 0.0
         while not self.stop_requested:
             try:
                 events = dict(poller.poll(int(TICK_S * 1000)))
@@ -89,6 +94,9 @@ class Service:
             if now >= next_tick:
                 next_tick = now + TICK_S
                 self._guard(self.sched.tick)
+            if now >= next_probe:
+                next_probe = now + PROBE_S
+                self._guard(self._probe_clients)
 
     def _guard(self, fn: Any, *args: Any) -> None:
         """Run one handler; a bug in it is logged, never fatal to the daemon."""
@@ -111,6 +119,18 @@ class Service:
             log.warning("cannot encode reply %s: %s", msg.id, exc)
             return self._send(client, protocol.error_reply(msg.id, exc))
         return True
+
+    def _probe_clients(self) -> None:
+        """Find clients that vanished while nothing was sent to them (a prompt still being
+        evaluated, a queued request, a load): ROUTER_MANDATORY refuses a send to a peer whose
+        connection is gone (a SIGKILLed CLI), so each client with requests gets a ``probe``
+        message, which clients skip (its id is no request's), and a refused one is cancelled
+        like any vanished client."""
+        clients = {job.client for job in self.sched.jobs.values() if not job.client_gone}
+        for client in clients:
+            if not self._send(client, PROBE):
+                log.info("a client with requests in flight went away; cancelling them")
+                self.sched.client_gone(client)
 
     def _send_job(self, job: Job, msg: protocol.Message) -> bool:
         return self._send(job.client, msg)
@@ -231,23 +251,35 @@ class Service:
                    req.pinned, parallel=req.parallel)  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
-        if req.all:
-            keys = list(self.sched.slots)
-        else:
-            from modeld import registry
-
-            path = os.path.realpath(registry.resolve(req.model, self.settings).path)
-            keys = [
-                k
-                for k in self.sched.slots
-                if k.path == path and (req.mode is None or k.mode == req.mode)
-            ]
-            if not keys:
-                raise ModelNotFoundError(
-                    f"{req.model} is not loaded", hint="see what is loaded with modeld ps"
-                )
+        keys = list(self.sched.slots) if req.all else self._loaded_keys(req.model, req.mode)
         now, later = self.sched.unload(keys)
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
+
+    def _loaded_keys(self, ref: str | None, mode: str | None) -> list[ModelKey]:
+        """The loaded entries ``ref`` names: every name a model is requested or shown under
+        (``default``, a path, an alias, a models-dir name, and the name ``ps`` shows, which
+        for the default model is its file's stem: no registry lookup finds that one)."""
+        from modeld import registry
+
+        ref = None if ref in (None, "", "default") else ref
+        path: str | None = None
+        try:
+            path = os.path.realpath(registry.resolve(ref, self.settings).path)
+        except ModelNotFoundError:
+            if ref is None:
+                raise
+        keys = [
+            k for k, slot in self.sched.slots.items()
+            if (k.path == path or slot.name == ref or registry.model_stem(Path(k.path)) == ref)
+            and (mode is None or k.mode == mode)
+        ]  # fmt: skip
+        if not keys:
+            shown = sorted({slot.name for slot in self.sched.slots.values()})
+            raise ModelNotFoundError(
+                f"{ref or 'default'} is not loaded",
+                hint=("loaded: " + ", ".join(shown)) if shown else "no model is loaded",
+            )
+        return keys
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
         from modeld import describe

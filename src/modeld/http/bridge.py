@@ -8,6 +8,7 @@ microseconds), on the asyncio flavour of pyzmq so the HTTP event loop never bloc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import os
@@ -20,6 +21,8 @@ import zmq.asyncio
 
 from modeld import protocol
 from modeld.errors import DaemonUnavailableError, error_from_dict
+from modeld.http import disconnect
+from modeld.http.disconnect import unless_gone
 
 #: Silence from the daemon this long (no chunk, no done) is answered with an error.
 REPLY_TIMEOUT_S = 3600.0
@@ -28,10 +31,12 @@ REPLY_TIMEOUT_S = 3600.0
 class Session:
     """One HTTP request's conversation with the daemon."""
 
-    def __init__(self, sock: zmq.asyncio.Socket, prefix: str) -> None:
+    def __init__(self, sock: zmq.asyncio.Socket, prefix: str,
+                 gone: asyncio.Task[None] | None = None) -> None:
         self.sock = sock
         self._ids = itertools.count(1)
         self._prefix = prefix
+        self.gone = gone  # ends when the HTTP client disconnects (disconnect.watcher)
 
     async def send(self, type_: str, **body: Any) -> str:
         rid = f"{self._prefix}-{next(self._ids)}"
@@ -40,8 +45,8 @@ class Session:
 
     async def recv(self, rid: str) -> protocol.Message:
         """The next reply (chunk/done/error) to ``rid``."""
-        while True:
-            if not await self.sock.poll(int(REPLY_TIMEOUT_S * 1000)):
+        while True:  # a client that leaves meanwhile raises ClientGone (a CancelledError)
+            if not await unless_gone(self.sock.poll(int(REPLY_TIMEOUT_S * 1000)), self.gone):
                 raise DaemonUnavailableError("no reply from the daemon",
                                              hint="check the daemon log")
             try:
@@ -54,12 +59,19 @@ class Session:
     async def call(self, type_: str, **body: Any) -> dict[str, Any]:
         """A request answered by one ``done`` (its body), or its typed error raised."""
         rid = await self.send(type_, **body)
-        while True:
-            msg = await self.recv(rid)
-            if msg.type == "done":
-                return dict(msg.body)
-            if msg.type == "error":
-                raise error_from_dict(dict(msg.body))
+        finished = False
+        try:
+            while True:
+                msg = await self.recv(rid)
+                if msg.type in ("done", "error"):
+                    finished = True
+                if msg.type == "done":
+                    return dict(msg.body)
+                if msg.type == "error":
+                    raise error_from_dict(dict(msg.body))
+        finally:
+            if not finished:
+                self._cancel(rid)
 
     async def stream(self, type_: str, **body: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """("chunk", {text}) ... then ("done", body); an error reply is raised. Leaving early
@@ -78,12 +90,15 @@ class Session:
                 yield "done", dict(msg.body)
                 return
         finally:
-            if not finished:  # no await here: this runs while the task is being cancelled
-                with contextlib.suppress(zmq.ZMQError):
-                    self.sock.send_multipart(
-                        protocol.encode(protocol.request("cancel", f"{rid}-x", target=rid)),
-                        zmq.NOBLOCK,
-                    )
+            if not finished:
+                self._cancel(rid)
+
+    def _cancel(self, rid: str) -> None:
+        """Cancel ``rid`` at the daemon; no await: this runs while the task is cancelled."""
+        with contextlib.suppress(zmq.ZMQError):
+            self.sock.send_multipart(
+                protocol.encode(protocol.request("cancel", f"{rid}-x", target=rid)), zmq.NOBLOCK
+            )
 
 
 class Bridge:
@@ -99,9 +114,11 @@ class Bridge:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)  # a final cancel still reaches the daemon
         sock.connect(self.endpoint)
+        gone = disconnect.watcher()
         try:
-            yield Session(sock, f"http-{os.getpid():x}-{next(self._n)}")
+            yield Session(sock, f"http-{os.getpid():x}-{next(self._n)}", gone)
         finally:
+            disconnect.stop(gone)
             sock.close()
 
     async def call(self, type_: str, **body: Any) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from modeld import options
 from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
+from modeld.http.checks import check_common
+from modeld.textcheck import check_text
 
 #: HTTP status for each modeld error code (both APIs use the same statuses).
 STATUS: dict[str, int] = {
@@ -33,7 +35,17 @@ STATUS: dict[str, int] = {
 
 
 def status_of(exc: ModeldError) -> int:
+    if isinstance(exc, BodyTooLarge):
+        return 413
     return STATUS.get(exc.code, 500)
+
+
+def headers_of(exc: ModeldError) -> dict[str, str]:
+    """``Retry-After`` (seconds) on a busy answer whose error says when to try again."""
+    retry = exc.details.get("retry_after_s")
+    if isinstance(retry, int | float) and retry > 0:
+        return {"Retry-After": str(max(1, round(retry)))}
+    return {}
 
 
 def message_of(exc: ModeldError) -> str:
@@ -52,7 +64,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
         if len(data) > limit:
             raise BodyTooLarge(limit)
     if not data.strip():
-        return {}
+        raise InvalidRequestError("the request has no body",
+                                  hint='send a JSON object, e.g. {"model": "default", ...}')
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -60,6 +73,8 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
                                   hint="send a JSON object") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
+    check_text(doc)  # a lone surrogate is this request's 400, never a runner's encode error
+    check_common(doc)
     return doc
 
 

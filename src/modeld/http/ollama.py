@@ -25,6 +25,7 @@ from modeld.http.chatreq import ollama_generate, ollama_messages, ollama_tool_ca
 from modeld.http.common import (
     API,
     UNLIMITED,
+    headers_of,
     input_list,
     iso_now,
     iso_time,
@@ -42,7 +43,8 @@ NS = 1_000_000_000
 
 
 def error(exc: ModeldError) -> JSONResponse:
-    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc),
+                        headers=headers_of(exc))
 
 
 def _options(doc: dict[str, Any]) -> dict[str, Any]:
@@ -208,7 +210,7 @@ class OllamaAPI(API):
         unload = doc.get("keep_alive") in (0, "0", "0s", "0m")
         try:
             if unload:
-                await self.bridge.call("unload", model=ref)
+                await self.bridge.call("unload", model=ref or "default")
             else:
                 await self.bridge.call("load", model=ref, mode="generate",
                                        keep_alive=doc.get("keep_alive"))
@@ -264,8 +266,8 @@ class OllamaAPI(API):
             return error(exc)
         models = []
         for row in body.get("models", []):
-            if row.get("state") not in ("ready", "loading") or row.get("mode") != "generate":
-                continue
+            if row.get("state") not in ("ready", "busy", "loading"):
+                continue  # every mode, as `modeld ps` shows them
             left = row.get("keep_alive_left_s")
             expires = time.time() + (left if isinstance(left, (int, float)) else 10 * 365 * 86400)
             name = str(row.get("name"))

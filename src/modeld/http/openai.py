@@ -25,6 +25,7 @@ from modeld.http.chatreq import openai_generate
 from modeld.http.common import (
     API,
     UNLIMITED,
+    headers_of,
     input_list,
     message_of,
     model_ref,
@@ -42,7 +43,8 @@ def error(exc: ModeldError) -> JSONResponse:
     status = status_of(exc)
     kind = _TYPES.get(exc.code, "server_error" if status >= 500 else "invalid_request_error")
     return JSONResponse({"error": {"message": message_of(exc), "type": kind, "param": None,
-                                   "code": exc.code.value}}, status_code=status)
+                                   "code": exc.code.value}}, status_code=status,
+                        headers=headers_of(exc))
 
 
 def _usage(done: dict[str, Any]) -> dict[str, int]:

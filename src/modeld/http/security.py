@@ -2,6 +2,9 @@
 
 - Bound to loopback (the default), a request's ``Host`` must name a loopback host: a web page
   that rebinds its own DNS name to 127.0.0.1 still sends its name as Host (CVE-2024-28224).
+  The Host is parsed: a loopback IP literal, ``localhost`` or the host of a configured
+  ``http_origins`` entry passes; a name that merely starts like one
+  (``127.0.0.1.evil.com``) does not.
 - An ``Origin`` header (a browser) must be a loopback origin or one of ``http_origins``; only
   those configured origins get CORS headers.
 - Bound to anything else, an API key is required (the daemon refuses to start without one) and
@@ -25,11 +28,30 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def _host_only(value: str) -> str:
-    value = value.strip().lower()
-    if value.startswith("["):
-        return value[: value.find("]") + 1] if "]" in value else value
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+def host_name(value: str) -> str | None:
+    """The host of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower-cased
+    without brackets or port, or None when it does not parse as one (a refusal)."""
+    value = value.strip()
+    if not value or any(c in value for c in "/?#@ \\"):
+        return None
+    try:
+        parts = urlsplit(f"//{value}")
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        return None
+    return parts.hostname or None
+
+
+def origin_host(origin: str) -> str | None:
+    """The host of an ``Origin`` (``scheme://host[:port]``), or None when it is not one."""
+    try:
+        parts = urlsplit(origin.strip())
+        parts.port  # noqa: B018
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or parts.path or parts.query or parts.username:
+        return None
+    return parts.hostname or None
 
 
 class Guard:
@@ -41,6 +63,19 @@ class Guard:
         self.loopback = address is None or is_loopback(address[0])
         self.key = settings.api_key
         self.origins = frozenset(settings.http_origins)
+        # names besides loopback ones a Host may carry: the hosts of the configured origins
+        self.names = frozenset(h for h in (origin_host(o) for o in self.origins) if h)
+
+    def host_allowed(self, host_header: str) -> bool:
+        """Only loopback IP literals, ``localhost`` and the configured origins' host names."""
+        name = host_name(host_header)
+        return name is not None and (is_loopback(name) or name in self.names)
+
+    def origin_allowed(self, origin: str) -> bool:
+        if origin in self.origins:
+            return True
+        host = origin_host(origin)
+        return host is not None and is_loopback(host)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,10 +98,10 @@ class Guard:
 
     def _refusal(self, headers: dict[str, str], origin: str | None
                  ) -> tuple[int, dict[str, Any], list[tuple[bytes, bytes]]] | None:
-        if self.loopback and not is_loopback(_host_only(headers.get("host", ""))):
+        if self.loopback and not self.host_allowed(headers.get("host", "")):
             return 403, {"error": "forbidden: the Host header must name this machine's "
                                   "loopback address (DNS rebinding protection)"}, []
-        if origin and origin not in self.origins and not _loopback_origin(origin):
+        if origin and not self.origin_allowed(origin):
             return 403, {"error": f"forbidden: origin {origin} is not allowed (add it to "
                                   "http_origins)"}, []
         if self.key is not None:
@@ -75,11 +110,6 @@ class Guard:
                 return 401, {"error": "unauthorized: send Authorization: Bearer <api_key>"}, [
                     (b"www-authenticate", b"Bearer")]
         return None
-
-
-def _loopback_origin(origin: str) -> bool:
-    host = urlsplit(origin).hostname or ""
-    return is_loopback(host)
 
 
 def _cors(origin: str, preflight: bool = False) -> list[tuple[bytes, bytes]]:

@@ -116,8 +116,26 @@ class BatchEngine:
     # ---------------------------------------------------------------- the loop
 
     def run(self, first: specs.GenerateSpec) -> None:
-        """Serve ``first`` and every generate request that arrives meanwhile, to the end."""
+        """Serve ``first`` and every generate request that arrives meanwhile, to the end.
+
+        An error no per-request handler caught ends every request still here with it (each
+        gets its reply) instead of escaping with them in flight for good: a request left
+        unanswered wedges its model (issue 21)."""
         self.submit(first)
+        try:
+            self._loop()
+        except Exception as exc:
+            log.exception("the batch loop failed; ending its %d request(s)",
+                          len(self.streams) + len(self.waiting))
+            text = f"{type(exc).__name__}: {exc}"
+            for stream in list(self.streams):
+                stream.state.failed()
+                self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
+            for spec in self.waiting:
+                self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
+            self.waiting.clear()
+
+    def _loop(self) -> None:
         while self.streams or self.waiting:
             while self.waiting and len(self.streams) < len(self.states):
                 self._admit(self.waiting.popleft())
@@ -186,6 +204,12 @@ class BatchEngine:
             grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
         except ModeldError as exc:
             self.host.send(rp.error(spec.rid, exc.code, exc.message, exc.details, exc.hint))
+            return
+        except Exception as exc:  # e.g. text the tokenizer cannot encode: this request only
+            log.exception("preparing request %s failed", spec.rid)
+            self.host.send(rp.error(spec.rid, ErrorCode.INVALID_REQUEST,
+                                    f"the prompt could not be prepared: {type(exc).__name__}: "
+                                    f"{_printable(str(exc))}"))
             return
         state = self._free_state(tokens)
         sampling = spec.sampling
@@ -460,6 +484,11 @@ class BatchEngine:
 
 def _call(call: replyparse.ToolCall) -> ToolCallDone:
     return {"id": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def _printable(text: str) -> str:
+    """``text`` with anything UTF-8 cannot carry escaped, so the reply itself can be sent."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:

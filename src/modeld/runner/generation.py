@@ -32,6 +32,12 @@ from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
 
 log = logging.getLogger("modeld.runner")
 
+#: The most prompt tokens a sampled request evaluates per step. Messages (a cancel, a vanished
+#: client) are read between steps, so this bounds how long a caller that left keeps the model
+#: busy: 128 tokens of gemma-3-270m are ~0.5 s on 2 cores where 512 (n_batch) were ~2 s
+#: (issue 21), for a few % of prompt throughput (architecture.md: aligned 128-token pieces cost
+#: +3-5% against 512-token batches). Greedy requests use aligned pieces of the same size.
+FAST_PIECE = 128
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 #: When the chain's pick breaks the grammar, the grammar is checked on the tokens within
 #: these logit margins of the best (at most SHORTLIST of them) before the whole vocabulary:
@@ -304,7 +310,8 @@ class PromptState:
                 choice = promptplan.Plan(-1, 0)
         keep = self._truncate(choice.keep)
         self._stable_before, self._last = self.stable, (keep, keep)
-        todo = promptplan.pieces(keep, len(prompt), reproducible, self.n_batch, self.align)
+        todo = promptplan.pieces(keep, len(prompt), reproducible,
+                                 min(self.n_batch, FAST_PIECE), self.align)
         return Prepared(keep, source if keep else "none"), todo
 
     def prompt_done(self, n_prompt: int, logits_index: int = -1) -> None:

@@ -1,0 +1,92 @@
+"""Text that cannot cross an encoding boundary is refused where it enters.
+
+JSON may carry ``"\\ud83d"`` (a lone UTF-16 surrogate): valid JSON, but no UTF-8 encoding exists
+for it, so the first ``str.encode("utf-8")`` on its way to the tokenizer raises. Found deep in a
+runner, that error once ended another client's stream and left the bad request in flight for
+good. Every entry point (HTTP bodies, the daemon's protocol decode, the CLI's prompt) checks
+decoded JSON here and answers ``invalid_request`` naming the field. Pure: no imports beyond
+errors.
+"""
+
+from __future__ import annotations
+
+from modeld.errors import InvalidRequestError
+
+#: Nesting deeper than this is not walked further (json's own recursion limit stops worse).
+MAX_DEPTH = 64
+
+
+def bad_text(value: object, path: str = "") -> tuple[str, str] | None:
+    """The first (field path, offending string) whose text is not encodable as UTF-8, or None.
+
+    Paths read like ``messages[1].content``; a bad object key is reported at its own path.
+    """
+    stack: list[tuple[object, str, int]] = [(value, path, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, str):
+            if not _encodable(item):
+                return where or "the body", item
+        elif depth < MAX_DEPTH and isinstance(item, dict):
+            for key, sub in reversed(list(item.items())):
+                name = f"{where}.{key}" if where else str(key)
+                if isinstance(key, str) and not _encodable(key):
+                    return name, key
+                stack.append((sub, name, depth + 1))
+        elif depth < MAX_DEPTH and isinstance(item, list):
+            for i in reversed(range(len(item))):
+                stack.append((item[i], f"{where}[{i}]", depth + 1))
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(value: object, what: str = "") -> None:
+    """Raise :class:`InvalidRequestError` naming the first field of ``value`` that holds text
+    with no UTF-8 form (a lone surrogate such as ``\\ud83d``)."""
+    found = bad_text(value, what)
+    if found is None:
+        return
+    field, text = found
+    field = field.encode("utf-8", "backslashreplace").decode("utf-8")  # a bad key, shown safely
+    raise InvalidRequestError(
+        f"{field!r} is not valid Unicode text: it holds {_first_bad(text)} (a lone UTF-16 "
+        "surrogate, which has no UTF-8 form)",
+        hint="send valid UTF-8: escape a character outside the BMP as a surrogate pair "
+        "(\\ud83d\\ude00) or send it unescaped",
+        details={"field": field},
+    )
+
+
+def _first_bad(text: str) -> str:
+    for ch in text:
+        if 0xD800 <= ord(ch) <= 0xDFFF:
+            return f"\\u{ord(ch):04x}"
+    return "an unencodable character"
+
+
+def from_argv(text: str, what: str) -> str:
+    """A command-line argument as text: Python maps bytes that are not UTF-8 to lone
+    surrogates (``surrogateescape``); those are reported like a file in another encoding."""
+    if _encodable(text):
+        return text
+    return decode_utf8(text.encode("utf-8", "surrogateescape"), what)
+
+
+def decode_utf8(data: bytes, what: str) -> str:
+    """``data`` as UTF-8 text, or :class:`InvalidRequestError` saying where the first bad byte
+    is (a prompt file or stdin in another encoding)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidRequestError(
+            f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            hint="convert it first, e.g. iconv -f latin1 -t utf-8",
+            details={"field": what, "offset": exc.start},
+        ) from None

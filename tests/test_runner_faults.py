@@ -1,0 +1,48 @@
+"""One request's fault stays that request's (issue 21): a real runner, several sequences.
+
+The daemon refuses lone surrogates before they get here (tests/test_http_faults.py); these
+tests send them to the runner directly, as a defence-in-depth check: a request whose text
+cannot be encoded for the tokenizer gets its own error, and the stream beside it runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from modeld.runner import protocol as rp
+from test_runner import Harness
+from test_runner_batch import _replies
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def runner() -> Iterator[Harness]:
+    h = Harness("f1")
+    yield h
+    h.close()
+
+
+def test_an_unencodable_prompt_fails_alone_beside_a_stream(
+    runner: Harness, tiny_model: Path
+) -> None:
+    runner.loaded(tiny_model, n_ctx=512, parallel=4)
+    runner.send(rp.generate("long", prompt="once upon a time", raw=True, temperature=0.0,
+                            max_tokens=300))
+    first = runner.recv()
+    assert first["rid"] == "long" and first["type"] == "chunk", first  # streaming now
+    runner.send(rp.generate("bad-raw", prompt="x\ud83d", raw=True, max_tokens=5))
+    runner.send(rp.generate("bad-chat", messages=[{"role": "user", "content": "\udc80"}],
+                            max_tokens=5))
+    got = _replies(runner, ["long", "bad-raw", "bad-chat"])
+    for rid in ("bad-raw", "bad-chat"):
+        final = got[rid][1]
+        assert final["type"] == "error" and final["code"] == "invalid_request", final
+    done = got["long"][1]
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == 300, done
+    # the runner is fine afterwards
+    runner.send(rp.generate("after", prompt="hello", raw=True, max_tokens=4))
+    assert _replies(runner, ["after"])["after"][1]["type"] == "done"
