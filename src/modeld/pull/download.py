@@ -261,19 +261,17 @@ def _attempt(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressF
     with resp:
         if state.done and resp.status != 206:
             state.restart(f, t)  # the server ignored Range: take the whole body
-        buf = bytearray(CHUNK)
-        view = memoryview(buf)
         last = 0.0
         while state.done < t.size:
-            try:
-                n = resp.readinto(view)
+            try:  # read1: what has arrived (readinto would wait for a whole CHUNK)
+                data = memoryview(resp.read1(CHUNK))
             except (OSError, http.client.HTTPException) as exc:
                 raise _Retryable(_reason(exc)) from exc
-            if not n:
+            if not data:
                 raise _Retryable(f"the connection closed at {state.done} of {t.size} bytes")
-            n = min(n, t.size - state.done)
-            _write(f, view[:n], t)
-            state.hasher.update(view[:n])
+            n = min(len(data), t.size - state.done)
+            _write(f, data[:n], t)
+            state.hasher.update(data[:n])
             state.done += n
             result.fetched_bytes += n
             now = time.monotonic()

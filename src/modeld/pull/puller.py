@@ -14,7 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from modeld.errors import DiskFullError, InvalidRequestError, ModelNotFoundError, format_bytes
+from modeld.errors import (
+    DiskFullError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    format_bytes,
+    unusable_path,
+)
 from modeld.pull import hub, names, store
 from modeld.pull.download import Transfer, fetch
 
@@ -39,6 +45,14 @@ def pull(text: str, models_dir: Path, on_event: EventFn | None = None,
          cancel: threading.Event | None = None) -> dict[str, Any]:
     """Pull the model ``text`` names into ``models_dir``; returns the ``success`` event's data
     (``path`` of the model file, first shard for a split model)."""
+    try:
+        return _pull(text, models_dir, on_event, cancel)
+    except OSError as exc:  # the models dir itself is unusable (permissions, a file there)
+        raise unusable_path(exc, "MODELD_MODELS") from exc
+
+
+def _pull(text: str, models_dir: Path, on_event: EventFn | None,
+          cancel: threading.Event | None) -> dict[str, Any]:
     emit = on_event or (lambda event: None)
     ref = parse_ref(text)
     hub.check_online(ref.name)

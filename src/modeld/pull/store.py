@@ -14,9 +14,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from modeld.pull.names import BadReference, HubRef, choose, shard_info
+
+if TYPE_CHECKING:
+    from modeld.config import Settings
 
 PARTIAL_DIR = ".partial"
 RECORD_SUFFIX = ".pull.json"
@@ -81,6 +84,17 @@ def find_local(ref: HubRef, models_dir: Path) -> Path | None:
     return folder / chosen.files[0]
 
 
+def tag_of(path: str, name: str) -> tuple[str, str | None]:
+    """``/api/tags``' name and digest: a pulled model is listed by its hub name
+    (``hf.co/ORG/REPO:QUANT``) with the hex SHA-256 the hub published; others as they are."""
+    record = read_record(Path(path))
+    if not record or not isinstance(record.get("model"), str):
+        return name, None
+    digest = record.get("digest")
+    hexdigest = digest.split(":", 1)[1] if isinstance(digest, str) and ":" in digest else None
+    return record["model"], hexdigest
+
+
 def local_model(text: str, models_dir: Path) -> Path | None:
     """For the registry: a strict hub name (``hf.co/…``, ``ORG/REPO:QUANT``) → its pulled file,
     else None (also for text that is no hub name)."""
@@ -122,3 +136,21 @@ def remove(model_file: Path, models_dir: Path) -> list[Path]:
             break
         parent = parent.parent
     return removed
+
+
+def removable(name: str, settings: Settings) -> Path:
+    """The model file ``name`` resolves to, if ``modeld rm``/``/api/delete`` may delete it:
+    only files in the models dir (never an alias target or a path elsewhere)."""
+    from modeld.errors import InvalidRequestError
+    from modeld.registry import resolve
+
+    models_dir = Path(settings.models_dir).expanduser()
+    resolved = resolve(name, settings)
+    if resolved.source == "alias" or models_dir.resolve() not in resolved.path.parents:
+        raise InvalidRequestError(
+            f"{name} is {resolved.path}, outside the models dir {models_dir}",
+            hint="only models in the models dir are deleted; delete other files yourself "
+            "(or remove the alias from the config file)",
+            details={"path": str(resolved.path)},
+        )
+    return resolved.path
