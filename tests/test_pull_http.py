@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import ollama
 import pytest
+
 from daemonutil import until
 from fakehub import FakeHub
 from test_http import _answers, free_port

@@ -22,6 +22,7 @@ import hashlib
 import http.client
 import io
 import os
+import queue
 import threading
 import time
 import urllib.error
@@ -43,6 +44,8 @@ from modeld.errors import (
 )
 
 CHUNK = 1 << 20
+HASH_QUEUE = 6  # chunks waiting for the hash thread
+RING = HASH_QUEUE + 3  # receive buffers: queued, being hashed, being filled, spare
 READ_TIMEOUT_S = 60.0
 RETRIES = 5  # consecutive failed attempts (no byte gained) before giving up
 WAIT_POLL_S = 0.2
@@ -89,17 +92,36 @@ class _Retryable(Exception):
 
 
 class _Hasher:
-    """SHA-256 of the content, or git's blob id (sha1 of a header and the content)."""
+    """SHA-256 of the content, or git's blob id (sha1 of a header and the content), computed
+    on a thread of its own: hashlib releases the GIL, so hashing overlaps the socket reads and
+    file writes instead of adding to them (it is about as slow as the write here)."""
 
     def __init__(self, t: Transfer) -> None:
         self.git = t.sha256 is None
         self.h = hashlib.sha1(f"blob {t.size}\0".encode()) if self.git else hashlib.sha256()
+        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=HASH_QUEUE)
+        self._thread: threading.Thread | None = None
 
-    def update(self, data: Any) -> None:
-        self.h.update(data)
+    def update(self, data: bytes | memoryview) -> None:
+        """Hash ``data`` (not to be changed afterwards: it is hashed later, on the thread)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pull-hash", daemon=True)
+            self._thread.start()
+        self._queue.put(data)
+
+    def _run(self) -> None:
+        while (data := self._queue.get()) is not None:
+            self.h.update(data)
 
     def hexdigest(self) -> str:
+        self.close()
         return self.h.hexdigest()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
 
 def fetch(t: Transfer, on_progress: ProgressFn | None = None,
@@ -164,27 +186,13 @@ def _download(t: Transfer, part: Path, report: ProgressFn,
             have = 0
         state = _State(have, _rehash(f, have, t, report))
         result.resumed_from = have
-        failures = 0
-        while state.done < t.size:
-            _check_cancel(cancel)
-            before = state.done
-            try:
-                _attempt(t, f, state, report, cancel, result)
-            except _Retryable as exc:
-                f.truncate(state.done)  # bytes written but not counted (a write cut short) go
-                f.seek(0, os.SEEK_END)
-                failures = 0 if state.done > before else failures + 1
-                if failures >= RETRIES:
-                    raise NetworkError(
-                        f"downloading {t.target.name} failed {failures} times: {exc}",
-                        hint="check the network connection, then pull again: it resumes "
-                        f"from {format_bytes(state.done)}",
-                        details={"url": t.url, "completed": state.done, "total": t.size},
-                    ) from exc
-                time.sleep(min(0.25 * 2**failures, 4.0))
+        try:
+            _transfer(t, f, state, report, cancel, result)
+        finally:
+            state.hasher.close()  # its thread ends with the transfer, finished or not
         report("verifying", state.done, t.size)
         f.flush()
-        os.fsync(f.fileno())
+        os.fsync(f.fileno())  # what is renamed into place is on disk
     got = state.hasher.hexdigest()
     want = t.sha256 or t.git_oid
     if got != want:
@@ -205,6 +213,29 @@ def _download(t: Transfer, part: Path, report: ProgressFn,
     return result
 
 
+def _transfer(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressFn,
+              cancel: threading.Event | None, result: Result) -> None:
+    """Attempts until the file is complete; a failed one resumes from what was written."""
+    failures = 0
+    while state.done < t.size:
+        _check_cancel(cancel)
+        before = state.done
+        try:
+            _attempt(t, f, state, report, cancel, result)
+        except _Retryable as exc:
+            f.truncate(state.done)  # bytes written but not counted (a write cut short) go
+            f.seek(0, os.SEEK_END)
+            failures = 0 if state.done > before else failures + 1
+            if failures >= RETRIES:
+                raise NetworkError(
+                    f"downloading {t.target.name} failed {failures} times: {exc}",
+                    hint="check the network connection, then pull again: it resumes "
+                    f"from {format_bytes(state.done)}",
+                    details={"url": t.url, "completed": state.done, "total": t.size},
+                ) from exc
+            time.sleep(min(0.25 * 2**failures, 4.0))
+
+
 @dataclass
 class _State:
     """Bytes of the partial file that are written *and* hashed, and the hash so far."""
@@ -215,6 +246,7 @@ class _State:
     def restart(self, f: io.BufferedRandom, t: Transfer) -> None:
         f.truncate(0)
         f.seek(0)
+        self.hasher.close()
         self.done, self.hasher = 0, _Hasher(t)
 
 
@@ -231,7 +263,7 @@ def _rehash(f: io.BufferedRandom, have: int, t: Transfer, report: ProgressFn) ->
         n = f.readinto(view[: min(CHUNK, have - seen)])
         if not n:
             break
-        hasher.update(view[:n])
+        hasher.h.update(view[:n])  # synchronously: the buffer is reused
         seen += n
         report("resuming", seen, t.size)
     f.seek(0, os.SEEK_END)
@@ -262,9 +294,20 @@ def _attempt(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressF
         if state.done and resp.status != 206:
             state.restart(f, t)  # the server ignored Range: take the whole body
         last = 0.0
+        # Plain (not chunked) bodies are read straight into a ring of reused buffers: a fresh
+        # 1 MiB object per read costs page faults that cost as much as the hash. readinto1:
+        # what has arrived (readinto would wait for a whole CHUNK).
+        raw = resp.fp if not resp.chunked and resp.fp is not None else None
+        ring = [bytearray(CHUNK) for _ in range(RING)] if raw is not None else []
+        turn = 0
         while state.done < t.size:
-            try:  # read1: what has arrived (readinto would wait for a whole CHUNK)
-                data = memoryview(resp.read1(CHUNK))
+            try:
+                if raw is not None:
+                    buf = ring[turn % RING]
+                    turn += 1
+                    data = memoryview(buf)[: raw.readinto1(buf)]
+                else:
+                    data = memoryview(resp.read1(CHUNK))
             except (OSError, http.client.HTTPException) as exc:
                 raise _Retryable(_reason(exc)) from exc
             if not data:
