@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -37,17 +38,23 @@ def _file(path: Path, size: int) -> None:
             f.write(block[i % 251:] + block[: i % 251])  # not one repeated MiB
 
 
-def _curl(url: str, out: Path) -> tuple[float, float]:
-    t0 = time.perf_counter()
+def _cpu() -> float:
+    """CPU seconds (user + system) of the waited-for children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _curl(url: str, out: Path) -> tuple[float, float, float]:
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.run(["curl", "-sS", "--fail", "-o", str(out), "-w", "%{time_total}",
                            url], capture_output=True, text=True, check=True)  # fmt: skip
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     out.unlink()
-    return float(proc.stdout), wall
+    return float(proc.stdout), wall, cpu
 
 
-def _modeld(env: dict[str, str], models: Path) -> tuple[float, float]:
-    t0 = time.perf_counter()
+def _modeld(env: dict[str, str], models: Path) -> tuple[float, float, float]:
+    t0, c0 = time.perf_counter(), _cpu()
     proc = subprocess.Popen([MODELD, "pull", REPO, "--json"], env=env, stdout=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)  # fmt: skip
     assert proc.stdout is not None
@@ -60,9 +67,9 @@ def _modeld(env: dict[str, str], models: Path) -> tuple[float, float]:
             done = time.perf_counter()
     if proc.wait() != 0 or not (start and done):
         raise RuntimeError(f"modeld pull exited {proc.returncode}")
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, _cpu() - c0
     shutil.rmtree(models)
-    return done - start, wall
+    return done - start, wall, cpu
 
 
 def pull_bench(ctx: Context) -> dict[str, Any]:
@@ -82,7 +89,7 @@ def pull_bench(ctx: Context) -> dict[str, Any]:
             _curl(url, work / "warm.gguf")  # page cache warm for both sides
             sides = {"curl": lambda: _curl(url, work / "curl.gguf"),
                      "modeld": lambda: _modeld(env, models)}  # fmt: skip
-            results: dict[str, list[tuple[float, float]]] = {k: [] for k in sides}
+            results: dict[str, list[tuple[float, float, float]]] = {k: [] for k in sides}
             for r in range(rounds):  # A B, then B A, ...
                 for name in sides if r % 2 == 0 else reversed(list(sides)):
                     results[name].append(sides[name]())
@@ -90,8 +97,9 @@ def pull_bench(ctx: Context) -> dict[str, Any]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     mib = size / (1 << 20)
-    rate = {k: [mib / t for t, _ in v] for k, v in results.items()}
-    wall = {k: [mib / w for _, w in v] for k, v in results.items()}
+    rate = {k: [mib / t for t, _, _ in v] for k, v in results.items()}
+    wall = {k: [mib / w for _, w, _ in v] for k, v in results.items()}
+    cpu = {k: [c / (size / (1 << 30)) for _, _, c in v] for k, v in results.items()}
     transfer_ratio = summary(rate["modeld"])["median"] / summary(rate["curl"])["median"]
     wall_ratio = summary(wall["modeld"])["median"] / summary(wall["curl"])["median"]
     return {
@@ -99,10 +107,12 @@ def pull_bench(ctx: Context) -> dict[str, Any]:
         "what": f"`modeld pull` of a {mib:.0f} MiB GGUF from a loopback fake hub (Python "
         "ThreadingHTTPServer, tests/fakehub.py) against `curl -o` of the same URL, interleaved; "
         "MiB/s of the transfer (curl: time_total; modeld: GET to verified file in place) and of "
-        "the whole command (process start, listing).",
+        "the whole command (process start, listing); CPU seconds (user + system) per GiB of each "
+        "whole command.",
         "size_bytes": size,
         "curl_mib_s": summary(rate["curl"]), "modeld_mib_s": summary(rate["modeld"]),
         "curl_wall_mib_s": summary(wall["curl"]), "modeld_wall_mib_s": summary(wall["modeld"]),
+        "curl_cpu_s_per_gib": summary(cpu["curl"]), "modeld_cpu_s_per_gib": summary(cpu["modeld"]),
         "ratio": transfer_ratio, "wall_ratio": wall_ratio,
         "targets": [target("modeld pull / curl transfer MiB/s", transfer_ratio, 0.9, ">=")],
     }  # fmt: skip

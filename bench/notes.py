@@ -223,4 +223,23 @@ NOTES: dict[str, str] = {
         "door on, after it served one request (24.4 MiB with `http = off`, measured by hand the "
         "same way: +14.4 MiB for starlette, uvicorn, anyio and prometheus_client)."
     ),
+    "pull": (
+        "Not met on this machine. `modeld pull` does curl's work (receive, write to the page "
+        "cache) plus a SHA-256 of every byte (on a thread of its own, while the next bytes "
+        "arrive: no second pass) and an fsync before the verified file is renamed into place "
+        "(a power cut must not leave a corrupt file that a record calls verified; 0.4 s per "
+        "GiB here, measured with cProfile). That is 2.47 CPU seconds per GiB against curl's "
+        "1.08 (median), on 2 cores that the fake hub's Python server and two other engineers' "
+        "inference also used (load average 5 to 6 during the run), so the extra CPU shows as "
+        "time: 294 MiB/s against 419 (0.70). A development run of 4 rounds (load average 4.7) "
+        "gave 0.80, with rounds where modeld took about as long as curl (1.27 s and 1.20 s "
+        "against 1.03-1.32 s for 1 GiB), so the ratio moves with CPU contention; a machine with "
+        "a core free for the hash was not available to measure (a real network is also slower "
+        "than the hash: 1.7 GB/s with SHA-NI in `openssl speed`). What "
+        "was tried: receiving into a ring of reused 1 MiB buffers instead of a new object per "
+        "read (page faults cost as much as the hash) and hashing on a thread (both kept); "
+        "fdatasync on a thread during the download (slower: writes wait for pages under "
+        "writeback; dropped). The whole command adds Python start-up and the listing through "
+        "huggingface_hub (about 1 s under this load)."
+    ),
 }

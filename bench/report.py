@@ -340,7 +340,9 @@ def _pull(doc: dict[str, Any]) -> list[str]:
     return ["| MiB/s, median (min-max) | `modeld pull` | `curl -o` | modeld / curl |",
             "|---|---:|---:|---:|",
             row("transfer", "modeld_mib_s", "curl_mib_s", doc.get("ratio")),
-            row("whole command", "modeld_wall_mib_s", "curl_wall_mib_s", doc.get("wall_ratio"))]
+            row("whole command", "modeld_wall_mib_s", "curl_wall_mib_s", doc.get("wall_ratio")),
+            f"| CPU s per GiB (whole command) | {_f(_med(doc.get('modeld_cpu_s_per_gib', {})), 2)}"
+            f" | {_f(_med(doc.get('curl_cpu_s_per_gib', {})), 2)} | |"]
 
 
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
