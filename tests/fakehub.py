@@ -39,6 +39,7 @@ class Fault:
     status: int | None = None  # answer every download with this status
     error_code: str | None = None  # X-Error-Code with it (GatedRepo, RepoNotFound, …)
     bytes_per_s: float | None = None  # throttle (a slow server)
+    token: str | None = None  # gated: 401 GatedRepo unless "Authorization: Bearer <token>"
 
 
 @dataclass
@@ -190,6 +191,8 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
 
         def _file(self, name: str, f: HubFile, head: bool) -> None:
             fault = f.fault
+            if fault.token and self.headers.get("Authorization") != f"Bearer {fault.token}":
+                return self._status(401, "GatedRepo", "Access to this model is restricted")
             if fault.status:
                 return self._status(fault.status, fault.error_code, "Access to this model is "
                                     "restricted" if fault.status in (401, 403) else "")

@@ -310,3 +310,31 @@ def test_pull_prints_a_progress_bar_on_a_terminal(cli: CliEnv, hub: FakeHub) -> 
     text = seen.decode(errors="replace")
     assert Q4 in text and "2.5/2.5 MB" in text  # rich's DownloadColumn: bytes done/total
     assert out.decode().startswith("pulled hf.co/org/r:Q4_K_M (2.4 MiB): ")
+
+
+def test_a_gated_model_downloads_with_hf_token(cli: CliEnv, hub: FakeHub) -> None:
+    hub.add("org/gated", {Q4: HubFile(data=b"g" * 5000, fault=Fault(token="hf_secret"))})
+    out = cli.run("pull", "org/gated")
+    assert out.returncode == ExitCode.UNAUTHORIZED and "set HF_TOKEN" in out.stderr
+    out = cli.run("pull", "org/gated", "--quiet", env_extra={"HF_TOKEN": "hf_secret"})
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).read_bytes() == b"g" * 5000
+    assert "Bearer hf_secret" in hub.auth_seen
+
+
+def test_huggingface_hub_own_download_checks_only_the_size(hub: FakeHub, tmp_path: Path,
+                                                           monkeypatch: Any) -> None:
+    """Why modeld fetches the bytes itself (measured with huggingface_hub 2.4.0): its
+    hf_hub_download, served by the same fake hub, accepts a file with one byte flipped. The
+    good file downloads intact, so the fake hub answers the calls huggingface_hub makes."""
+    from huggingface_hub import hf_hub_download
+
+    data, other = bytes(range(256)) * 400, bytes(range(255, -1, -1)) * 400
+    hub.add("org/r", {Q4: data, "m-Q8_0.gguf": HubFile(data=other,
+                                                      fault=Fault(flip_byte_at=777))})
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    good = hf_hub_download("org/r", Q4, endpoint=hub.url, cache_dir=tmp_path, token=False)
+    assert Path(good).read_bytes() == data
+    bad = Path(hf_hub_download("org/r", "m-Q8_0.gguf", endpoint=hub.url, cache_dir=tmp_path,
+                               token=False))
+    assert bad.read_bytes() != other and bad.stat().st_size == len(other)  # accepted anyway

@@ -86,3 +86,31 @@ def test_pull_errors_are_statuses_before_any_output(served: tuple[ollama.Client,
     base = str(client._client.base_url)
     r = httpx.post(f"{base}/api/pull", json={"model": "https://evil.example/org/r:Q4_K_M"})
     assert r.status_code == 400  # a URL from the request is never fetched (SSRF)
+
+
+def test_a_client_that_leaves_cancels_its_pull_and_the_next_resumes(
+        served: tuple[ollama.Client, Path], hub: FakeHub) -> None:
+    import json
+    import time
+
+    from fakehub import Fault, HubFile
+
+    client, models = served
+    data = bytes(range(233)) * 1300  # ~300 KB at 60 KB/s: about 5 s
+    hub.add("org/slow", {Q4: HubFile(data=data, fault=Fault(bytes_per_s=60_000))})
+    base = str(client._client.base_url)
+    with httpx.stream("POST", f"{base}/api/pull", json={"model": "hf.co/org/slow"},
+                      timeout=30) as r:
+        for line in r.iter_lines():
+            if json.loads(line).get("completed"):
+                break  # some bytes arrived: leave
+    time.sleep(1.0)  # the worker notices at its next chunk (every 0.1 s)
+    stopped_at = hub.sent_bytes("org/slow", Q4)
+    time.sleep(1.0)
+    assert hub.sent_bytes("org/slow", Q4) == stopped_at < len(data)
+    assert not (models / "org" / "slow").exists()  # nothing visible, the partial file kept
+    hub.file("org/slow", Q4).fault.bytes_per_s = None
+    assert client.pull("hf.co/org/slow").status == "success"
+    assert hub.downloads("org/slow", Q4)[-1] not in (None, "bytes=0-")  # resumed
+    assert hub.sent_bytes("org/slow", Q4) <= 1.1 * len(data)
+    assert (models / "org" / "slow" / Q4).read_bytes() == data
