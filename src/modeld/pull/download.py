@@ -265,7 +265,8 @@ def _rehash(f: io.BufferedRandom, have: int, t: Transfer, report: ProgressFn) ->
             break
         hasher.h.update(view[:n])  # synchronously: the buffer is reused
         seen += n
-        report("resuming", seen, t.size)
+        if seen % (64 * CHUNK) < n or seen == have:
+            report("resuming", seen, t.size)
     f.seek(0, os.SEEK_END)
     return hasher
 
