@@ -76,7 +76,7 @@ def normalize_ref(ref: str | None, cwd: str | os.PathLike[str] | None = None) ->
     if ref is None or not ref.strip() or not looks_like_path(ref.strip()):
         return ref
     text = ref.strip()
-    if _hub_name(text, cwd):
+    if is_hub_name(text, cwd):
         return text  # hf.co/ORG/REPO:QUANT: looked up in the models dir (modeld.pull.store)
     path = Path(text).expanduser()
     if not path.is_absolute():
@@ -86,7 +86,7 @@ def normalize_ref(ref: str | None, cwd: str | os.PathLike[str] | None = None) ->
     return os.path.normpath(path)
 
 
-def _hub_name(ref: str, cwd: str | os.PathLike[str] | None = None) -> bool:
+def is_hub_name(ref: str, cwd: str | os.PathLike[str] | None = None) -> bool:
     """``hf.co/ORG/REPO[:QUANT]`` or ``ORG/REPO:QUANT`` that is not an existing path: a model
     pulled from a hub (``modeld pull``), not a file name. Cheap: no import unless it may be."""
     if not (ref.lower().startswith(("hf.co/", "huggingface.co/", "https://"))
@@ -247,7 +247,7 @@ def resolve(ref: str | None, settings: Settings) -> ResolvedModel:
     ref = ref.strip()
     models_dir = Path(settings.models_dir).expanduser()
     list_hint = f"`modeld list` shows the models in {models_dir} and the configured aliases"
-    if _hub_name(ref):
+    if is_hub_name(ref):
         return _pulled(ref, models_dir)
     if looks_like_path(ref):
         path = Path(ref).expanduser().absolute()

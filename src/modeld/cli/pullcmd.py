@@ -40,9 +40,9 @@ def ensure_pulled(settings: Settings, model: str | None, *, no_pull: bool) -> No
     """Before ``run``/``load``: a hub name (``hf.co/…``, ``ORG/REPO:QUANT``) that is not in the
     models dir is pulled first, progress on stderr. ``--no-pull``/``MODELD_NO_PULL`` leave it
     to the daemon, which then answers model-not-found with the ``modeld pull`` hint."""
-    from modeld.registry import _hub_name
+    from modeld.registry import is_hub_name
 
-    if not model or not _hub_name(model.strip()):
+    if not model or not is_hub_name(model.strip()):
         return
     from modeld.pull.store import local_model
 

@@ -73,6 +73,11 @@ class Transfer:
         return self.sha256 or f"git-{self.git_oid}"
 
     @property
+    def partial(self) -> Path:
+        """Where the bytes gather until verified (hidden: ``.partial/`` in the models dir)."""
+        return self.partial_dir / f"{self.key}.part"
+
+    @property
     def digest(self) -> str:
         """The digest as Ollama shows it: ``sha256:<hex>``."""
         return f"sha256:{self.sha256}" if self.sha256 else f"git-sha1:{self.git_oid}"
@@ -129,7 +134,7 @@ def fetch(t: Transfer, on_progress: ProgressFn | None = None,
     """Download ``t`` into ``t.target`` (verified), resuming any partial file; see module doc."""
     report = on_progress or (lambda phase, done, total: None)
     t.partial_dir.mkdir(parents=True, exist_ok=True)
-    part = t.partial_dir / f"{t.key}.part"
+    part = t.partial
     lock_path = t.partial_dir / f"{t.key}.lock"
     with open(lock_path, "a+b") as lock:
         shared = _acquire(lock, part, t, report, cancel)

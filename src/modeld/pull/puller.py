@@ -132,7 +132,7 @@ def _check_disk(transfers: list[Transfer], models_dir: Path) -> None:
     for t in transfers:
         if t.target.is_file() and t.target.stat().st_size == t.size:
             continue
-        part = t.partial_dir / f"{t.key}.part"
+        part = t.partial
         have = part.stat().st_size if part.is_file() else 0
         need += max(t.size - have, 0)
     if not need:
