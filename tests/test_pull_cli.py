@@ -75,9 +75,10 @@ def test_pull_default_quant_layout_list_json_quiet_and_no_second_download(
     path = models(cli) / "org" / "tiny-GGUF" / Q4
     assert events[-1]["path"] == str(path) and path.read_bytes() == data
     assert visible_files(cli) == [f"org/tiny-GGUF/{Q4}"]
-    listed = cli.json("list")["models"]
-    assert [(m["name"], m["size"]) for m in listed if m["source"] == "models_dir"] == \
-        [("m-Q4_K_M", len(data))]
+    listed = [m for m in cli.json("list")["models"] if m["source"] == "models_dir"]
+    assert [(m["name"], m["size"], m["hub_name"], m["sha256"]) for m in listed] == \
+        [("m-Q4_K_M", len(data), "hf.co/org/tiny-GGUF:Q4_K_M", sha)]
+    assert "hf.co/org/tiny-GGUF:Q4_K_M" in cli.run("list", env_extra={"COLUMNS": "200"}).stdout
     # pulled again: the verified file is there, nothing is downloaded; --quiet prints the path
     sent = hub.sent_bytes("org/tiny-GGUF", Q4)
     out = cli.run("pull", "org/tiny-GGUF:q4_k_m", "--quiet")
