@@ -40,6 +40,8 @@ class Fault:
     error_code: str | None = None  # X-Error-Code with it (GatedRepo, RepoNotFound, …)
     bytes_per_s: float | None = None  # throttle (a slow server)
     token: str | None = None  # gated: 401 GatedRepo unless "Authorization: Bearer <token>"
+    redirect: bool = False  # 302 to a "CDN" path that refuses an Authorization header (as the
+    #                         hub's signed LFS URLs do)
 
 
 @dataclass
@@ -108,13 +110,14 @@ class FakeHub:
         with self.lock:
             return self.sent.get(f"{repo_id}/{path}", 0)
 
-    def downloads(self, repo_id: str, path: str) -> list[str | None]:
-        """The Range header of each GET of the file (None: the whole file)."""
+    def downloads(self, repo_id: str, path: str, cdn: bool = False) -> list[str | None]:
+        """The Range header of each GET of the file (None: the whole file), at the hub's
+        ``resolve`` URL or, with ``cdn``, at the URL a redirect points to."""
         org, repo = repo_id.split("/")
+        start = f"/cdn/{org}/{repo}/" if cdn else f"/{org}/{repo}/resolve/"
         with self.lock:
             return [r for m, p, r in self.requests
-                    if m == "GET" and p.startswith(f"/{org}/{repo}/resolve/")
-                    and p.endswith("/" + path)]  # fmt: skip
+                    if m == "GET" and p.startswith(start) and p.endswith("/" + path)]
 
     def __enter__(self) -> FakeHub:
         self.thread.start()
@@ -144,6 +147,15 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 hub.requests.append((self.command, path, self.headers.get("Range")))
                 hub.auth_seen.append(self.headers.get("Authorization"))
             parts = path.strip("/").split("/")
+            if parts[0] == "cdn" and len(parts) >= 4:  # /cdn/ORG/REPO/PATH
+                repo = hub.repos.get(f"{parts[1]}/{parts[2]}")
+                name = "/".join(parts[3:])
+                if repo is None or name not in repo.files:
+                    return self._status(404, None)
+                if self.headers.get("Authorization"):
+                    return self._status(400, None, "Only one auth mechanism allowed")
+                return self._file(f"{parts[1]}/{parts[2]}/{name}", repo.files[name], head,
+                                  cdn=True)  # fmt: skip
             if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] == "tree":
                 return self._tree(f"{parts[2]}/{parts[3]}")
             if len(parts) >= 5 and parts[2] == "resolve":
@@ -189,10 +201,17 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(body)
 
-        def _file(self, name: str, f: HubFile, head: bool) -> None:
+        def _file(self, name: str, f: HubFile, head: bool, cdn: bool = False) -> None:
             fault = f.fault
-            if fault.token and self.headers.get("Authorization") != f"Bearer {fault.token}":
+            if not cdn and fault.token and \
+                    self.headers.get("Authorization") != f"Bearer {fault.token}":
                 return self._status(401, "GatedRepo", "Access to this model is restricted")
+            if not cdn and fault.redirect:
+                self.send_response(302)
+                self.send_header("Location", f"/cdn/{name}?X-Amz-Signature=fake")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if fault.status:
                 return self._status(fault.status, fault.error_code, "Access to this model is "
                                     "restricted" if fault.status in (401, 403) else "")

@@ -105,10 +105,12 @@ def test_pull_says_which_quant_it_took_and_fetches_every_shard(cli: CliEnv,
 def test_a_dropped_connection_resumes_without_refetching(cli: CliEnv, hub: FakeHub,
                                                         tiny_model: Path) -> None:
     data = tiny_model.read_bytes()
-    hub.add("org/r", {Q4: HubFile(data=data, fault=Fault(drop_after=len(data) // 2))})
+    fault = Fault(drop_after=len(data) // 2, redirect=True)  # the Range survives the 302
+    hub.add("org/r", {Q4: HubFile(data=data, fault=fault)})
     out = cli.run("pull", "org/r:Q4_K_M", "--json")
     assert out.returncode == 0, out.stderr
-    assert hub.downloads("org/r", Q4) == [None, f"bytes={len(data) // 2}-"]
+    ranges = [None, f"bytes={len(data) // 2}-"]
+    assert hub.downloads("org/r", Q4) == hub.downloads("org/r", Q4, cdn=True) == ranges
     assert hub.sent_bytes("org/r", Q4) <= 1.1 * len(data)
     assert (models(cli) / "org" / "r" / Q4).read_bytes() == data
 
@@ -314,13 +316,17 @@ def test_pull_prints_a_progress_bar_on_a_terminal(cli: CliEnv, hub: FakeHub) -> 
 
 
 def test_a_gated_model_downloads_with_hf_token(cli: CliEnv, hub: FakeHub) -> None:
-    hub.add("org/gated", {Q4: HubFile(data=b"g" * 5000, fault=Fault(token="hf_secret"))})
+    """The token goes to the hub, never to the CDN its redirect points at (signed URLs refuse
+    a second credential)."""
+    fault = Fault(token="hf_secret", redirect=True)
+    hub.add("org/gated", {Q4: HubFile(data=b"g" * 5000, fault=fault)})
     out = cli.run("pull", "org/gated")
     assert out.returncode == ExitCode.UNAUTHORIZED and "set HF_TOKEN" in out.stderr
     out = cli.run("pull", "org/gated", "--quiet", env_extra={"HF_TOKEN": "hf_secret"})
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).read_bytes() == b"g" * 5000
     assert "Bearer hf_secret" in hub.auth_seen
+    assert hub.sent_bytes("org/gated", Q4) == 5000  # served by the CDN path, after the 302
 
 
 def test_huggingface_hub_own_download_checks_only_the_size(hub: FakeHub, tmp_path: Path,
