@@ -345,3 +345,15 @@ def test_huggingface_hub_own_download_checks_only_the_size(hub: FakeHub, tmp_pat
     bad = Path(hf_hub_download("org/r", "m-Q8_0.gguf", endpoint=hub.url, cache_dir=tmp_path,
                                token=False))
     assert bad.read_bytes() != other and bad.stat().st_size == len(other)  # accepted anyway
+
+
+def test_a_file_without_lfs_is_checked_against_its_git_blob_id(cli: CliEnv,
+                                                               hub: FakeHub) -> None:
+    data = b"small gguf" * 100
+    hub.add("org/git", {Q4: HubFile(data=data, lfs=False)})
+    hub.add("org/gitbad", {Q4: HubFile(data=data, lfs=False, fault=Fault(flip_byte_at=5))})
+    out = cli.run("pull", "org/git", "--quiet")
+    assert out.returncode == 0 and Path(out.stdout.strip()).read_bytes() == data
+    out = cli.run("pull", "org/gitbad")
+    assert out.returncode == ExitCode.VERIFICATION_FAILED and "git blob id" in out.stderr
+    assert hub.file("org/gitbad", Q4).git_oid in out.stderr
