@@ -40,6 +40,7 @@ class Fault:
     error_code: str | None = None  # X-Error-Code with it (GatedRepo, RepoNotFound, …)
     bytes_per_s: float | None = None  # throttle (a slow server)
     token: str | None = None  # gated: 401 GatedRepo unless "Authorization: Bearer <token>"
+    ignore_range: bool = False  # answer 200 with the whole file even when asked for a range
     redirect: bool = False  # 302 to a "CDN" path that refuses an Authorization header (as the
     #                         hub's signed LFS URLs do)
 
@@ -216,7 +217,7 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                 return self._status(fault.status, fault.error_code, "Access to this model is "
                                     "restricted" if fault.status in (401, 403) else "")
             start, end = 0, f.size
-            rng = self.headers.get("Range")
+            rng = None if fault.ignore_range else self.headers.get("Range")
             if rng and rng.startswith("bytes="):
                 first, _, last = rng[6:].partition("-")
                 start = int(first or 0)

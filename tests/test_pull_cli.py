@@ -115,6 +115,18 @@ def test_a_dropped_connection_resumes_without_refetching(cli: CliEnv, hub: FakeH
     assert (models(cli) / "org" / "r" / Q4).read_bytes() == data
 
 
+def test_a_server_that_ignores_range_gets_the_whole_file_again(cli: CliEnv,
+                                                               hub: FakeHub) -> None:
+    data = bytes(range(241)) * 1000
+    fault = Fault(drop_after=len(data) // 2, ignore_range=True)
+    hub.add("org/r", {Q4: HubFile(data=data, fault=fault)})
+    out = cli.run("pull", "org/r", "--quiet")
+    assert out.returncode == 0, out.stderr
+    assert hub.downloads("org/r", Q4) == [None, f"bytes={len(data) // 2}-"]
+    assert hub.sent_bytes("org/r", Q4) == len(data) // 2 + len(data)  # a 200: from byte 0
+    assert Path(out.stdout.strip()).read_bytes() == data
+
+
 def test_a_corrupted_byte_fails_verification_and_leaves_no_file(cli: CliEnv,
                                                                hub: FakeHub) -> None:
     data = bytes(range(256)) * 1000

@@ -297,8 +297,10 @@ def _attempt(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressF
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retryable(_reason(exc)) from exc
     with resp:
-        if state.done and resp.status != 206:
-            state.restart(f, t)  # the server ignored Range: take the whole body
+        if state.done and (resp.status != 206 or not _range_starts_at(resp, state.done)):
+            state.restart(f, t)  # the server ignored Range (or sent another): the whole body
+            if resp.status == 206:
+                raise _Retryable("the server answered another range than asked")
         last = 0.0
         # Plain (not chunked) bodies are read straight into a ring of reused buffers: a fresh
         # 1 MiB object per read costs page faults that cost as much as the hash. readinto1:
@@ -328,6 +330,13 @@ def _attempt(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressF
                 last = now
                 report("downloading", state.done, t.size)
                 _check_cancel(cancel)
+
+
+def _range_starts_at(resp: http.client.HTTPResponse, offset: int) -> bool:
+    """A 206's ``Content-Range: bytes START-END/TOTAL`` starts where the partial file ends."""
+    value = resp.headers.get("Content-Range", "")
+    start = value.removeprefix("bytes ").split("-", 1)[0].strip()
+    return start.isdigit() and int(start) == offset
 
 
 def _write(f: io.BufferedRandom, data: memoryview, t: Transfer) -> None:
