@@ -24,7 +24,7 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency", "http_api", "chaos", "parallel")  # fmt: skip
+         "cli_startup", "concurrency", "http_api", "chaos", "parallel", "pull")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -331,9 +331,23 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _pull(doc: dict[str, Any]) -> list[str]:
+    def row(label: str, a: str, b: str, ratio: Any) -> str:
+        return (f"| {label} | {_f(_med(doc[a]), 0)} ({_f(doc[a].get('min'), 0)}-"
+                f"{_f(doc[a].get('max'), 0)}) | {_f(_med(doc[b]), 0)} ({_f(doc[b].get('min'), 0)}"
+                f"-{_f(doc[b].get('max'), 0)}) | {_f(ratio)} |")
+
+    return ["| MiB/s, median (min-max) | `modeld pull` | `curl -o` | modeld / curl |",
+            "|---|---:|---:|---:|",
+            row("transfer", "modeld_mib_s", "curl_mib_s", doc.get("ratio")),
+            row("whole command", "modeld_wall_mib_s", "curl_wall_mib_s", doc.get("wall_ratio")),
+            f"| CPU s per GiB (whole command) | {_f(_med(doc.get('modeld_cpu_s_per_gib', {})), 2)}"
+            f" | {_f(_med(doc.get('curl_cpu_s_per_gib', {})), 2)} | |"]
+
+
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
-           "chaos": _chaos, "http_api": _http, "parallel": _parallel}
+           "chaos": _chaos, "http_api": _http, "parallel": _parallel, "pull": _pull}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

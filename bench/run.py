@@ -7,7 +7,8 @@
 
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
-http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py).
+http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py),
+pull (modeld pull against curl from a loopback fake hub).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "parallel")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "parallel", "pull")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -102,6 +103,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
     if "parallel" in names:  # its own daemons beside llama-server (bench/peer.py builds it)
         _record(ctx, "parallel", b_parallel.parallel_bench)
+    if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
+        import b_pull
+
+        _record(ctx, "pull", b_pull.pull_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

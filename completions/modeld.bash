@@ -49,7 +49,7 @@ _modeld_spec() {
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --json --verbose -v --help -h"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --json --verbose -v --no-pull --help -h"
             value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx"
             positional=(model none)
             ;;
@@ -66,7 +66,7 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --help -h"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --help -h"
             value_opts="--ctx --keep-alive --parallel"
             positional=(model)
             ;;
@@ -94,6 +94,16 @@ _modeld_spec() {
             opts="--json --help -h"
             value_opts=""
             positional=()
+            ;;
+        "pull")
+            opts="--json --quiet -q --help -h"
+            value_opts=""
+            positional=(model)
+            ;;
+        "rm")
+            opts="--force -f --json --help -h"
+            value_opts=""
+            positional=(model)
             ;;
         "config")
             opts="--json --help -h"
@@ -152,7 +162,7 @@ _modeld() {
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     elif [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list config" -- "$cur"))
+        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config" -- "$cur"))
     else
         hint=""
         if ((${#positional[@]})); then

@@ -23,7 +23,7 @@ import b_trace  # noqa: E402
 import harness  # noqa: E402
 
 NAMES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup", "concurrency",
-         "footprint", "trace")  # fmt: skip
+         "footprint", "trace", "pull")  # fmt: skip
 
 
 def test_belady_and_lru_on_known_sequences() -> None:
@@ -82,6 +82,8 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
             assert len(docs[name]["samples"][side]) == docs[name]["rounds"], (name, side)
             assert all(x > 0 for x in docs[name]["samples"][side])
     assert docs["streaming"]["tokens"]["modeld"]["median"] > 1
+    for side in ("modeld_mib_s", "curl_mib_s"):  # pull: both sides fetched the file
+        assert docs["pull"][side]["n"] == docs["pull"]["rounds"] and docs["pull"][side]["min"] > 0
     assert docs["prefix_reuse"]["second_reused_tokens"]["median"] > 0
     assert docs["cli_startup"]["help_identical_to_typer"] is True
     conc = docs["concurrency"]

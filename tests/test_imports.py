@@ -18,6 +18,7 @@ PURE_MODULES = [
     "modeld.cache.policy",
     "modeld.config",
     "modeld.registry",
+    "modeld.pull.names",
     "modeld.runner.protocol",
     "modeld.runner.specs",
     "modeld.replies",

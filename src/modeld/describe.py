@@ -172,8 +172,14 @@ def list_models(settings: Settings) -> dict[str, Any]:
 
     rows: list[dict[str, Any]] = []
     listed_default = registry.listed_default()
+    from modeld.pull.store import tag_of
+
     for listed in registry.list_models(settings):
         row = listed.to_dict()
+        hub_name, digest = tag_of(str(listed.path), listed.name)  # pulled: how, and its hash
+        pulled = listed.source == "models_dir" and digest is not None
+        row.update(hub_name=hub_name if pulled else None,
+                   sha256=digest if pulled else None)  # fmt: skip
         try:
             info = gguf.read_model_info(listed.path)
             row.update(architecture=info.architecture, quantization=info.quantization)

@@ -24,6 +24,10 @@ class ErrorCode(StrEnum):
     CONTEXT_EXCEEDED = "context_exceeded"
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"
+    UNAUTHORIZED = "unauthorized"
+    NETWORK = "network"
+    DISK_FULL = "disk_full"
+    VERIFICATION_FAILED = "verification_failed"
 
 
 class ExitCode(IntEnum):
@@ -39,6 +43,10 @@ class ExitCode(IntEnum):
     RUNNER_CRASHED = 7
     TIMEOUT = 8
     CONTEXT_EXCEEDED = 9
+    UNAUTHORIZED = 10
+    NETWORK = 11
+    DISK_FULL = 12
+    VERIFICATION_FAILED = 13
     INTERRUPTED = 130
 
 
@@ -126,6 +134,34 @@ class DaemonUnavailableError(ModeldError):
     exit_code = ExitCode.DAEMON_UNAVAILABLE
 
 
+class UnauthorizedError(ModeldError):
+    """The hub refused the download: a gated or private repository, or a bad token."""
+
+    code = ErrorCode.UNAUTHORIZED
+    exit_code = ExitCode.UNAUTHORIZED
+
+
+class NetworkError(ModeldError):
+    """The hub could not be reached, the connection kept failing, or offline mode is on."""
+
+    code = ErrorCode.NETWORK
+    exit_code = ExitCode.NETWORK
+
+
+class DiskFullError(ModeldError):
+    """Not enough free disk for a download (checked first, or hit while writing)."""
+
+    code = ErrorCode.DISK_FULL
+    exit_code = ExitCode.DISK_FULL
+
+
+class VerificationError(ModeldError):
+    """A downloaded file's SHA-256 is not the one the hub published; the file was deleted."""
+
+    code = ErrorCode.VERIFICATION_FAILED
+    exit_code = ExitCode.VERIFICATION_FAILED
+
+
 _BY_CODE: dict[str, type[ModeldError]] = {
     cls.code.value: cls
     for cls in (
@@ -140,6 +176,10 @@ _BY_CODE: dict[str, type[ModeldError]] = {
         ProtocolMismatchError,
         RequestTimeoutError,
         DaemonUnavailableError,
+        UnauthorizedError,
+        NetworkError,
+        DiskFullError,
+        VerificationError,
     )
 }
 

@@ -76,12 +76,43 @@ def normalize_ref(ref: str | None, cwd: str | os.PathLike[str] | None = None) ->
     if ref is None or not ref.strip() or not looks_like_path(ref.strip()):
         return ref
     text = ref.strip()
+    if is_hub_name(text, cwd):
+        return text  # hf.co/ORG/REPO:QUANT: looked up in the models dir (modeld.pull.store)
     path = Path(text).expanduser()
     if not path.is_absolute():
         path = (Path(os.fspath(cwd)) if cwd is not None else Path.cwd()) / path
         if _is_bare(text) and not path.exists():
             return text
     return os.path.normpath(path)
+
+
+def is_hub_name(ref: str, cwd: str | os.PathLike[str] | None = None) -> bool:
+    """``hf.co/ORG/REPO[:QUANT]`` or ``ORG/REPO:QUANT`` that is not an existing path: a model
+    pulled from a hub (``modeld pull``), not a file name. Cheap: no import unless it may be."""
+    if not (ref.lower().startswith(("hf.co/", "huggingface.co/", "https://"))
+            or (":" in ref and "/" in ref)):  # fmt: skip
+        return False
+    base = Path(os.fspath(cwd)) if cwd is not None else Path.cwd()
+    if (base / Path(ref).expanduser()).exists():
+        return False
+    from modeld.pull.names import parse_or_none
+
+    return parse_or_none(ref, strict=True) is not None
+
+
+def _pulled(ref: str, models_dir: Path) -> ResolvedModel:
+    """A hub name → its pulled file, or ModelNotFoundError saying how to pull it."""
+    from modeld.pull.store import local_model
+
+    path = local_model(ref, models_dir)
+    if path is None:
+        raise ModelNotFoundError(
+            f"model {ref!r} has not been pulled into {models_dir}",
+            hint=f"modeld pull {ref} (modeld run and load pull it themselves unless "
+            "--no-pull or MODELD_NO_PULL is set)",
+            details={"name": ref, "models_dir": str(models_dir), "pullable": True},
+        )
+    return ResolvedModel(path=path.resolve(), name=model_stem(path), source="models_dir")
 
 
 def _is_bare(ref: str) -> bool:
@@ -216,6 +247,8 @@ def resolve(ref: str | None, settings: Settings) -> ResolvedModel:
     ref = ref.strip()
     models_dir = Path(settings.models_dir).expanduser()
     list_hint = f"`modeld list` shows the models in {models_dir} and the configured aliases"
+    if is_hub_name(ref):
+        return _pulled(ref, models_dir)
     if looks_like_path(ref):
         path = Path(ref).expanduser().absolute()
         if _is_bare(ref) and not path.exists():  # "name.gguf" typed outside the models dir

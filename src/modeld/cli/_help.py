@@ -24,5 +24,7 @@ HELP = (
     '  stats   Cache statistics: hits, loads, evictions, memory, estimate...\n'
     '  show    Model metadata, the context it would get now and why, and its...\n'
     '  list    GGUF models in the models directory, aliases, and the built-in...\n'
+    '  pull    Download a GGUF model from Hugging Face (resumable, SHA-256...\n'
+    '  rm      Delete a model (all its shards) from the models directory.\n'
     '  config  The effective settings and where each one came from.\n'
 )

@@ -41,6 +41,10 @@ KeepAliveOpt = Annotated[
     typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
 ]
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
+NoPullOpt = Annotated[
+    bool,
+    typer.Option("--no-pull", help="Never pull a missing hf.co/… model (MODELD_NO_PULL=1)."),
+]
 
 
 def _version_callback(value: bool) -> None:
@@ -202,11 +206,14 @@ def run(
         "--think/--no-think", help="The model's thinking on or off (models that think).")] = None,
     json_out: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
+    no_pull: NoPullOpt = False,
 ) -> None:
     """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
+    from modeld.cli.pullcmd import ensure_pulled
     from modeld.cli.runcmd import RunOptions, run_command
 
     settings = _settings()
+    ensure_pulled(settings, model, no_pull=no_pull)
     opts = RunOptions(
         system=system,
         max_tokens=max_tokens,
@@ -315,11 +322,14 @@ def load(
         ),
     ] = None,
     json_out: JsonOpt = False,
+    no_pull: NoPullOpt = False,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
     from modeld.cli import render, views
+    from modeld.cli.pullcmd import ensure_pulled
 
     settings = _settings()
+    ensure_pulled(settings, model, no_pull=no_pull)
     client = _client(settings, autostart=True)
     with render.status(f"loading {model or 'the default model'}"):
         row = client.load(
@@ -414,6 +424,39 @@ def list_(json_out: JsonOpt = False) -> None:
     from modeld.describe import list_models
 
     render.emit("list", list_models(_settings()), as_json=json_out, text=views.list_view)
+
+
+@app.command()
+def pull(
+    model: Annotated[
+        str, typer.Argument(help="hf.co/ORG/REPO[:QUANT], ORG/REPO:QUANT or ORG/REPO/FILE.gguf.")
+    ],
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON line per event (for scripts).")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only the model file's path.")
+    ] = False,
+) -> None:
+    """Download a GGUF model from Hugging Face (resumable, SHA-256 verified); default Q4_K_M."""
+    from modeld.cli.pullcmd import pull_command
+
+    pull_command(_settings(), model, json_out=json_out, quiet=quiet)
+
+
+@app.command()
+def rm(
+    model: Annotated[str, typer.Argument(help="A model in the models dir (name or hf.co/… name).")],
+    force: Annotated[
+        bool, typer.Option("--force", "-f", help="Unload it first if it is loaded.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Delete a model (all its shards) from the models directory."""
+    from modeld.cli.pullcmd import rm_command
+
+    settings = _settings()
+    rm_command(settings, model, force=force, json_out=json_out, connect=lambda: _client(settings))
 
 
 @app.command()

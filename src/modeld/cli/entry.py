@@ -134,9 +134,14 @@ def _parse(
 
 
 def _model_ref(model: str | None) -> str | None:
-    """cli._model_ref: ``default`` is the built-in model; paths become absolute."""
+    """cli._model_ref: ``default`` is the built-in model; paths become absolute. A hub name
+    (``hf.co/…``, ``ORG/REPO:QUANT``) goes to the full CLI, which pulls it if it is missing."""
     if model in (None, "", "default"):
         return None
+    if model.strip().lower().startswith(("hf.co/", "huggingface.co/", "https://")) or (
+        ":" in model and "/" in model
+    ):
+        raise _Fallthrough
     if model.strip().startswith("/"):  # what normalize_ref does with it, without its imports
         return os.path.normpath(model.strip())
     from modeld.registry import normalize_ref
@@ -260,10 +265,11 @@ def _load(args: list[str]) -> None:
     if len(pos) > 1:
         raise _Fallthrough
     model = pos[0] if pos else None
+    ref = _model_ref(model)  # before the session: a hub name falls through here
     session = Session()
     rid = session.send(
         "load",
-        model=_model_ref(model),
+        model=ref,
         mode="embed" if o.get("--embed") else "rerank" if o.get("--rerank") else None,
         n_ctx=o.get("--ctx"),
         keep_alive=o.get("--keep-alive"),

@@ -175,7 +175,7 @@ def list_view(data: dict[str, Any]) -> list[Any]:
     rows = [
         (
             f"{m.get('name')} ({m.get('target')})" if m.get("source") == "default" else
-            str(m.get("name")),
+            str(m.get("hub_name") or m.get("name")),  # a pulled model: hf.co/ORG/REPO:QUANT
             fmt_bytes(m.get("size")),
             str(m.get("architecture") or "-"),
             str(m.get("quantization") or "-"),

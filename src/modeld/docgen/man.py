@@ -43,6 +43,10 @@ EXIT_MEANINGS = {
     "RUNNER_CRASHED": "The process running the model died.",
     "TIMEOUT": "A request timed out.",
     "CONTEXT_EXCEEDED": "The prompt is longer than any context the model can get; shorten it.",
+    "UNAUTHORIZED": "The hub refused the download (gated or private model): set HF_TOKEN.",
+    "NETWORK": "The hub could not be reached or kept failing, or HF_HUB_OFFLINE is set.",
+    "DISK_FULL": "Not enough free disk for the download (checked first, or hit while writing).",
+    "VERIFICATION_FAILED": "The downloaded file's SHA-256 is not the hub's; it was deleted.",
     "INTERRUPTED": "Interrupted (Ctrl-C).",
 }
 
@@ -93,6 +97,13 @@ OTHER_ENV = (
         "When 1, true or yes, commands never start a daemon in the background.",
     ),
     ("MODELD_NO_SPINNER", "When set, no progress spinner is drawn on a terminal."),
+    (
+        "MODELD_NO_PULL",
+        "When 1, true or yes, run and load never pull a missing hf.co/ model (as --no-pull).",
+    ),
+    ("HF_ENDPOINT", "The Hugging Face hub modeld pull uses (a mirror); default huggingface.co."),
+    ("HF_TOKEN", "Access token for gated or private models on the hub."),
+    ("HF_HUB_OFFLINE", "When 1, modeld pull refuses to download (offline)."),
     ("NO_COLOR", "When set, output is not coloured."),
 )
 
@@ -148,6 +159,8 @@ EXAMPLES = (
         "Load a model with a 16k context and keep it for an hour after its last use.",
     ),
     ("modeld show model.gguf --json", "Metadata, the context it would get, estimated memory."),
+    ("modeld pull hf.co/unsloth/gemma-3-270m-it-GGUF:Q8_0", "Download a model from Hugging "
+     "Face (resumable, SHA-256 verified); then modeld run it by that name."),
     ("modeld ps", "Loaded models: memory, context, requests, time left."),
     ("modeld unload --all", "Unload every model."),
     ("modeld stop", "Stop the daemon."),

@@ -18,6 +18,7 @@ from modeld.http.disconnect import Watch
 from modeld.http.metrics import Metrics
 from modeld.http.ollama import OllamaAPI
 from modeld.http.openai import OpenAIAPI
+from modeld.http.pull import PullAPI
 from modeld.http.security import Guard
 
 log = logging.getLogger("modeld.http")
@@ -51,6 +52,7 @@ def build(settings: Settings, bridge: Bridge) -> Any:
     """The whole front door as one ASGI callable."""
     metrics = Metrics(bridge)
     routes = [*OllamaAPI(bridge, settings).routes(), *OpenAIAPI(bridge, settings).routes(),
+              *PullAPI(bridge, settings).routes(),
               Route("/metrics", metrics.endpoint, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={
         404: _not_found, ModeldError: _modeld_error, Exception: _internal})

@@ -332,10 +332,12 @@ def _details(src: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tag(m: dict[str, Any]) -> dict[str, Any]:
-    name = str(m.get("name"))
+    from modeld.pull.store import tag_of  # a pulled model: its hub name and real SHA-256
+
+    name, digest = tag_of(str(m.get("path")), str(m.get("name")))
     modified = 0.0
     with contextlib.suppress(OSError):
         modified = os.stat(str(m.get("path"))).st_mtime
     return {"name": name, "model": name, "modified_at": iso_time(modified),
-            "size": int(m.get("size") or 0), "digest": _digest(str(m.get("path"))),
+            "size": int(m.get("size") or 0), "digest": digest or _digest(str(m.get("path"))),
             "details": _details(m)}
