@@ -37,6 +37,10 @@ SKIP: dict[str, str] = {
     "scripts/test.sh": "runs this whole test suite",
     "modeld serve": "the daemon in the foreground; the replay runs one in the background",
     "modeld run qwen  ": "no prompt on a terminal: an interactive chat (needs a TTY)",
+    "modeld pull ": "needs the hub: tests/test_pull_readme.py replays it against a fake hub",
+    "path=$(modeld pull": "needs the hub: tests/test_pull_readme.py replays it",
+    "modeld run hf.co/": "pulls from the hub: tests/test_pull_readme.py replays it",
+    "modeld rm hf.co/": "removes a pulled model: tests/test_pull_readme.py replays it",
 }
 
 
