@@ -24,7 +24,8 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency", "http_api", "chaos", "parallel", "pull")  # fmt: skip
+         "cli_startup", "concurrency", "http_api", "structured", "chaos", "parallel",
+         "pull")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -270,6 +271,22 @@ def _http(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _structured(doc: dict[str, Any]) -> list[str]:
+    tokens = doc.get("tokens", {})
+    return [
+        "| decode tokens/s, median | modeld, JSON Schema | modeld, free text | "
+        "llama-server --jinja, JSON Schema |",
+        "|---|---:|---:|---:|",
+        f"| tokens/s | {_f(_med(doc['schema_tokens_per_s']), 1)} | "
+        f"{_f(_med(doc['free_tokens_per_s']), 1)} | {_f(_med(doc['router_tokens_per_s']), 1)} |",
+        f"| reply tokens, median | {_f(_med(tokens.get('schema', {})), 0)} | "
+        f"{_f(_med(tokens.get('free', {})), 0)} | {_f(_med(tokens.get('router', {})), 0)} |",
+        "",
+        f"Constrained / free: {_f(doc.get('constrained_over_free'))}; modeld / llama-server: "
+        f"{_f(doc.get('ratio'))}. Peer: {doc.get('peer_command')}.",
+    ]
+
+
 def _chaos(doc: dict[str, Any]) -> list[str]:
     faults = ", ".join(f"{k} {v}" for k, v in sorted(doc.get("faults", {}).items())) or "none"
     leaked = doc.get("leaked", {})
@@ -347,7 +364,8 @@ def _pull(doc: dict[str, Any]) -> list[str]:
 
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
-           "chaos": _chaos, "http_api": _http, "parallel": _parallel, "pull": _pull}
+           "chaos": _chaos, "http_api": _http, "structured": _structured,
+           "parallel": _parallel, "pull": _pull}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -27,7 +27,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "parallel", "pull")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "parallel", "pull")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -96,6 +96,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_http
 
         _record(ctx, "http_api", b_http.http_api)
+    if "structured" in names and not ctx.smoke:  # beside llama-server --jinja (bench/peer.py)
+        import b_structured
+
+        _record(ctx, "structured", b_structured.structured)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
