@@ -268,3 +268,32 @@ def test_readme_structured_output_examples(served: Served) -> None:
                 json.loads(msg["content"])
         else:
             json.loads(doc["message"]["content"])
+
+
+def test_constrained_replies_hold_batched_and_from_the_prompt_cache(served: Served) -> None:
+    """A grammar per sequence: four sampled constrained requests decoded together each
+    validate; a greedy one repeated is an exact prompt-cache hit (its first token sampled from
+    the stored logits row) and gives the same valid reply."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = served.d.client()
+    msgs = [{"role": "user", "content": "Name a big city and its population, in JSON."}]
+
+    def one(seed: int) -> tuple[str, dict[str, Any]]:
+        c = served.d.client()
+        gen = c.chat(None, msgs, format=CITY, temperature=0.9, seed=seed, max_tokens=80)
+        text = gen.text()
+        return text, dict(gen.done or {})
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(4)))
+    for text, done in results:
+        jsonschema.validate(json.loads(text), CITY)
+    assert max(int(d["timings"]["batched_max"]) for _, d in results) > 1  # really together
+    first = client.chat(None, msgs, format=CITY, temperature=0, max_tokens=80)
+    a = first.text()
+    second = client.chat(None, msgs, format=CITY, temperature=0, max_tokens=80)
+    b = second.text()
+    assert a == b and json.loads(a)
+    done = second.done or {}
+    assert done["usage"]["prompt_tokens_reused"] == done["usage"]["prompt_tokens"]
