@@ -287,7 +287,7 @@ def test_constrained_replies_hold_batched_and_from_the_prompt_cache(served: Serv
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, range(4)))
-    for text, done in results:
+    for text, _ in results:
         jsonschema.validate(json.loads(text), CITY)
     assert max(int(d["timings"]["batched_max"]) for _, d in results) > 1  # really together
     first = client.chat(None, msgs, format=CITY, temperature=0, max_tokens=80)
