@@ -15,7 +15,17 @@ from typing import Any
 
 import peer
 from b_daemon import STORY, InProc
-from harness import Context, MiB, daemon, free_port, interleave, smaps_rollup, summary, target
+from harness import (
+    Context,
+    MiB,
+    daemon,
+    free_port,
+    interleave,
+    smaps_rollup,
+    sse_rate,
+    summary,
+    target,
+)
 
 
 def _post(port: int, path: str, body: dict[str, Any]) -> http.client.HTTPResponse:
@@ -42,21 +52,8 @@ def _stream_rate(port: int, model: str, max_tokens: int) -> tuple[float, int]:
     resp = _post(port, "/v1/completions", {
         "model": model, "prompt": STORY, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True}})
-    t_first = t_last = None
-    tokens = 0
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        doc = json.loads(line[6:])
-        if doc.get("usage"):
-            tokens = int(doc["usage"]["completion_tokens"])
-        if doc.get("choices") and doc["choices"][0].get("text"):
-            now = time.perf_counter()
-            t_first = now if t_first is None else t_first
-            t_last = now
-    assert t_first is not None and t_last is not None and tokens > 1
-    return (tokens - 1) / (t_last - t_first), tokens
+    rate, tokens, _ = sse_rate(resp, lambda choice: choice.get("text"))
+    return rate, tokens
 
 
 def http_api(ctx: Context, max_tokens: int = 128) -> dict[str, Any]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from typing import Any
 
 import peer
-from harness import Context, daemon, free_port, interleave, summary, target
+from harness import Context, daemon, free_port, interleave, sse_rate, summary, target
 
 #: A reply of a few hundred tokens whose length the schema bounds (strings of at most 24
 #: characters, exactly 8 items), so both servers write the same shape.
@@ -47,26 +46,10 @@ def _rate(port: int, model: str, content: str, schema: dict[str, Any] | None,
     resp = conn.getresponse()
     if resp.status != 200:
         raise RuntimeError(f"port {port}: {resp.status} {resp.read()[:300]!r}")
-    t_first = t_last = None
-    tokens = 0
-    text: list[str] = []
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        doc = json.loads(line[6:])
-        if doc.get("usage"):
-            tokens = int(doc["usage"]["completion_tokens"])
-        piece = doc["choices"][0]["delta"].get("content") if doc.get("choices") else None
-        if piece:
-            text.append(piece)
-            now = time.perf_counter()
-            t_first = now if t_first is None else t_first
-            t_last = now
+    rate, tokens, text = sse_rate(resp, lambda choice: choice["delta"].get("content"))
     if schema is not None:
-        json.loads("".join(text))  # the reply parses (a cut one would raise here)
-    assert t_first is not None and t_last is not None and tokens > 1
-    return (tokens - 1) / (t_last - t_first), tokens
+        json.loads(text)  # the reply parses (a cut one would raise here)
+    return rate, tokens
 
 
 def structured(ctx: Context, max_tokens: int = 400) -> dict[str, Any]:

@@ -136,6 +136,31 @@ def interleave(
     return out
 
 
+def sse_rate(resp: Any, piece: Callable[[dict[str, Any]], str | None]
+             ) -> tuple[float, int, str]:
+    """Read an OpenAI server-sent event stream (``stream_options.include_usage`` on): decode
+    tokens/s from the first piece to the last, the completion tokens, and the whole text;
+    ``piece`` takes a chunk's first choice to its text."""
+    t_first = t_last = None
+    tokens = 0
+    text: list[str] = []
+    for raw in resp:
+        line = raw.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        doc = json.loads(line[6:])
+        if doc.get("usage"):
+            tokens = int(doc["usage"]["completion_tokens"])
+        got = piece(doc["choices"][0]) if doc.get("choices") else None
+        if got:
+            text.append(got)
+            now = time.perf_counter()
+            t_first = now if t_first is None else t_first
+            t_last = now
+    assert t_first is not None and t_last is not None and tokens > 1
+    return (tokens - 1) / (t_last - t_first), tokens, "".join(text)
+
+
 def target(name: str, value: float | None, limit: float, op: str) -> dict[str, Any]:
     """A target line for the report: ``value op limit`` (op is "<=" or ">=")."""
     met = value is not None and (value <= limit if op == "<=" else value >= limit)

@@ -132,18 +132,9 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
         if content is None and role != "assistant":
             raise _bad(f"{where}.content is required for a {role} message")
         msg: dict[str, Any] = {"role": role, "content": _openai_content(content, where)}
-        calls = m.get("tool_calls")
-        if calls:
-            msg["tool_calls"] = []
-            for j, c in enumerate(_list(calls, f"{where}.tool_calls")):
-                fn = c.get("function") if isinstance(c, dict) else None
-                if not isinstance(fn, dict):
-                    raise _bad(f"{where}.tool_calls[{j}] needs a 'function'")
-                call = {"name": fn.get("name"), "arguments": fn.get("arguments") or "{}"}
-                if isinstance(c.get("id"), str):
-                    call["id"] = c["id"]
-                    names[c["id"]] = str(fn.get("name"))
-                msg["tool_calls"].append(call)
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _calls(m["tool_calls"], where)
+            names.update({c["id"]: str(c["name"]) for c in msg["tool_calls"] if "id" in c})
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
@@ -155,6 +146,21 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
         if isinstance(thinking, str) and thinking:
             msg["thinking"] = thinking
         out.append(msg)
+    return out
+
+
+def _calls(raw: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` (``[{id?, function: {name, arguments}}]`` in
+    both APIs; arguments JSON text in OpenAI's, an object in Ollama's) in the wire form."""
+    out: list[dict[str, Any]] = []
+    for j, c in enumerate(_list(raw, f"{where}.tool_calls")):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict):
+            raise _bad(f"{where}.tool_calls[{j}] needs a 'function'")
+        call = {"name": fn.get("name"), "arguments": fn.get("arguments") or {}}
+        if isinstance(c.get("id"), str):
+            call["id"] = c["id"]
+        out.append(call)
     return out
 
 
@@ -243,15 +249,8 @@ def ollama_messages(raw: Any) -> list[dict[str, Any]]:
         msg = {k: m[k] for k in ("role", "content", "thinking", "tool_name") if k in m}
         if "tool_name" not in msg and isinstance(m.get("name"), str):
             msg["tool_name"] = m["name"]
-        calls = m.get("tool_calls")
-        if calls:
-            msg["tool_calls"] = []
-            for j, c in enumerate(_list(calls, f"{where}.tool_calls")):
-                fn = c.get("function") if isinstance(c, dict) else None
-                if not isinstance(fn, dict):
-                    raise _bad(f"{where}.tool_calls[{j}] needs a 'function'")
-                msg["tool_calls"].append({"name": fn.get("name"),
-                                          "arguments": fn.get("arguments") or {}})
+        if m.get("tool_calls"):
+            msg["tool_calls"] = _calls(m["tool_calls"], where)
         out.append(msg)
     return out
 
