@@ -154,3 +154,28 @@ def test_the_prompt_carries_tools_calls_and_results() -> None:
     r1 = prompting.build(_spec(), _model("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"),
                          render_template)  # fmt: skip
     assert r1.thinking and r1.thinking_open
+
+
+def test_cli_format_and_thinking_stay_off_stdout(model_factory: Callable[..., Path],
+                                                 tmp_path: Path) -> None:
+    """``modeld run --format SCHEMA.json`` prints a reply that validates (an unreadable schema
+    file is exit 2 naming --format); a thinking model's thinking never reaches stdout, nor
+    ``--json``'s text (on a terminal it is shown dimmed on stderr)."""
+    from cliutil import GREEDY, CliEnv
+
+    r1 = model_factory("llama", **ggufgen.TINY, name="r1",
+                       chat_template=(TEMPLATES / FAMILY_MODELS["r1"]).read_text())
+    schema = tmp_path / "city.json"
+    schema.write_text(json.dumps(PARAMS))
+    with CliEnv.served() as cli:
+        (cli.root / "models" / "r1.gguf").write_bytes(r1.read_bytes())
+        out = cli.run("run", "default", "Weather in Paris as JSON", "--format", str(schema),
+                      *GREEDY, "--max-tokens", "80")
+        assert out.returncode == 0, out.stderr
+        jsonschema.validate(json.loads(out.stdout), PARAMS)
+        bad = cli.run("run", "default", "x", "--format", str(tmp_path / "missing.json"))
+        assert bad.returncode == 2 and "--format" in bad.stderr
+        thinking = cli.json("run", "r1", "Weather?", *GREEDY, "--max-tokens", "12", "--think")
+        assert thinking["text"] == ""  # the whole reply was thinking: R1's prompt opened it
+        plain = cli.run("run", "r1", "Weather?", *GREEDY, "--max-tokens", "12")
+        assert plain.returncode == 0 and plain.stdout.strip() == ""
