@@ -1,4 +1,5 @@
-"""The ASGI application: Ollama's and OpenAI's routes, /metrics, behind the access guard."""
+"""The ASGI application: Ollama's, OpenAI's and Anthropic's routes, /metrics, behind the access
+guard."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from modeld.config import Settings
+from modeld.http.anthropic import AnthropicAPI
 from modeld.http.bridge import Bridge
 from modeld.http.metrics import Metrics
 from modeld.http.ollama import OllamaAPI
@@ -26,6 +28,7 @@ def build(settings: Settings, bridge: Bridge) -> Any:
     """The whole front door as one ASGI callable."""
     metrics = Metrics(bridge)
     routes = [*OllamaAPI(bridge, settings).routes(), *OpenAIAPI(bridge, settings).routes(),
+              *AnthropicAPI(bridge, settings).routes(),
               Route("/metrics", metrics.endpoint, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={404: _not_found})
     known = frozenset(r.path for r in routes)
