@@ -16,6 +16,7 @@ from modeld.http.bridge import Bridge
 from modeld.http.metrics import Metrics
 from modeld.http.ollama import OllamaAPI
 from modeld.http.openai import OpenAIAPI
+from modeld.http.responses import ResponsesAPI
 from modeld.http.security import Guard
 
 
@@ -28,7 +29,7 @@ def build(settings: Settings, bridge: Bridge) -> Any:
     """The whole front door as one ASGI callable."""
     metrics = Metrics(bridge)
     routes = [*OllamaAPI(bridge, settings).routes(), *OpenAIAPI(bridge, settings).routes(),
-              *AnthropicAPI(bridge, settings).routes(),
+              *AnthropicAPI(bridge, settings).routes(), *ResponsesAPI(bridge, settings).routes(),
               Route("/metrics", metrics.endpoint, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={404: _not_found})
     known = frozenset(r.path for r in routes)
