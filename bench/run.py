@@ -7,7 +7,8 @@
 
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
-http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py).
+http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py),
+agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "parallel")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "agent_turns", "parallel")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -95,6 +96,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_http
 
         _record(ctx, "http_api", b_http.http_api)
+    if "agent_turns" in names:  # its own daemon, with the HTTP front door
+        import b_agent
+
+        _record(ctx, "agent_turns", b_agent.agent_turns)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
