@@ -56,7 +56,7 @@ function __modeld_value_opts --description 'options of a command that take a val
             printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel
         case 'stop'
         case 'run'
-            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx
+            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format
         case 'embed'
             printf '%s\n' --keep-alive
         case 'rerank'
@@ -70,6 +70,8 @@ function __modeld_value_opts --description 'options of a command that take a val
             printf '%s\n' --ctx
         case 'list'
         case 'config'
+        case 'launch'
+            printf '%s\n' --model -m
     end
 end
 
@@ -86,6 +88,7 @@ complete -c modeld -n '__fish_use_subcommand' -a stats -d 'Cache statistics: hit
 complete -c modeld -n '__fish_use_subcommand' -a show -d 'Model metadata, the context it would get now and why, and its estimated memory.'
 complete -c modeld -n '__fish_use_subcommand' -a list -d 'GGUF models in the models directory, aliases, and the built-in default model.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
+complete -c modeld -n '__fish_use_subcommand' -a launch -d 'Point Claude Code or Codex at this daemon: print the environment, or run the agent.'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
 complete -c modeld -n '__fish_use_subcommand' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is serve' -l socket -x -d 'ZeroMQ endpoint to bind (ipc://… or tcp://…).'
@@ -112,6 +115,8 @@ complete -c modeld -n '__modeld_is run' -l stop -x -d 'Stop string (repeatable).
 complete -c modeld -n '__modeld_is run' -l keep-alive -x -a '5m 30m 1h 0 -1' -d 'How long to keep the model loaded: "5m", seconds, 0, -1.'
 complete -c modeld -n '__modeld_is run' -l ctx -x -d 'Context length (rounded up to 256).'
 complete -c modeld -n '__modeld_is run' -l raw -d 'Plain completion, no chat template.'
+complete -c modeld -n '__modeld_is run' -l format -x -d '\'json\', or a JSON Schema file the reply must follow.'
+complete -c modeld -n '__modeld_is run' -l think -l no-think -d 'The model\'s thinking on or off (models that think).'
 complete -c modeld -n '__modeld_is run' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is run' -l verbose -s v -d 'Timings on stderr.'
 complete -c modeld -n '__modeld_is run' -l help -s h -d 'Show this message and exit.'
@@ -152,3 +157,6 @@ complete -c modeld -n '__modeld_is list' -l json -d 'Print one JSON document (fo
 complete -c modeld -n '__modeld_is list' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is config' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is config' -l help -s h -d 'Show this message and exit.'
+complete -c modeld -n '__modeld_is launch' -l model -s m -x -a '(__modeld_models)' -d 'The model the agent uses.'
+complete -c modeld -n '__modeld_is launch' -l exec -d 'Run the agent with this environment.'
+complete -c modeld -n '__modeld_is launch' -l help -s h -d 'Show this message and exit.'
