@@ -102,3 +102,20 @@ def test_launch_exec_runs_agents_that_reach_the_daemon(daemon_factory: Factory,
     assert json.loads(codex.stdout)["output_tokens"] > 0
     missing = _modeld("launch", "claude", "--exec", env={**env, "PATH": str(tmp_path / "no")})
     assert missing.returncode != 0 and "not on PATH" in missing.stderr
+
+
+def test_readme_shows_exactly_what_launch_prints(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").touch()
+    env = {**os.environ, "MODELD_CONFIG": str(tmp_path / "c.toml"),
+           "MODELD_HTTP": "127.0.0.1:11434", "MODELD_API_KEY": ""}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Use with Claude Code / Codex", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", "")
+    claude_part, codex_part = block.split("# Codex", 1)
+    lines = [line.split("  #", 1)[0].rstrip() for line in claude_part.splitlines()
+             if line and not line.startswith("#")]
+    assert lines == _modeld("launch", "claude", env=env).stdout.splitlines()
+    codex = _modeld("launch", "codex", env=env).stdout.splitlines()
+    shown = [" ".join(line.split()) for line in codex_part.splitlines()[1:] if line]
+    assert codex[:-1] == shown[:-1]  # the exports
+    assert shlex.split(shown[-1]) == shlex.split(codex[-1])
