@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -58,6 +59,20 @@ def start(daemon_factory: Callable[..., Any], *args: str, **kw: Any) -> Agent:
     d = daemon_factory("--http", f"127.0.0.1:{port}", *args, **kw)
     until(lambda: answers(port), timeout=30, what="the HTTP front door")
     return Agent(d, port)
+
+
+def add_thinker(agent: Agent, model_factory: Callable[..., Any]) -> str:
+    """A tiny generated model with DeepSeek-R1's template, as ``thinker`` in the daemon's
+    models dir: the template opens ``<think>`` in the prompt, so its whole (random) reply is
+    thinking."""
+    import ggufgen
+
+    template = (Path(__file__).parent / "templates" /
+                "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja").read_text()
+    path = model_factory("llama", **dict(ggufgen.TINY, chat_template=template))
+    (agent.d.root / "models").mkdir(exist_ok=True)
+    (agent.d.root / "models" / "thinker.gguf").write_bytes(Path(path).read_bytes())
+    return "thinker"
 
 
 def satisfies(value: Any, schema: dict[str, Any]) -> bool:

@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from agentutil import GREEDY, WEATHER, Agent, free_port, satisfies, start
+from agentutil import GREEDY, WEATHER, Agent, add_thinker, free_port, satisfies, start
 from daemonutil import until
 from modeld.http.anthropicreq import drop_volatile_lines, messages_generate
 
@@ -220,3 +220,31 @@ def test_volatile_lines_are_dropped_and_nothing_else() -> None:
     assert drop_volatile_lines(text) == "You are Claude Code."
     kept = "Mention x-anthropic-billing-header: in docs.\nok"
     assert drop_volatile_lines(kept) == kept
+
+
+def test_thinking_blocks_streamed_and_refused_where_the_model_does_not_think(
+        agent: Agent, model_factory: Factory) -> None:
+    """A model whose prompt opens ``<think>`` (agentutil.add_thinker): its reply is all
+    thinking, so it comes back as a thinking block and thinking_delta events."""
+    add_thinker(agent, model_factory)
+    c = agent.anthropic
+    thinking: Any = {"type": "enabled", "budget_tokens": 1024}
+    r = c.messages.create(model="thinker", max_tokens=6, messages=QUESTION, thinking=thinking,
+                          extra_body=GREEDY)
+    assert [b.type for b in r.content] == ["thinking"] and r.stop_reason == "max_tokens"
+    with c.messages.stream(model="thinker", max_tokens=6, messages=QUESTION,
+                           thinking=thinking, extra_body=GREEDY) as s:
+        deltas = [e.delta for e in s if e.type == "content_block_delta"]
+        final = s.get_final_message()
+    assert deltas and all(d.type == "thinking_delta" for d in deltas)
+    assert final.content[0].thinking == r.content[0].thinking  # type: ignore[union-attr]
+    # A thinking block in the history is the assistant turn's thinking (accepted, not text).
+    again = c.messages.create(model="thinker", max_tokens=2, extra_body=GREEDY, messages=[
+        *QUESTION, {"role": "assistant", "content": [  # type: ignore[list-item]
+            {"type": "thinking", "thinking": "hmm", "signature": ""},
+            {"type": "text", "text": "Paris."}]},
+        {"role": "user", "content": "And Spain?"}])
+    assert again.content
+    with pytest.raises(anthropic.BadRequestError) as refused:  # the default model cannot think
+        c.messages.create(model="default", max_tokens=2, messages=QUESTION, thinking=thinking)
+    assert "does not think" in refused.value.body["error"]["message"]  # type: ignore[index]

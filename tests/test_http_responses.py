@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from agentutil import WEATHER, Agent, satisfies, start
+from agentutil import WEATHER, Agent, add_thinker, satisfies, start
 from modeld.http.responsesreq import ResponseStore, input_messages, responses_generate
 
 Factory = Callable[..., Any]
@@ -107,6 +107,20 @@ def test_json_schema_output_and_refusals(agent: Agent) -> None:
     assert image.status_code == 400 and "input[0].content[0]" in image.json()["error"]["message"]
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="no-such-model", input="hi", stream=True)
+
+
+def test_reasoning_items(agent: Agent, model_factory: Factory) -> None:
+    model = add_thinker(agent, model_factory)
+    c = agent.openai
+    r = c.responses.create(model=model, input="hi", max_output_tokens=6, temperature=0,
+                           reasoning={"effort": "high"})
+    assert [o.type for o in r.output] == ["reasoning"] and r.status == "incomplete"
+    with c.responses.stream(model=model, input="hi", max_output_tokens=6, temperature=0,
+                            reasoning={"effort": "high"}) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    assert "response.reasoning_text.delta" in kinds
+    assert final.output[0].content == r.output[0].content  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- pure translation
