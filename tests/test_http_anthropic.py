@@ -162,6 +162,10 @@ def test_errors_have_anthropics_shape(agent: Agent) -> None:
     body = image.value.body
     assert body["error"]["type"] == "invalid_request_error"
     assert "messages[0].content[0]" in body["error"]["message"]
+    prefill = httpx.post(f"{agent.base}/v1/messages", json={
+        "model": "default", "max_tokens": 5,
+        "messages": [*QUESTION, {"role": "assistant", "content": "The capital is"}]})
+    assert prefill.status_code == 400 and "prefill" in prefill.json()["error"]["message"]
     missing = httpx.post(f"{agent.base}/v1/messages", json={"model": "default",
                                                             "messages": QUESTION})
     assert missing.status_code == 400 and "max_tokens" in missing.json()["error"]["message"]

@@ -72,6 +72,9 @@ def messages_generate(doc: Mapping[str, Any], count: bool = False) -> dict[str, 
             raise _bad(f"{where}.role must be user or assistant (got {role!r})")
     if not msgs:
         raise _bad("'messages' has no user or assistant message")
+    if msgs[-1]["role"] == "assistant" and not count:
+        raise _bad("the last message is the assistant's: continuing a prefilled reply is not "
+                   "supported by modeld (it would be answered as a finished turn)")
     body["messages"] = ([{"role": "system", "content": system}] if system else []) + msgs
     opts: dict[str, Any] = {}
     if not count:
