@@ -141,6 +141,7 @@ def agent_turns(ctx: Context, words: int = 6500, rounds: int = 3) -> dict[str, A
         "second_cached_tokens": summary(
             [float(r["second"]["usage"]["cache_read_input_tokens"]) for r in rows]),
         "ratio": ratio,
+        "rounds": rounds,
         "rounds_detail": rows,
         "targets": [target("second / first turn time to first token", ratio, 0.2, "<=")],
     }
