@@ -167,9 +167,8 @@ NOTES: dict[str, str] = {
         "the follow-up question (13 tokens), the rest restored from the sequence's live KV "
         "cache. The billing line's `cch` value differs between the two turns; it is dropped "
         "before templating (`http/anthropicreq.py`), so it cannot break the shared prefix. "
-        "The second turn's time to first token is mostly the HTTP and daemon hops and the "
-        "first decode over an 8k-token context, and varied with the machine's load "
-        "(0.9-3.0 s over the rounds)."
+        "The second turn's time to first token (0.9-3.0 s over the rounds) was not profiled; "
+        "it varied with the machine's load."
     ),
     "chaos": (
         "What the run shows: every request ended with `done` or a typed error (the typed errors "
