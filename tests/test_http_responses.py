@@ -99,6 +99,8 @@ def test_json_schema_output_and_refusals(agent: Agent) -> None:
                            text={"format": {"type": "json_schema", "name": "city",
                                             "schema": schema, "strict": True}})
     assert satisfies(json.loads(r.output_text), schema)
+    probe = c.responses.create(model="default", input=[], max_output_tokens=1)  # Codex's probe
+    assert probe.usage is not None and probe.usage.output_tokens == 1
     bad = httpx.post(f"{agent.base}/v1/responses", json={
         "model": "default", "input": "hi", "frobnicate": 1})
     assert bad.status_code == 400 and "frobnicate" in bad.json()["error"]["message"]

@@ -71,9 +71,10 @@ def responses_generate(doc: Mapping[str, Any], history: list[dict[str, Any]]
     refuse_unknown(doc, FIELDS | {"temperature", "top_p"}, "responses")
     if doc.get("background"):
         raise _bad("'background' is not supported: modeld answers while you wait")
-    conversation = history + input_messages(doc.get("input"), history)
+    conversation = history + input_messages(doc.get("input", []), history)
     if not any(m["role"] != "system" for m in conversation):
-        raise _bad("'input' is empty")
+        # Codex probes a provider with an empty input: answered as an empty user turn
+        conversation.append({"role": "user", "content": ""})
     instructions = doc.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise _bad("'instructions' must be a string")
@@ -84,8 +85,9 @@ def responses_generate(doc: Mapping[str, Any], history: list[dict[str, Any]]
                          ("top_p", "top_p")):  # fmt: skip
         if doc.get(theirs) is not None:
             opts[ours] = doc[theirs]
-    if doc.get("top_logprobs"):
-        raise _bad("'top_logprobs' is not supported on /v1/responses")
+    limit = doc.get("max_output_tokens")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise _bad("'max_output_tokens' must be a positive integer")
     opts.setdefault("max_tokens", options.MAX_TOKENS)
     body["options"] = opts
     tools = _tools(doc.get("tools"))
