@@ -160,6 +160,16 @@ NOTES: dict[str, str] = {
         "share 2 cores, so running them at once gains nothing here; p99 is a request queued "
         "behind the other clients' requests for its model."
     ),
+    "agent_turns": (
+        "Each round starts from a new system prompt, so the first turn evaluates all of it "
+        "(the default model on this CPU: 72-87 tokens/s while other work shared the two "
+        "cores, load average 6) and the second turn only what is new: the first reply and "
+        "the follow-up question (13 tokens), the rest restored from the sequence's live KV "
+        "cache. The billing line's `cch` value differs between the two turns; it is dropped "
+        "before templating (`http/anthropicreq.py`), so it cannot break the shared prefix. "
+        "The second turn's time to first token (0.9-3.0 s over the rounds) was not profiled; "
+        "it varied with the machine's load."
+    ),
     "chaos": (
         "What the run shows: every request ended with `done` or a typed error (the typed errors "
         "are what the faults cause: `runner_crashed` for requests on a killed or stopped runner, "

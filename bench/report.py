@@ -24,8 +24,8 @@ from plot import cumulative_loads_svg
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
-         "cli_startup", "concurrency", "http_api", "structured", "chaos", "parallel",
-         "pull")  # fmt: skip
+         "cli_startup", "concurrency", "http_api", "structured", "agent_turns", "chaos",
+         "parallel", "pull")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -362,10 +362,26 @@ def _pull(doc: dict[str, Any]) -> list[str]:
             f" | {_f(_med(doc.get('curl_cpu_s_per_gib', {})), 2)} | |"]
 
 
+def _agent(doc: dict[str, Any]) -> list[str]:
+    def tokens(key: str) -> str:
+        return _f(_med(doc.get(key)), 0)
+
+    return [
+        "| | first turn | second turn | ratio |",
+        "|---|---:|---:|---:|",
+        f"| time to first token (median) | {_f(_med(doc.get('first_ttft_s')), 2)} s | "
+        f"{_f(_med(doc.get('second_ttft_s')), 2)} s | {_f(doc.get('ratio'))} |",
+        f"| prompt tokens (median) | {tokens('first_prompt_tokens')} | "
+        f"{tokens('second_prompt_tokens')} | |",
+        f"| second turn: evaluated / from the prompt cache (median) | | "
+        f"{tokens('second_evaluated_tokens')} / {tokens('second_cached_tokens')} | |",
+    ]
+
+
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
-           "parallel": _parallel, "pull": _pull}
+           "agent_turns": _agent, "parallel": _parallel, "pull": _pull}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -9,6 +9,7 @@ scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, 
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
 http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub).
+agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "parallel", "pull")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel", "pull")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -100,6 +101,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_structured
 
         _record(ctx, "structured", b_structured.structured)
+    if "agent_turns" in names:  # its own daemon, with the HTTP front door
+        import b_agent
+
+        _record(ctx, "agent_turns", b_agent.agent_turns)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)

@@ -49,8 +49,8 @@ _modeld_spec() {
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --json --verbose -v --no-pull --help -h"
-            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --help -h"
+            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format"
             positional=(model none)
             ;;
         "embed")
@@ -110,6 +110,12 @@ _modeld_spec() {
             value_opts=""
             positional=()
             ;;
+        "launch")
+            opts="--model -m --exec --help -h"
+            value_opts="--model -m"
+            positional=(none none)
+            _modeld_variadic=1
+            ;;
         *) return 1 ;;
     esac
 }
@@ -124,6 +130,7 @@ _modeld_value() {
         "embed:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "rerank:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "load:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
+        "launch:--model"|"launch:-m") _modeld_models "$cur" ;;
     esac
 }
 
@@ -162,7 +169,7 @@ _modeld() {
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     elif [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config" -- "$cur"))
+        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config launch" -- "$cur"))
     else
         hint=""
         if ((${#positional[@]})); then

@@ -56,7 +56,7 @@ function __modeld_value_opts --description 'options of a command that take a val
             printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel
         case 'stop'
         case 'run'
-            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx
+            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format
         case 'embed'
             printf '%s\n' --keep-alive
         case 'rerank'
@@ -72,6 +72,8 @@ function __modeld_value_opts --description 'options of a command that take a val
         case 'pull'
         case 'rm'
         case 'config'
+        case 'launch'
+            printf '%s\n' --model -m
     end
 end
 
@@ -90,6 +92,7 @@ complete -c modeld -n '__fish_use_subcommand' -a list -d 'GGUF models in the mod
 complete -c modeld -n '__fish_use_subcommand' -a pull -d 'Download a GGUF model from Hugging Face (resumable, SHA-256 verified); default Q4_K_M.'
 complete -c modeld -n '__fish_use_subcommand' -a rm -d 'Delete a model (all its shards) from the models directory.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
+complete -c modeld -n '__fish_use_subcommand' -a launch -d 'Point Claude Code or Codex at this daemon: print the environment, or run the agent.'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
 complete -c modeld -n '__fish_use_subcommand' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is serve' -l socket -x -d 'ZeroMQ endpoint to bind (ipc://… or tcp://…).'
@@ -116,6 +119,8 @@ complete -c modeld -n '__modeld_is run' -l stop -x -d 'Stop string (repeatable).
 complete -c modeld -n '__modeld_is run' -l keep-alive -x -a '5m 30m 1h 0 -1' -d 'How long to keep the model loaded: "5m", seconds, 0, -1.'
 complete -c modeld -n '__modeld_is run' -l ctx -x -d 'Context length (rounded up to 256).'
 complete -c modeld -n '__modeld_is run' -l raw -d 'Plain completion, no chat template.'
+complete -c modeld -n '__modeld_is run' -l format -x -d '\'json\', or a JSON Schema file the reply must follow.'
+complete -c modeld -n '__modeld_is run' -l think -l no-think -d 'The model\'s thinking on or off (models that think).'
 complete -c modeld -n '__modeld_is run' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is run' -l verbose -s v -d 'Timings on stderr.'
 complete -c modeld -n '__modeld_is run' -l no-pull -d 'Never pull a missing hf.co/… model (MODELD_NO_PULL=1).'
@@ -166,3 +171,6 @@ complete -c modeld -n '__modeld_is rm' -l help -s h -d 'Show this message and ex
 complete -c modeld -n '__modeld_is rm 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is config' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is config' -l help -s h -d 'Show this message and exit.'
+complete -c modeld -n '__modeld_is launch' -l model -s m -x -a '(__modeld_models)' -d 'The model the agent uses.'
+complete -c modeld -n '__modeld_is launch' -l exec -d 'Run the agent with this environment.'
+complete -c modeld -n '__modeld_is launch' -l help -s h -d 'Show this message and exit.'

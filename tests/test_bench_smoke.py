@@ -23,7 +23,7 @@ import b_trace  # noqa: E402
 import harness  # noqa: E402
 
 NAMES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup", "concurrency",
-         "footprint", "trace", "pull")  # fmt: skip
+         "footprint", "trace", "pull", "agent_turns")  # fmt: skip
 
 
 def test_belady_and_lru_on_known_sequences() -> None:
@@ -91,6 +91,7 @@ def test_smoke_run_writes_results_and_report(tmp_path: Path) -> None:
     assert conc["mismatch_count"] == 0  # every reply equals its one-at-a-time reference
     assert set(conc["variants_per_prompt"].values()) == {1}  # greedy: independent of history
     assert docs["footprint"]["runner_baseline_bytes"] > 0
+    assert docs["agent_turns"]["second_cached_tokens"]["median"] > 0
     trace = docs["trace"]
     runs = trace["runs"]
     assert trace["belady_optimum_loads"] <= runs["modeld_cost"]["loads"]

@@ -220,6 +220,8 @@ class GenerateRequest:
     tool_choice: str = "auto"
     format: str | dict[str, Any] | None = None
     think: bool | None = None
+    #: Build and tokenize the prompt, evaluate nothing: the ``done`` carries its prompt_tokens.
+    count_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -312,7 +314,7 @@ def parse_request(msg: Message) -> ParsedRequest:
         return GenerateRequest(
             b.opt_str("model"), prompt, messages, b.generate_options(), tools,
             parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
-            parse_format(msg.body.get("format"), b.fail), think,
+            parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
         )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")

@@ -58,6 +58,7 @@ class GenerateDone(TypedDict):
     finish_reason: str | None  # "stop", "length", "eos" or "tool_calls"
     timings: GenerateTimings
     tool_calls: NotRequired[list[ToolCallDone]]  # the calls the reply made, in order
+    stop_sequence: NotRequired[str]  # the stop string that ended the reply, when one did
 
 
 class PooledTimings(TypedDict, total=False):
@@ -190,6 +191,7 @@ class RunnerGenerateDone(TypedDict):
     timings: dict[str, float]  # prompt_eval_s, generation_s, tokens_per_s, batched_max
     memory: NotRequired[RunnerMemory]  # measured right after
     tool_calls: NotRequired[list[ToolCallDone]]
+    stop_sequence: NotRequired[str]
 
 
 class RunnerEmbedDone(TypedDict):

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from modeld import __version__
+from modeld.cli.launch import launch
 
 if TYPE_CHECKING:
     from modeld.client import Client
@@ -468,6 +469,9 @@ def config(json_out: JsonOpt = False) -> None:
     settings, sources = load_settings()
     data = {"settings": settings.to_dict(), "sources": sources}
     render.emit("config", data, as_json=json_out, text=views.config_view)
+
+
+app.command(context_settings={"ignore_unknown_options": True})(launch)
 
 
 # ---------------------------------------------------------------------- entry point

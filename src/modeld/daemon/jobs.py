@@ -128,14 +128,15 @@ def request_job(
                    keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
     o = req.options
     # The promise: a greedy reply does not depend on what else its model decodes.
-    alone = o.sampling.greedy and o.deterministic is not False
+    alone = o.sampling.greedy and o.deterministic is not False and not req.count_only
     payload = rp.generate(
         rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
-        grammar=grammar.for_request(req.format, req.tools, req.tool_choice,
-                                    grammar.family_of(key.path) if req.tools else "generic"),
-        think=req.think,
+        grammar=None if req.count_only else grammar.for_request(
+            req.format, req.tools, req.tool_choice,
+            grammar.family_of(key.path) if req.tools else "generic"),
+        think=req.think, count_only=req.count_only,
     )  # fmt: skip
     job = Job(client, rid, "generate", key, name, payload,
               keep_alive_of(o.keep_alive, settings), requested_ctx(o.n_ctx))  # fmt: skip
@@ -183,6 +184,8 @@ def done_body(
     calls = msg.get("tool_calls")
     if isinstance(calls, list) and calls:
         done["tool_calls"] = calls
+    if isinstance(msg.get("stop_sequence"), str):
+        done["stop_sequence"] = msg["stop_sequence"]
     return done
 
 

@@ -1,4 +1,5 @@
-"""The ASGI application: Ollama's and OpenAI's routes, /metrics, behind the access guard."""
+"""The ASGI application: Ollama's, OpenAI's and Anthropic's routes, /metrics, behind the access
+guard."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from starlette.routing import Route
 from modeld.config import Settings
 from modeld.errors import ModeldError
 from modeld.http import ollama, openai
+from modeld.http.anthropic import AnthropicAPI
 from modeld.http.bridge import Bridge
 from modeld.http.disconnect import Watch
 from modeld.http.metrics import Metrics
 from modeld.http.ollama import OllamaAPI
 from modeld.http.openai import OpenAIAPI
 from modeld.http.pull import PullAPI
+from modeld.http.responses import ResponsesAPI
 from modeld.http.security import Guard
 
 log = logging.getLogger("modeld.http")
@@ -53,6 +56,7 @@ def build(settings: Settings, bridge: Bridge) -> Any:
     metrics = Metrics(bridge)
     routes = [*OllamaAPI(bridge, settings).routes(), *OpenAIAPI(bridge, settings).routes(),
               *PullAPI(bridge, settings).routes(),
+              *AnthropicAPI(bridge, settings).routes(), *ResponsesAPI(bridge, settings).routes(),
               Route("/metrics", metrics.endpoint, methods=["GET"])]
     app = Starlette(routes=routes, exception_handlers={
         404: _not_found, ModeldError: _modeld_error, Exception: _internal})

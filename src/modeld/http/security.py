@@ -8,7 +8,8 @@
 - An ``Origin`` header (a browser) must be a loopback origin or one of ``http_origins``; only
   those configured origins get CORS headers.
 - Bound to anything else, an API key is required (the daemon refuses to start without one) and
-  every request must carry ``Authorization: Bearer <key>``.
+  every request must carry ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (what
+  Anthropic's clients send).
 """
 
 from __future__ import annotations
@@ -105,9 +106,12 @@ class Guard:
             return 403, {"error": f"forbidden: origin {origin} is not allowed (add it to "
                                   "http_origins)"}, []
         if self.key is not None:
-            given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
-                return 401, {"error": "unauthorized: send Authorization: Bearer <api_key>"}, [
+            bearer = headers.get("authorization", "").encode()
+            given = headers.get("x-api-key", "").encode()
+            if not (hmac.compare_digest(bearer, f"Bearer {self.key}".encode())
+                    or hmac.compare_digest(given, self.key.encode())):
+                return 401, {"error": "unauthorized: send Authorization: Bearer <api_key> "
+                                      "(or x-api-key: <api_key>)"}, [
                     (b"www-authenticate", b"Bearer")]
         return None
 
@@ -116,7 +120,8 @@ def _cors(origin: str, preflight: bool = False) -> list[tuple[bytes, bytes]]:
     out = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
     if preflight:
         out += [(b"access-control-allow-methods", b"GET, POST, HEAD, OPTIONS"),
-                (b"access-control-allow-headers", b"Authorization, Content-Type"),
+                (b"access-control-allow-headers",
+                 b"Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta"),
                 (b"access-control-max-age", b"600")]
     return out
 

@@ -199,6 +199,12 @@ class BatchEngine:
         try:
             self.host.apply_threads(spec.n_threads)
             tokens, prompt = self.host.prompt_tokens(spec)
+            if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
+                self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
+                                                prompt_tokens=len(tokens), prompt_tokens_reused=0,
+                                                completion_tokens=0, prompt_eval_s=0.0,
+                                                generation_s=0.0))  # fmt: skip
+                return
             if len(tokens) >= self.n_ctx_seq:
                 raise context_exceeded(len(tokens), self.n_ctx_seq)
             grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
@@ -462,6 +468,7 @@ class BatchEngine:
                 batched_max=stream.batched_max,
                 memory=probe.own_memory(),
                 tool_calls=[_call(c) for c in stream.calls],
+                stop_sequence=stream.text.stop_hit,
             ),
         )
 

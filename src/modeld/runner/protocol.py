@@ -188,12 +188,14 @@ def generate(
     tool_choice: str = "auto",
     grammar: str | None = None,
     think: bool | None = None,
+    count_only: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
     greedy request the daemon sends only to an otherwise idle runner; ``grammar``: GBNF the
     reply must follow (checked by the daemon: a grammar llama.cpp rejects never reaches a
-    runner); ``tools``/``tool_choice``/``think`` as in the client protocol; ``options``:
+    runner); ``tools``/``tool_choice``/``think``/``count_only`` as in the client protocol
+    (``count_only``: reply with the prompt's token count, evaluating nothing); ``options``:
     sampling fields that override ``sampling``'s (``max_tokens=16``)."""
     if options:
         overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
@@ -218,6 +220,8 @@ def generate(
         msg["grammar"] = grammar
     if think is not None:
         msg["think"] = think
+    if count_only:
+        msg["count_only"] = True
     return msg
 
 
@@ -301,6 +305,7 @@ def done_generate(
     batched_max: int = 1,
     memory: Mapping[str, int] | None = None,
     tool_calls: Sequence[ToolCallDone] = (),
+    stop_sequence: str | None = None,
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
@@ -329,6 +334,8 @@ def done_generate(
         msg["memory"] = _memory(memory)
     if tool_calls:
         msg["tool_calls"] = list(tool_calls)
+    if stop_sequence is not None:
+        msg["stop_sequence"] = stop_sequence
     return msg
 
 

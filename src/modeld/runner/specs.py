@@ -45,6 +45,7 @@ class GenerateSpec:
     tool_choice: str = "auto"
     grammar: str | None = None  # GBNF the reply follows (the daemon checked it parses)
     think: bool | None = None
+    count_only: bool = False  # reply with the prompt's token count; evaluate nothing
 
     @property
     def forced_tools(self) -> bool:
@@ -117,6 +118,9 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
     choice = msg.get("tool_choice", "auto")
     if not isinstance(choice, str):
         raise ProtocolError("generate: 'tool_choice' must be a string")
+    count_only = msg.get("count_only", False)
+    if not isinstance(count_only, bool):
+        raise ProtocolError("generate: 'count_only' must be a boolean")
     return GenerateSpec(
         rid=rid,
         prompt=prompt,
@@ -128,6 +132,7 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
         tool_choice=choice,
         grammar=grammar,
         think=think,
+        count_only=count_only,
     )
 
 

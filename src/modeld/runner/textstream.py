@@ -20,6 +20,7 @@ class StopBuffer:
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.hit: str | None = None  # the stop string met (the earliest in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string was hit).
@@ -30,9 +31,10 @@ class StopBuffer:
         if not self.stops:
             out, self.pending = self.pending, ""
             return out, False
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
         if hits:
-            out = self.pending[: min(hits)]
+            at, self.hit = min(hits, key=lambda h: h[0])
+            out = self.pending[:at]
             self.pending = ""
             return out, True
         keep = 0
@@ -58,6 +60,11 @@ class TextStream:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopBuffer(stops)
         self.stopped = False
+
+    @property
+    def stop_hit(self) -> str | None:
+        """The stop string that ended the text (None: none did)."""
+        return self._stops.hit
 
     def feed(self, data: bytes) -> str:
         """Text that is safe to emit now; sets ``stopped`` when a stop string was reached."""

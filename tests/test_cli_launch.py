@@ -1,0 +1,121 @@
+"""``modeld launch claude|codex``: the printed environment, and ``--exec`` running an agent
+that reaches a real daemon with it. The agents here are stand-ins on PATH (Claude Code and
+Codex are not installed): small scripts that read exactly what the real ones read (Claude
+Code's ANTHROPIC_* variables; Codex's ``-c model_providers…`` flags and its env_key) and make
+one request with the official client."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentutil import start
+from cliutil import MODELD
+
+Factory = Callable[..., Any]
+
+CLAUDE = """\
+import json, os, sys, anthropic
+c = anthropic.Anthropic(base_url=os.environ["ANTHROPIC_BASE_URL"],
+                        auth_token=os.environ["ANTHROPIC_AUTH_TOKEN"], api_key=None)
+n = c.messages.count_tokens(model=os.environ["ANTHROPIC_MODEL"],
+                            messages=[{"role": "user", "content": "hi"}])
+print(json.dumps({"argv": sys.argv[1:], "input_tokens": n.input_tokens,
+                  "env": {k: v for k, v in os.environ.items() if k.startswith(("ANTHROPIC",
+                                                                              "CLAUDE"))}}))
+"""
+
+CODEX = """\
+import json, os, sys, tomllib, openai
+args, conf, model = sys.argv[1:], {}, None
+while args:
+    flag, value, args = args[0], args[1], args[2:]
+    if flag == "-c":
+        key, raw = value.split("=", 1)
+        conf[key] = tomllib.loads("v = " + raw)["v"]
+    elif flag == "-m":
+        model = value
+provider = "model_providers." + conf["model_provider"]
+assert conf[provider + ".wire_api"] == "responses"
+c = openai.OpenAI(base_url=conf[provider + ".base_url"],
+                  api_key=os.environ[conf[provider + ".env_key"]], max_retries=0)
+r = c.responses.create(model=model, input="hi", max_output_tokens=2, temperature=0)
+print(json.dumps({"status": r.status, "output_tokens": r.usage.output_tokens}))
+"""
+
+
+def _stand_in(bin_dir: Path, name: str, source: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\n{source}")
+    path.chmod(0o755)
+
+
+def _modeld(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([MODELD, *args], capture_output=True, text=True, timeout=120,
+                          env=env, check=False)
+
+
+def test_launch_prints_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "none.toml").touch()
+    env = {**os.environ, "MODELD_CONFIG": str(tmp_path / "none.toml"),
+           "MODELD_HTTP": "0.0.0.0:11500", "MODELD_API_KEY": "s3cret"}
+    out = _modeld("launch", "claude", "--model", "qwen3", env=env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    exported = dict(shlex.split(line)[1].split("=", 1) for line in lines[:-1])
+    assert exported["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:11500"  # reachable, not 0.0.0.0
+    assert exported["ANTHROPIC_AUTH_TOKEN"] == "s3cret"  # the daemon's key when it has one
+    assert exported["ANTHROPIC_MODEL"] == exported["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "qwen3"
+    assert exported["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and lines[-1] == "claude"
+    codex = _modeld("launch", "codex", env={**env, "MODELD_API_KEY": ""})
+    assert "export OPENAI_API_KEY=modeld" in codex.stdout  # a dummy key: Codex wants one
+    assert 'wire_api="responses"' in codex.stdout.splitlines()[-1]
+    off = _modeld("launch", "claude", env={**env, "MODELD_HTTP": "off"})
+    assert off.returncode != 0 and "front door is off" in off.stderr
+    unknown = _modeld("launch", "cursor", env=env)
+    assert unknown.returncode != 0 and "claude, codex" in unknown.stderr
+
+
+def test_launch_exec_runs_agents_that_reach_the_daemon(daemon_factory: Factory,
+                                                      default_model: Path,
+                                                      tmp_path: Path) -> None:
+    agent = start(daemon_factory)
+    bin_dir = tmp_path / "bin"
+    _stand_in(bin_dir, "claude", CLAUDE)
+    _stand_in(bin_dir, "codex", CODEX)
+    env = {**agent.d.env, "MODELD_HTTP": f"127.0.0.1:{agent.port}",
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    claude = _modeld("launch", "claude", "--exec", "--", "-p", "hello", env=env)
+    assert claude.returncode == 0, claude.stderr
+    seen = json.loads(claude.stdout)
+    assert seen["argv"] == ["-p", "hello"] and seen["input_tokens"] > 0
+    assert seen["env"]["ANTHROPIC_MODEL"] == "default"
+    codex = _modeld("launch", "codex", "--exec", env=env)
+    assert codex.returncode == 0, codex.stderr
+    assert json.loads(codex.stdout)["output_tokens"] > 0
+    missing = _modeld("launch", "claude", "--exec", env={**env, "PATH": str(tmp_path / "no")})
+    assert missing.returncode != 0 and "not on PATH" in missing.stderr
+
+
+def test_readme_shows_exactly_what_launch_prints(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").touch()
+    env = {**os.environ, "MODELD_CONFIG": str(tmp_path / "c.toml"),
+           "MODELD_HTTP": "127.0.0.1:11434", "MODELD_API_KEY": ""}
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Use with Claude Code / Codex", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", "")
+    claude_part, codex_part = block.split("# Codex", 1)
+    lines = [line.split("  #", 1)[0].rstrip() for line in claude_part.splitlines()
+             if line and not line.startswith("#")]
+    assert lines == _modeld("launch", "claude", env=env).stdout.splitlines()
+    codex = _modeld("launch", "codex", env=env).stdout.splitlines()
+    shown = [" ".join(line.split()) for line in codex_part.splitlines()[1:] if line]
+    assert codex[:-1] == shown[:-1]  # the exports
+    assert shlex.split(shown[-1]) == shlex.split(codex[-1])
