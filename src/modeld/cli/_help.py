@@ -27,4 +27,5 @@ HELP = (
     '  pull    Download a GGUF model from Hugging Face (resumable, SHA-256...\n'
     '  rm      Delete a model (all its shards) from the models directory.\n'
     '  config  The effective settings and where each one came from.\n'
+    '  launch  Point Claude Code or Codex at this daemon: print the...\n'
 )
