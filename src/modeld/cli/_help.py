@@ -25,4 +25,5 @@ HELP = (
     '  show    Model metadata, the context it would get now and why, and its...\n'
     '  list    GGUF models in the models directory, aliases, and the built-in...\n'
     '  config  The effective settings and where each one came from.\n'
+    '  launch  Point Claude Code or Codex at this daemon: print the...\n'
 )
