@@ -28,7 +28,6 @@ SCHEMA: dict[str, Any] = {
                        "population": {"type": "integer", "minimum": 0}}}}},
 }  # fmt: skip
 ASK = "List eight large cities of the world with their country and population, as JSON."
-FREE = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 
 
 def _rate(port: int, model: str, content: str, schema: dict[str, Any] | None,
@@ -77,7 +76,7 @@ def structured(ctx: Context, max_tokens: int = 400) -> dict[str, Any]:
                 v.clear()
             samples = interleave({
                 "schema": lambda: run("schema", port, ours, ASK, SCHEMA),
-                "free": lambda: run("free", port, ours, FREE, None),
+                "free": lambda: run("free", port, ours, ASK, None),
                 "router": lambda: run("router", router_port, theirs, ASK, SCHEMA),
             }, ctx.rounds)
     s, f, r = (summary(samples[k]) for k in ("schema", "free", "router"))
@@ -86,7 +85,8 @@ def structured(ctx: Context, max_tokens: int = 400) -> dict[str, Any]:
     return {
         "title": "Structured output",
         "what": "greedy decode tokens/s of a streamed chat reply held to a JSON Schema (8 "
-        "objects of bounded strings and an integer) vs an unconstrained reply on modeld, and "
+        "objects of bounded strings and an integer) vs the unconstrained reply to the same "
+        "question on modeld, and "
         "the same constrained request to llama-server --jinja (router, same model and n_ctx)",
         "model": model.name, "n_ctx": n_ctx, "threads": ctx.threads, "schema": SCHEMA,
         "schema_tokens_per_s": s, "free_tokens_per_s": f, "router_tokens_per_s": r,

@@ -104,7 +104,7 @@ complete -c modeld -n '__modeld_is serve' -l preload -x -a '(__modeld_models)' -
 complete -c modeld -n '__modeld_is serve' -l log-level -x -a 'debug info warning error' -d 'debug, info, warning or error.'
 complete -c modeld -n '__modeld_is serve' -l prompt-cache-mib -x -d 'Prompt-state cache per generating model, in MiB (0: off).'
 complete -c modeld -n '__modeld_is serve' -l runner-stall -x -d 'Kill a runner that sends no heartbeat for this many seconds.'
-complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'
+complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama, OpenAI, Anthropic): "HOST:PORT" or "off".'
 complete -c modeld -n '__modeld_is serve' -l parallel -x -d 'Requests one model decodes together (0: auto, 4 if memory allows).'
 complete -c modeld -n '__modeld_is serve' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is stop' -l json -d 'Print one JSON document (for scripts).'

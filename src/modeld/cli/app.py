@@ -139,7 +139,7 @@ def serve(
     ] = None,
     http: Annotated[
         str | None,
-        typer.Option(help='HTTP front door (Ollama and OpenAI APIs): "HOST:PORT" or "off".'),
+        typer.Option(help='HTTP front door (Ollama, OpenAI, Anthropic): "HOST:PORT" or "off".'),
     ] = None,
     parallel: Annotated[
         int | None,

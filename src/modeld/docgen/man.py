@@ -67,7 +67,7 @@ SETTING_HELP = {
     "max_message_bytes": "Largest protocol message accepted.",
     "load_timeout_s": "Seconds a model load may take before it counts as failed.",
     "runner_stall_s": "Seconds a runner may go without a heartbeat before it is killed.",
-    "http": "HOST:PORT of the HTTP front door (Ollama and OpenAI APIs), or off.",
+    "http": "HOST:PORT of the HTTP front door (Ollama, OpenAI and Anthropic APIs), or off.",
     "api_key": "Bearer key HTTP clients must send; required when http is not loopback.",
     "http_origins": "Comma-separated browser origins allowed to call the HTTP API (CORS).",
     "queue_timeout_s": "Seconds a request may wait for memory held by busy models.",

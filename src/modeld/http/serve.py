@@ -84,5 +84,5 @@ def start(settings: Settings, endpoint: str) -> FrontDoor | None:
         return None
     door = FrontDoor(settings, endpoint, sock)
     door.start()
-    log.info("HTTP front door (Ollama and OpenAI APIs) on http://%s:%d", host, port)
+    log.info("HTTP front door (Ollama, OpenAI and Anthropic APIs) on http://%s:%d", host, port)
     return door
