@@ -111,3 +111,21 @@ def test_a_cli_killed_with_sigkill_during_prompt_evaluation(
         proc.wait(10)
 
     _leave_and_wait_idle(served, leave)
+
+
+def test_the_openai_clients_timeout_and_retries_leave_nothing_running(
+    served: Served, default_model: Path
+) -> None:
+    """The official client with a timeout and two retries: three requests, each abandoned
+    mid-prompt; none may run on (they filled every slot before)."""
+    import openai
+
+    _warm(served)
+    before = served.stats()["requests"]
+    client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", timeout=2.0,
+                           max_retries=2)
+    with pytest.raises(openai.APITimeoutError):
+        client.completions.create(model="default", prompt=LONG_PROMPT, max_tokens=2000)
+    until(lambda: _in_flight(served) == 0, timeout=IDLE_WITHIN_S, what="nothing in flight",
+          show=lambda: served.d.client().ps())
+    assert served.stats()["requests"] == before + 3  # the first try and two retries
