@@ -187,7 +187,7 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
 
 def _http(op: str, base: str, model: str, prompt: str) -> str:
     """One HTTP request: a prompt with a lone surrogate (must be a 400), or a non-streaming
-    request whose client gives up after 0.2 s and closes its connection (its generation must
+    request whose client gives up after 50 ms and closes its connection (its generation must
     stop: checked when the run is over, as no model may stay in flight)."""
     import httpx
 
@@ -196,9 +196,9 @@ def _http(op: str, base: str, model: str, prompt: str) -> str:
         r = httpx.post(f"{base}/api/generate", content=body % (model, prompt), timeout=60)
         return "error:invalid_request" if r.status_code == 400 else f"untyped:{r.status_code}"
     try:
-        httpx.post(f"{base}/api/generate", timeout=0.2, json={
+        httpx.post(f"{base}/api/generate", timeout=0.05, json={
             "model": model, "prompt": prompt, "raw": True, "stream": False,
-            "options": {"num_predict": 400}})
+            "options": {"num_predict": 1500, "temperature": 1.0, "seed": 1}})
         return "done"
     except httpx.TimeoutException:
         return "left"
