@@ -187,7 +187,7 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
 
 def _http(op: str, base: str, model: str, prompt: str) -> str:
     """One HTTP request: a prompt with a lone surrogate (must be a 400), or a non-streaming
-    request whose client gives up after 0.2 s and closes its connection (its generation must
+    request whose client gives up after 50 ms and closes its connection (its generation must
     stop: checked when the run is over, as no model may stay in flight)."""
     import httpx
 
@@ -196,9 +196,9 @@ def _http(op: str, base: str, model: str, prompt: str) -> str:
         r = httpx.post(f"{base}/api/generate", content=body % (model, prompt), timeout=60)
         return "error:invalid_request" if r.status_code == 400 else f"untyped:{r.status_code}"
     try:
-        httpx.post(f"{base}/api/generate", timeout=0.2, json={
+        httpx.post(f"{base}/api/generate", timeout=0.05, json={
             "model": model, "prompt": prompt, "raw": True, "stream": False,
-            "options": {"num_predict": 400}})
+            "options": {"num_predict": 1500, "temperature": 1.0, "seed": 1}})
         return "done"
     except httpx.TimeoutException:
         return "left"
@@ -295,15 +295,17 @@ def _quiesce(d: Any, c: Any) -> None:
     d.wait_runners(1, timeout=120, exact=True)
 
 
-def chaos(ctx: Context, duration_s: float, seed: int = 0) -> dict[str, Any]:
+def chaos(ctx: Context, duration_s: float, seed: int = 0,
+          leave_rounds: int | None = None) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="mdchaos-"))
     try:
-        return _chaos(ctx, duration_s, seed, _models(root))
+        return _chaos(ctx, duration_s, seed, _models(root), leave_rounds)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> dict[str, Any]:
+def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
+           leave_rounds: int | None) -> dict[str, Any]:
     budget = _budget(models)
     tally = Tally()
     port = harness.free_port()
@@ -313,7 +315,10 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         d.http_base = f"http://127.0.0.1:{port}"
         c = d.client(timeout=120.0)
         refs = References(c, models)
+        for op in ("http_bad_text", "http_leave"):  # the HTTP side's lazily made descriptors
+            _http(op, d.http_base, models[0].stem, PROMPTS[0])
         _quiesce(d, c)
+        time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid)}
         stop_event = threading.Event()
         sampler = MemorySampler(d, budget, stop_event)
@@ -350,7 +355,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         _quiesce(d, c)
         time.sleep(1.0)  # closed client connections leave the daemon's descriptor table
         after = {"runners": len(d.runners()), "fds": _fds(d.pid)}
-    leave = leave_trials(1 if ctx.smoke else 5)
+    leave = leave_trials(leave_rounds or (1 if ctx.smoke else 5))
     requests = sum(sum(v.values()) for v in tally.by_op.values())
     lost = tally.total("lost") + tally.total("untyped") + hung + sum(
         n for cnt in tally.by_op.values() for k, n in cnt.items() if k.startswith("untyped:"))
@@ -365,7 +370,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
         harness.target("leaked runners + fds", leaked_runners + leaked_fds, 0, "<="),
         harness.target("peak runner RSS / budget", peak_ratio, 1.0, "<="),
         harness.target("wedged models (in flight after the run, or a leave not idle in 60 s)",
-                       len(wedged) + len(leave["wedged_models"]) + leave["leave_wedged"], 0,
+                       len(wedged) + len(leave["leave_wedged_models"]) + leave["leave_wedged"],
+                       0,
                        "<="),
         harness.target("lone-surrogate requests not answered 400", leave["bad_text"]["other"],
                        0, "<="),
@@ -381,7 +387,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path]) -> di
                 "model file replaced, lone-surrogate requests (ZeroMQ and HTTP) and HTTP "
                 f"clients that leave; runner_stall_s {STALL_S:g}. Then leave trials on the "
                 "default model (bench/chaos_leave.py).",
-        "command": f".venv/bin/python bench/chaos.py --duration {duration_s:g} --seed {seed}",
+        "command": f".venv/bin/python bench/chaos.py --duration {duration_s:g} --seed {seed}"
+                   + (f" --leave-rounds {leave_rounds}" if leave_rounds else ""),
         "requests": requests,
         "outcomes": {op: dict(cnt) for op, cnt in sorted(tally.by_op.items())},
         "faults": dict(tally.faults),
@@ -405,12 +412,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=600.0, help="seconds of chaos")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--leave-rounds", type=int, default=None,
+                    help="rounds of leave trials (3 ways each); default 1 for a smoke run, 5")
     a = ap.parse_args(argv)
     harness.compile_bytecode()
     ctx = Context(smoke=a.duration < 600, rounds=1, out_dir=a.out, model=Path(),
                   threads=os.cpu_count() or 2)
     started, load0 = time.monotonic(), harness.loadavg()
-    data = chaos(ctx, a.duration, a.seed)
+    data = chaos(ctx, a.duration, a.seed, a.leave_rounds)
     path = write_result(ctx, "chaos", data, started, load0)
     for t in data["targets"]:
         print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {t['value']} ({t['op']} "

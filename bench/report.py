@@ -308,8 +308,33 @@ def _chaos(doc: dict[str, Any]) -> list[str]:
     for op, outcomes in doc.get("outcomes", {}).items():
         lines.append(f"| {op} | " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes.items()))
                      + " |")
+    lines += _chaos_leave(doc)
     lines += ["", f"Reproduce: `{doc.get('command')}`."]
     return lines
+
+
+def _chaos_leave(doc: dict[str, Any]) -> list[str]:
+    """Issue 21's part: callers that leave during prompt evaluation, lone surrogates."""
+    if "disconnect_to_idle_s" not in doc:
+        return []
+    out = ["", "Callers that leave during prompt evaluation (bench/chaos_leave.py: the default "
+           "model, a ~9,700-token prompt, left 0.8 s into its evaluation), time from leaving to "
+           "an idle runner:", "", "| how the caller left | trials | p50 | max |",
+           "|---|---:|---:|---:|"]
+    for kind, s in doc["disconnect_to_idle_s"].items():
+        out.append(f"| {kind} | {s.get('n')} | {_f(s.get('median'), 2)} s | "
+                   f"{_f(s.get('max'), 2)} s |")
+    every = doc.get("disconnect_to_idle_all_s") or {}
+    bad = doc.get("bad_text") or {}
+    out += [f"| all | {every.get('n')} | {_f(every.get('median'), 2)} s | "
+            f"{_f(every.get('max'), 2)} s |", "",
+            f"Wedged models: {len(doc.get('wedged_models') or [])} after the chaos run, "
+            f"{len(doc.get('leave_wedged_models') or [])} after the trials, "
+            f"{doc.get('leave_wedged')} trials not idle within 60 s. Lone-surrogate requests "
+            f"beside a running stream: {bad.get('answered_400')}/{bad.get('sent')} answered 400, "
+            f"{bad.get('streams_beside_ok')}/{bad.get('streams')} streams beside them ended "
+            "normally."]
+    return out
 
 
 def _parallel(doc: dict[str, Any]) -> list[str]:

@@ -28,5 +28,13 @@ def test_chaos_smoke_run_loses_nothing(tmp_path: Path) -> None:
     assert doc["daemon_alive"] is True
     assert doc["samples"] > 100 and doc["samples_over_budget"] == 0, detail
     assert doc["peak_rss_bytes"] <= doc["budget_bytes"]
+    # issue 21: lone surrogates refused, callers that leave stop their work, nothing wedged
+    assert doc["outcomes"]["bad_text"] == {"error:invalid_request": doc["outcomes"][
+        "bad_text"].get("error:invalid_request", 0)}, detail
+    assert doc["wedged_models"] == doc["leave_wedged_models"] == [], detail
+    assert doc["leave_wedged"] == 0, detail
+    assert doc["bad_text"]["other"] == 0, doc["bad_text"]
+    assert doc["bad_text"]["streams_beside_ok"] == doc["bad_text"]["streams"] >= 1
+    assert doc["disconnect_to_idle_all_s"]["n"] == doc["leave_trials"] >= 3
     done = sum(v.get("done", 0) for v in doc["outcomes"].values())
     assert done > doc["requests"] // 2, detail  # mostly served, not mostly refused

@@ -36,3 +36,14 @@ def test_an_argument_that_is_not_utf8(cli: CliEnv) -> None:
     err = out.stderr.decode()
     assert out.returncode == 2, (out.returncode, err)
     assert "the prompt argument is not valid UTF-8" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("word", "code"), [("Summarise:", 3), ("Why?", 3), ("hello", 4),
+                                            ("qwen:7b", 4), ("my-model.v2", 4)])
+def test_one_argument_is_a_prompt_only_when_it_cannot_be_a_name(
+    cli: CliEnv, word: str, code: int
+) -> None:
+    """Item 8: ``cat notes.txt | modeld run "Summarise:"`` sends a prompt (no daemon here:
+    exit 3, not 4); a word that could name a model is still an unknown model (exit 4)."""
+    out = cli.run("run", word, input="some notes\n")
+    assert out.returncode == code, (word, out.returncode, out.stderr)

@@ -85,7 +85,16 @@ def test_ps_shows_active_and_queued_and_cancel_leaves_others_running(
     c.load(str(model), n_ctx=32768)
     parallel = _row(c, model)["parallel"]
     assert parallel in (1, 2)
-    pairs = list(_long_streams(d, model, 3, temperature=0, deterministic=False))
+    # Requests sent on different connections reach the daemon in no guaranteed order (each
+    # client's I/O thread writes its request when it is scheduled); when the first one sent
+    # arrived last it was the queued one, and waiting for its first chunk waited for a
+    # 30,000-token stream to end (the flake on a fresh clone, issue 21 item 9). So each is
+    # sent once the daemon has counted the one before: the first sent is the first served.
+    pairs = []
+    for pair in _long_streams(d, model, 3, temperature=0, deterministic=False):
+        pairs.append(pair)
+        until(lambda: (r := _row(c, model))["in_flight"] + r["queued"] == len(pairs),
+              timeout=60, what=f"request {len(pairs)} counted", show=lambda: c.ps())
     gens = [g for _, g in pairs]
     row = until(
         lambda: (r := _row(c, model))["in_flight"] + r["queued"] == 3 and r,

@@ -29,7 +29,7 @@ from test_http import Served
 
 served = test_http.served
 
-#: About 6,000 tokens for gemma: ~20 s of prompt evaluation here, far past IDLE_WITHIN_S.
+#: About 9,700 tokens for gemma: tens of seconds of prompt evaluation here, far past IDLE_WITHIN_S.
 LONG_PROMPT = " ".join(f"item{i} is on the list" for i in range(1200))
 IDLE_WITHIN_S = 10.0
 
@@ -53,7 +53,7 @@ def _leave_and_wait_idle(s: Served, leave: Any) -> float:
 
 
 def _warm(s: Served) -> None:
-    s.d.client().load(None)
+    s.d.client().load(None, n_ctx=12288)  # the long prompt fits: no reload meanwhile
 
 
 @pytest.mark.parametrize("route", ["/api/generate", "/v1/completions"])
@@ -111,3 +111,21 @@ def test_a_cli_killed_with_sigkill_during_prompt_evaluation(
         proc.wait(10)
 
     _leave_and_wait_idle(served, leave)
+
+
+def test_the_openai_clients_timeout_and_retries_leave_nothing_running(
+    served: Served, default_model: Path
+) -> None:
+    """The official client with a timeout and two retries: three requests, each abandoned
+    mid-prompt; none may run on (they filled every slot before)."""
+    import openai
+
+    _warm(served)
+    before = served.stats()["requests"]
+    client = openai.OpenAI(base_url=f"{served.base}/v1", api_key="x", timeout=2.0,
+                           max_retries=2)
+    with pytest.raises(openai.APITimeoutError):
+        client.completions.create(model="default", prompt=LONG_PROMPT, max_tokens=2000)
+    until(lambda: _in_flight(served) == 0, timeout=IDLE_WITHIN_S, what="nothing in flight",
+          show=lambda: served.d.client().ps())
+    assert served.stats()["requests"] == before + 3  # the first try and two retries

@@ -96,7 +96,7 @@ def test_ollama_embed_tags_ps_show_and_keep_alive_zero(served: Served) -> None:
     assert "tiny" in names and "default" in names
     o.generate(model="tiny", prompt="", keep_alive="10m")  # an empty prompt loads it
     loaded = o.ps().models
-    # the embedding (above) and the generation: /api/ps lists every mode, as modeld ps does
+    # generate and embed: /api/ps lists every mode, as modeld ps does (issue 21)
     assert [m.model for m in loaded] == ["tiny", "tiny"] and loaded[0].context_length
     shown = o.show("tiny")
     assert shown.details is not None and shown.details.family == "llama"

@@ -46,3 +46,28 @@ def test_an_unencodable_prompt_fails_alone_beside_a_stream(
     # the runner is fine afterwards
     runner.send(rp.generate("after", prompt="hello", raw=True, max_tokens=4))
     assert _replies(runner, ["after"])["after"][1]["type"] == "done"
+
+
+def test_a_cancel_read_beside_its_generate_is_not_dropped(
+    runner: Harness, tiny_model: Path
+) -> None:
+    """A request and its cancel read between the same two steps (a step that outlasted its
+    caller): the request ends ``cancelled`` at once instead of running to its end (the cancel
+    was taken for one of a request not running, and dropped)."""
+    import os
+    import signal
+
+    runner.loaded(tiny_model, n_ctx=512, parallel=4)
+    runner.send(rp.generate("long", prompt="once upon a time", raw=True, temperature=0.0,
+                            max_tokens=400))
+    assert runner.recv()["rid"] == "long"  # streaming: the runner is between steps now
+    os.kill(runner.pid, signal.SIGSTOP)  # both messages wait for the same read
+    try:
+        runner.send(rp.generate("left", prompt="hello", raw=True, max_tokens=300))
+        runner.send(rp.cancel("left"))
+    finally:
+        os.kill(runner.pid, signal.SIGCONT)
+    got = _replies(runner, ["long", "left"])
+    left = got["left"][1]
+    assert left["type"] == "error" and left["code"] == "cancelled", left
+    assert got["long"][1]["type"] == "done"

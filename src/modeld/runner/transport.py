@@ -105,7 +105,8 @@ class RunnerServer:
             if kind == "cancel":
                 if msg.get("rid") == rid:
                     raise Interrupted("cancelled")
-                log.debug("ignoring cancel for %r (serving %r)", msg.get("rid"), rid)
+                if not self._cancel_pending(msg.get("rid")):
+                    log.debug("ignoring cancel for %r (serving %r)", msg.get("rid"), rid)
             elif kind == "shutdown":
                 self.stopping = True
                 raise Interrupted("the runner is shutting down")
@@ -122,16 +123,23 @@ class RunnerServer:
         if not self.parent_alive():
             self.stopping = True
             return [{"type": "stop", "reason": "the daemon is gone"}]
+        # A generate read in this same batch is active too: its cancel can arrive beside it
+        # when one step outlasts its caller (issue 21: a retried request that timed out while
+        # a long step ran had its cancel dropped here and ran to the end).
+        known: set[object] = set(active)
         while self.sock.poll(0, zmq.POLLIN):
             msg = self._recv_nowait()
             if msg is None:
                 continue
             kind = msg["type"]
-            if kind in ("cancel", "generate"):
-                if kind == "cancel" and msg.get("rid") not in active:
-                    log.debug("ignoring cancel for %r (not running)", msg.get("rid"))
-                    continue
+            if kind == "generate":
+                known.add(msg.get("rid"))
                 out.append(msg)
+            elif kind == "cancel":
+                if msg.get("rid") in known:
+                    out.append(msg)
+                elif not self._cancel_pending(msg.get("rid")):
+                    log.debug("ignoring cancel for %r (not running)", msg.get("rid"))
             elif kind == "shutdown":
                 self.stopping = True
                 out.append({"type": "stop", "reason": "the runner is shutting down"})
@@ -140,6 +148,16 @@ class RunnerServer:
             else:
                 self.pending.append(msg)
         return out
+
+    def _cancel_pending(self, rid: object) -> bool:
+        """Cancel a request still waiting in :attr:`pending` (an embed or rerank read while
+        another request ran): it is answered ``cancelled`` and never started."""
+        for msg in self.pending:
+            if msg.get("rid") == rid and msg["type"] in ("generate", "embed", "rerank"):
+                self.pending.remove(msg)
+                self.send(rp.error(str(rid), ErrorCode.CANCELLED, "cancelled before it started"))
+                return True
+        return False
 
     # ---------------------------------------------------------------- loop
 
