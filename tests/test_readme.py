@@ -41,6 +41,9 @@ SKIP: dict[str, str] = {
     "path=$(modeld pull": "needs the hub: tests/test_pull_readme.py replays it",
     "modeld run hf.co/": "pulls from the hub: tests/test_pull_readme.py replays it",
     "modeld rm hf.co/": "removes a pulled model: tests/test_pull_readme.py replays it",
+    "claude": "Claude Code is not installed here: tests/test_cli_launch.py runs a stand-in "
+              "with this environment against a real daemon",
+    "codex -c": "Codex is not installed here: tests/test_cli_launch.py runs a stand-in",
 }
 
 
