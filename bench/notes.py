@@ -201,9 +201,13 @@ NOTES: dict[str, str] = {
         "fast; the leave trials above are the measurement of callers that leave. Those trials "
         "miss the 1 s target under this load (load average 7-8 on 2 cores during the run, from "
         "other test runs): a runner reads a cancel between steps of at most 128 prompt tokens, "
-        "and one such step near position 9,000 took up to ~2.6 s here. Not measured on an "
-        "idle machine (none was to be had); at the issue's rate (5.8k tokens in 21 s) a "
-        "128-token step is ~0.5 s. A 60 s run at load ~5 gave p50 0.45 s, max 2.3 s."
+        "and one such step near position 9,000 took up to ~2.6 s here. A 60 s run at load ~5 "
+        "gave p50 0.45 s, max 2.3 s. Rerun afterwards on the idle machine (load average 0.1; "
+        "`bench/chaos_leave.leave_trials(2)`: 6 trials, each way twice): disconnect to an idle "
+        "runner p50 0.21 s, max 0.46 s (HTTP stream cut before its first token, non-streaming "
+        "HTTP timeout, SIGKILLed CLI), 0 wedged, 12 of 12 lone-surrogate requests answered "
+        "400 with both streams beside them ending normally. The table's figures are the "
+        "loaded run's."
     ),
     "parallel": (
         "Reproduce: `.venv/bin/python bench/peer.py` builds llama-server once (the PyPI sdist "
