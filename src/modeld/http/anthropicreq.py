@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from modeld.errors import InvalidRequestError
+from modeld.http.chatreq import tool_list
 
 #: The lines of a system prompt dropped before templating: they change every request and
 #: carry nothing for the model (Claude Code's per-request billing stamp).
@@ -244,28 +245,9 @@ def _assistant(content: Any, where: str, names: dict[str, str]) -> dict[str, Any
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _bad("'tools' must be a list")
-    out = []
-    for i, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise _bad(f"tools[{i}] must be an object")
-        if t.get("type") not in (None, "custom"):
-            continue  # a server tool (web search, code execution): Anthropic runs it, not us
-        if not isinstance(t.get("name"), str):
-            raise _bad(f"tools[{i}].name must be a string")
-        schema = t.get("input_schema")
-        if schema is not None and not isinstance(schema, dict):
-            raise _bad(f"tools[{i}].input_schema must be a JSON Schema object")
-        tool: dict[str, Any] = {"name": t["name"]}
-        if t.get("description"):
-            tool["description"] = t["description"]
-        if schema is not None:
-            tool["parameters"] = schema
-        out.append(tool)
-    return out
+    """Client tools; a server tool (web search, code execution) is Anthropic's to run: left out."""
+    return tool_list(value, keep=lambda t: t.get("type") in (None, "custom"),
+                     schema_key="input_schema")
 
 
 def _tool_choice(value: Any, has_tools: bool) -> str | dict[str, str] | None:

@@ -9,7 +9,7 @@ Each API's fields are declared once here (``*_FIELDS``); the sampling options co
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from modeld import options
@@ -260,6 +260,31 @@ def ollama_tool_calls(calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
     return [{"function": {"index": i, "name": c["name"],
                           "arguments": json.loads(c["arguments"])}}
             for i, c in enumerate(calls)]  # fmt: skip
+
+
+def tool_list(value: Any, *, keep: Callable[[Mapping[str, Any]], bool],
+              schema_key: str) -> list[dict[str, Any]]:
+    """Tools declared flat (``{name, description, <schema_key>}``: Anthropic's
+    ``input_schema``, the Responses API's ``parameters``) in the wire form; those ``keep``
+    refuses (tools the vendor runs itself: web search, code execution) are left out."""
+    out: list[dict[str, Any]] = []
+    for i, t in enumerate([] if value is None else _list(value, "tools")):
+        if not isinstance(t, dict):
+            raise _bad(f"tools[{i}] must be an object")
+        if not keep(t):
+            continue
+        if not isinstance(t.get("name"), str):
+            raise _bad(f"tools[{i}].name must be a string")
+        schema = t.get(schema_key)
+        if schema is not None and not isinstance(schema, dict):
+            raise _bad(f"tools[{i}].{schema_key} must be a JSON Schema object")
+        tool: dict[str, Any] = {"name": t["name"]}
+        if t.get("description"):
+            tool["description"] = t["description"]
+        if schema is not None:
+            tool["parameters"] = schema
+        out.append(tool)
+    return out
 
 
 def _list(value: Any, name: str) -> list[Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from modeld import options
 from modeld.errors import InvalidRequestError
-from modeld.http.chatreq import refuse_unknown
+from modeld.http.chatreq import refuse_unknown, tool_list
 
 FIELDS = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
@@ -189,21 +189,9 @@ def _content(content: Any, where: str, name: str = "content") -> str:
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _bad("'tools' must be a list")
-    out = []
-    for i, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise _bad(f"tools[{i}] must be an object")
-        if t.get("type") != "function":
-            continue  # hosted or client-run tools (web_search, local_shell, namespace …)
-        if not isinstance(t.get("name"), str):
-            raise _bad(f"tools[{i}].name must be a string")
-        out.append({k: t[k] for k in ("name", "description", "parameters")
-                    if t.get(k) is not None})  # fmt: skip
-    return out
+    """Function tools; hosted or client-run ones (web_search, local_shell, namespace …) are
+    left out, as Codex needs."""
+    return tool_list(value, keep=lambda t: t.get("type") == "function", schema_key="parameters")
 
 
 def _tool_choice(value: Any) -> str | dict[str, str] | None:
