@@ -159,6 +159,9 @@ def run_command(
         render.emit_json("run", {"model": model or "default", "text": text, "done": gen.done or {}})
     elif sys.stdout.isatty() and not text.endswith("\n"):
         sys.stdout.write("\n")
+    if opts.format and gen.done is not None and gen.done.get("finish_reason") == "length":
+        render.message("modeld: the reply was cut at the token limit before it was complete, "
+                       "so it may not parse; raise --max-tokens")
     if opts.verbose:
         _timings(gen.done or {})
 
