@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool, forced_tool
+from modeld.messages import Tool, forced_tool, forces_call
 from modeld.replyparse import native_family
 
 #: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
@@ -42,12 +42,11 @@ def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
     """The GBNF a reply must follow, or None when it is free text (raises InvalidRequestError
     naming the part that cannot be used). ``family``: the tool-call syntax of the model's
     template (:func:`modeld.replyparse.native_family`): a forced call is written in it."""
-    forced = bool(tools) and tool_choice not in ("auto", "none")
     if fmt is not None and tools and tool_choice != "none":
         raise InvalidRequestError(
             "'format' and 'tools' cannot be used together",
             hint="constrain the reply with a format, or let the model call tools, not both")
-    if forced:
+    if forces_call(tools, tool_choice):
         schema = tool_call_schema(tools, forced_tool(tool_choice), family)
         call = from_schema(schema, "the tool's 'parameters'")
         return check(_wrapped(call, family), "tool_choice")

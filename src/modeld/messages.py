@@ -181,6 +181,11 @@ def parse_tool_choice(value: Any, tools: Sequence[Tool], fail: Fail) -> str:
     return str(value)
 
 
+def forces_call(tools: Sequence[Tool], choice: str) -> bool:
+    """The reply must be a tool call: ``required`` or one named tool, with tools declared."""
+    return bool(tools) and choice not in ("auto", "none")
+
+
 def forced_tool(choice: str) -> str | None:
     """The one tool a choice names (None for auto/none/required)."""
     return choice.removeprefix("function:") if choice.startswith("function:") else None

@@ -17,6 +17,7 @@ from modeld import ctx, grammar, protocol
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner
+from modeld.messages import forces_call
 from modeld.modelinfo import ModelInfo
 from modeld.replies import (
     DoneBody,
@@ -135,7 +136,8 @@ def request_job(
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
         grammar=None if req.count_only else grammar.for_request(
             req.format, req.tools, req.tool_choice,
-            grammar.family_of(key.path) if req.tools else "generic"),
+            grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice)
+            else "generic"),
         think=req.think, count_only=req.count_only,
     )  # fmt: skip
     job = Job(client, rid, "generate", key, name, payload,

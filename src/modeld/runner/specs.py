@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeld import options
-from modeld.messages import ChatMessage, Tool, parse_messages, parse_tools
+from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
 from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
 from modeld.runner.promptcache import PROMPT_CACHE_MIB
@@ -50,7 +50,7 @@ class GenerateSpec:
     @property
     def forced_tools(self) -> bool:
         """The reply must be a tool call (``required`` or one named tool: a grammar says so)."""
-        return bool(self.tools) and self.tool_choice not in ("auto", "none")
+        return forces_call(self.tools, self.tool_choice)
 
 
 @dataclass(frozen=True)
