@@ -32,8 +32,9 @@ MAX_GRAMMAR_BYTES = 1 << 20
 #: Deepest nesting of groups handed to llama.cpp's parser (a schema's ``maxLength: 100000``
 #: nests 100000 deep and crashed it with a stack overflow: llama.cpp#22396's family).
 MAX_NESTING = 1024
-_HINT = "simplify the schema (llama.cpp's converter supports the JSON Schema subset of " \
-        "docs/protocol.md), or send 'format': 'json'"  # fmt: skip
+_HINT = "simplify the schema (llama.cpp's converter takes a subset of JSON Schema: local " \
+        "$refs only, patterns anchored with ^…$, small repetition bounds), or send " \
+        "'format': 'json'"  # fmt: skip
 _lock = threading.Lock()
 
 
