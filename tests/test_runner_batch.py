@@ -56,7 +56,7 @@ def test_load_reports_the_sequences_and_their_context(runner: Harness, tiny_mode
     loaded = runner.loaded(tiny_model, n_ctx=256, parallel=4)
     assert loaded["parallel"] == 4
     assert loaded["n_ctx"] == 256  # per sequence
-    assert loaded["greedy_batch_invariant"] is False
+    assert loaded["greedy_batch_invariant"] is True  # fixed decode shapes (microbatch.py)
     one = runner.loaded(tiny_model, n_ctx=256)
     assert one["parallel"] == 1 and one["greedy_batch_invariant"] is True
 

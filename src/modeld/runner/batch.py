@@ -28,8 +28,8 @@ import llama_cpp._internals
 from modeld import probe, replyparse
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
 from modeld.replies import ToolCallDone
+from modeld.runner import microbatch, specs
 from modeld.runner import protocol as rp
-from modeld.runner import specs
 from modeld.runner.generation import DecodeBatch, Grammar, PromptState, make_sampler, plain_greedy
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
@@ -100,8 +100,12 @@ class Stream:
 class BatchEngine:
     """Runs generate requests on ``parallel`` sequences of one context until none is left."""
 
-    def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host) -> None:
+    def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host,
+                 *, invariant: bool = False) -> None:
         self.llm = llm
+        # greedy replies must not depend on the batch: decode calls of fixed shapes
+        # (microbatch.py); the model was loaded without repacked weights
+        self.invariant = invariant
         self.states = states  # one per sequence id, sharing one snapshot store
         self.host = host
         self.vocab = llm._model.vocab
@@ -263,34 +267,52 @@ class BatchEngine:
         request its first token one pass sooner, and a piece alone in its call is *stable*
         (its logits equal a solo evaluation's, so it may be reused for greedy requests). The
         running streams wait at most one ``n_batch`` piece per step."""
-        pieces = self._plan_pieces()
-        if pieces:
+        calls = self._plan_pieces()
+        for pieces in calls:
             self._decode_prompts(pieces)
+        if calls:
             self._read_messages()  # a cancel sent meanwhile stops its stream before its 2nd token
             if self.stop_all is not None:
                 return
         streaming = sorted((s for s in self.streams if s.next_token is not None),
                            key=lambda s: s.seq)
-        if streaming:
+        if not streaming:
+            return
+        if not self.invariant:
             self._decode_tokens(streaming)
+            return
+        by_seq = {s.seq: s for s in streaming}
+        for call in microbatch.decode_calls(list(by_seq)):
+            self._decode_tokens([by_seq[seq] for seq in call], pad=len(call) == 1)
 
-    def _plan_pieces(self) -> list[tuple[Stream, Piece]]:
-        """The prompt parts to evaluate in this step: up to one batch, the oldest prompt first,
-        in sequence-id order (llama.cpp puts consecutive sequence ids in one micro-batch)."""
+    def _plan_pieces(self) -> list[list[tuple[Stream, Piece]]]:
+        """The prompt parts to evaluate in this step, as decode calls: up to one batch, the
+        oldest prompt first, in sequence-id order (llama.cpp puts consecutive sequence ids in
+        one micro-batch). When greedy replies must not depend on the batch, a greedy prompt's
+        piece is never cut and has a call of its own, as when it is evaluated alone."""
         room = self.batch.capacity
-        planned: list[tuple[Stream, Piece]] = []
+        shared: list[tuple[Stream, Piece]] = []
+        calls: list[list[tuple[Stream, Piece]]] = []
         for stream in self.streams:  # arrival order
             if not stream.todo or room <= 0:
                 continue
             start, end = stream.todo[0]
+            if self.invariant and stream.spec.sampling.greedy:
+                if end - start <= room:  # else it waits for the next step, whole
+                    stream.todo.popleft()
+                    calls.append([(stream, (start, end))])
+                    room -= end - start
+                continue
             if end - start > room:  # the rest of this piece goes in the next step
                 stream.todo[0] = (start + room, end)
                 end = start + room
             else:
                 stream.todo.popleft()
-            planned.append((stream, (start, end)))
+            shared.append((stream, (start, end)))
             room -= end - start
-        return sorted(planned, key=lambda p: p[0].seq)
+        if shared:
+            calls.append(sorted(shared, key=lambda p: p[0].seq))
+        return calls
 
     def _decode_prompts(self, pieces: list[tuple[Stream, Piece]]) -> None:
         batch = self.batch
@@ -312,7 +334,10 @@ class BatchEngine:
             self._sampled(stream, self._sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
 
-    def _decode_tokens(self, streaming: list[Stream]) -> None:
+    def _decode_tokens(self, streaming: list[Stream], *, pad: bool = False) -> None:
+        """The next token of each of ``streaming`` in one call. ``pad``: the one sequence gets
+        a second query row at its next position (dropped after the call), so its attention is
+        computed as beside other sequences (microbatch.py)."""
         batch = self.batch
         rows: list[tuple[Stream, int, int]] = []
         for stream in streaming:
@@ -322,7 +347,15 @@ class BatchEngine:
             rows.append((stream, stream.next_token, index))
             stream.next_token = None
             stream.batched_max = max(stream.batched_max, len(streaming))
-        if not self._decode(streaming):
+        if pad:  # its position is free: a stream decodes at most at n_ctx_seq - 2
+            (stream, token, _), = rows
+            batch.add(token, len(stream.state.tokens) + 1, stream.seq, False)
+        ok = self._decode(streaming)
+        if pad and ok:
+            (stream, _, _), = rows
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.llm._ctx.ctx),
+                                          stream.seq, len(stream.state.tokens) + 1, -1)
+        if not ok:
             return
         for stream, token, index in rows:
             stream.state.decoded(token)

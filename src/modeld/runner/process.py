@@ -153,7 +153,9 @@ class Runner(RunnerServer):
             n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
             states = [PromptState(llm, 0, seq=i, store=store) for i in range(n_seq)]
             self.state = states[0]
-            self.engine = BatchEngine(llm, states, self)
+            # several sequences: decoded in calls of fixed shapes, so greedy replies do not
+            # depend on the batch (loaded without repacked weights: _open_llama)
+            self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1)
             self.engine.chat_qa = self.chat_format == chat.QA
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
@@ -169,9 +171,9 @@ class Runner(RunnerServer):
             rp.loaded(
                 n_ctx=llm.n_ctx() // parallel,
                 parallel=parallel,
-                # measured (docs/benchmarks.md): a sequence decoded beside others gets other
-                # logits on this CPU backend, so deterministic greedy requests run alone
-                greedy_batch_invariant=parallel == 1,
+                # one sequence, or decode calls of fixed shapes (runner/microbatch.py; tested:
+                # tests/test_batch_invariance.py): batching never changes a greedy token
+                greedy_batch_invariant=True,
                 n_ctx_train=llm._model.n_ctx_train(),
                 load_s=load_s,
                 warmup_s=warmup_s,
@@ -355,7 +357,7 @@ def _open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     """The one place a Llama is created: flash attention on, SWA caches at window size, and
     ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
     n_seq = spec.parallel if spec.mode == "generate" else 1
-    with _sequences(n_seq):
+    with _sequences(n_seq), _repacked_weights(n_seq <= 1):
         return llama_cpp.Llama(
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
@@ -393,6 +395,30 @@ def _sequences(n_seq: int) -> Iterator[None]:
         yield
     finally:
         llama_cpp.llama_cpp.llama_context_default_params = default
+
+
+@contextlib.contextmanager
+def _repacked_weights(allowed: bool) -> Iterator[None]:
+    """Load without llama.cpp's repacked weights unless ``allowed``: their kernels compute a
+    micro-batch's rows four at a time and the rest one by one, so a sequence decoded beside
+    others would get other logits (runner/microbatch.py). Costs 3-5% of the decode rate
+    (docs/benchmarks.md). The high-level ``Llama`` has no such argument: as
+    :func:`_sequences`, its source of default model parameters answers for it meanwhile."""
+    if allowed:
+        yield
+        return
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def without() -> llama_cpp.llama_model_params:
+        params: llama_cpp.llama_model_params = default()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = without
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = default
 
 
 def render_template(
