@@ -15,6 +15,7 @@ does not change the token.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 import ggufgen
+from daemonutil import rows
 from modeld.runner import microbatch
 from modeld.runner import protocol as rp
 from test_runner import Harness
@@ -34,10 +36,13 @@ TOPICS = ("the history of the lighthouse", "a recipe for bread", "why the sky is
 
 
 def gemma_prompts() -> list[str]:
-    """Eight prompts of different lengths; two of them past 512 tokens."""
+    """Eight prompts of different lengths: two past 512 tokens (a lone one is padded: its KV
+    view is 512+ cells), one of 116 that crosses microbatch.PAD_FROM while it decodes."""
     out = []
     for i, topic in enumerate(TOPICS):
         lead = "A note on the archive. " * (110 + 7 * i) if i in (2, 5) else "Context. " * (3 * i)
+        if i == 7:
+            lead = "Context. " * 50
         out.append(f"{lead}Write a short essay about {topic}. Essay {i}:")
     return out
 
@@ -97,6 +102,13 @@ def _together(h: Harness, prompts: list[str], max_tokens: list[int], tag: str) -
     got = _collect(h, rids)
     assert max(got[r][1]["timings"]["batched_max"] for r in rids) > 1
     return [got[r][0] for r in rids]
+
+
+def test_a_lone_sequence_is_padded_only_where_attention_could_split() -> None:
+    assert not microbatch.needs_pad(True, microbatch.PAD_FROM - 1)
+    assert microbatch.needs_pad(True, microbatch.PAD_FROM)
+    assert not microbatch.needs_pad(False, 4096)
+    assert microbatch.PAD_FROM <= 256 // 2  # llama.cpp views 256 cells at least
 
 
 def test_decode_calls_are_runs_of_at_most_seven() -> None:
@@ -167,3 +179,45 @@ def test_another_architecture_greedy_replies_equal_solo(
     for n in (2, 4, 7, 8):
         got = _together(runner, prompts[:n], [60] * n, f"n{n}")
         assert got == solo[:n], n
+
+
+def test_daemon_batches_default_greedy_requests_with_solo_replies(
+    daemon_factory: Any, model_factory: Any
+) -> None:
+    """Through the daemon: greedy requests (``deterministic`` unset: the promise holds) from 4
+    clients share decode steps, and each reply equals the same request on an idle model (the
+    text: the runner tests above compare log-probabilities too)."""
+    model = model_factory("llama", **dict(ggufgen.Q8, context_length=4096))
+    d = daemon_factory("--parallel", "4")
+    c = d.client()
+    words = ("the quick brown fox", "once upon a time", "1 2 3 4", "hello world")
+    prompts = [" ".join([w] * (3 + 20 * i)) for i, w in enumerate(words)]
+
+    def run(client: Any, prompt: str) -> tuple[str, int]:
+        gen = client.generate(str(model), prompt, max_tokens=80, temperature=0)
+        text = gen.text()
+        assert gen.done is not None
+        return text, gen.done["timings"]["batched_max"]
+
+    refs = [run(c, p) for p in prompts]
+    assert all(batched == 1 for _, batched in refs)
+    got: dict[int, tuple[str, int]] = {}
+    errors: list[BaseException] = []
+
+    def client_thread(i: int) -> None:
+        try:
+            with d.client() as own:
+                got[i] = run(own, prompts[i])
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=client_thread, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors, errors
+    assert [got[i][0] for i in range(4)] == [text for text, _ in refs]
+    assert max(got[i][1] for i in range(4)) > 1  # they shared decode steps
+    row = rows(c)[model.name]
+    assert "run alone" not in (row["parallel_reason"] or "")

@@ -101,11 +101,11 @@ class BatchEngine:
     """Runs generate requests on ``parallel`` sequences of one context until none is left."""
 
     def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host,
-                 *, invariant: bool = False) -> None:
+                 *, invariant: bool = False, max_rows: int = microbatch.MAX_ROWS) -> None:
         self.llm = llm
-        # greedy replies must not depend on the batch: decode calls of fixed shapes
-        # (microbatch.py); the model was loaded without repacked weights
-        self.invariant = invariant
+        # greedy replies must not depend on the batch: decode calls of fixed shapes, at most
+        # max_rows sequences each (microbatch.py); the model was loaded without repacked weights
+        self.invariant, self.max_rows = invariant, max_rows
         self.states = states  # one per sequence id, sharing one snapshot store
         self.host = host
         self.vocab = llm._model.vocab
@@ -282,8 +282,9 @@ class BatchEngine:
             self._decode_tokens(streaming)
             return
         by_seq = {s.seq: s for s in streaming}
-        for call in microbatch.decode_calls(list(by_seq)):
-            self._decode_tokens([by_seq[seq] for seq in call], pad=len(call) == 1)
+        for call in microbatch.decode_calls(list(by_seq), self.max_rows):
+            self._decode_tokens([by_seq[seq] for seq in call], pad=microbatch.needs_pad(
+                len(call) == 1, len(by_seq[call[0]].state.tokens)))
 
     def _plan_pieces(self) -> list[list[tuple[Stream, Piece]]]:
         """The prompt parts to evaluate in this step, as decode calls: up to one batch, the

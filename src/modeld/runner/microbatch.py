@@ -12,7 +12,12 @@ call in three ways (measured: bench/invariance.py, docs/benchmarks.md):
 - flash attention over one query row of one KV stream with 512 cells or more splits the cells
   among the threads and adds the parts up in another order: a sequence alone in its
   micro-batch gets a second query row (its next position, dropped after the call), so it is
-  always computed as it is beside others.
+  always computed as it is beside others. llama.cpp views ``max(256, used cells rounded up to
+  256)`` cells, and a sequence's cells are its positions, in order, from the first cell of its
+  stream (a shorter prompt truncates the cells after it; a sliding-window cache that wrapped is
+  never truncated to fewer than its window: generation.PromptState._truncate), so below
+  :data:`PAD_FROM` positions the view is 256 cells and the second row is left out: it costs
+  11% of a lone sequence's decode rate (bench/invariance.py, docs/benchmarks.md).
 
 Everything here is pure: which sequences share a call, given the streaming sequence ids.
 """
@@ -21,8 +26,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-#: Rows of one decode micro-batch at most: ggml-cpu's tiled matmul starts at 8.
+#: Rows of one decode micro-batch at most: ggml-cpu's tiled matmul starts at 8 (unless the
+#: runner's environment turns it off: ``GGML_CPU_TILED_MM=0``, then any number).
 MAX_ROWS = 7
+#: A sequence alone in its micro-batch holding this many positions or more gets the second
+#: query row (half of the 256 cells below which attention is never split: a margin).
+PAD_FROM = 128
+
+
+def needs_pad(alone: bool, positions: int) -> bool:
+    """Whether a sequence holding ``positions`` gets a second query row in its decode call."""
+    return alone and positions >= PAD_FROM
 
 
 def runs(seqs: Sequence[int]) -> list[list[int]]:

@@ -37,7 +37,7 @@ from modeld import memory, probe
 from modeld.errors import ErrorCode, InvalidRequestError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, prompting, rank, specs
+from modeld.runner import chat, microbatch, prompting, rank, specs
 from modeld.runner import protocol as rp
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
@@ -155,7 +155,8 @@ class Runner(RunnerServer):
             self.state = states[0]
             # several sequences: decoded in calls of fixed shapes, so greedy replies do not
             # depend on the batch (loaded without repacked weights: _open_llama)
-            self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1)
+            self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
+                                      max_rows=_max_rows(n_seq))
             self.engine.chat_qa = self.chat_format == chat.QA
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
@@ -395,6 +396,16 @@ def _sequences(n_seq: int) -> Iterator[None]:
         yield
     finally:
         llama_cpp.llama_cpp.llama_context_default_params = default
+
+
+def _max_rows(n_seq: int) -> int:
+    """Sequences one decode call holds at most: fewer than ggml-cpu's tiled matmul takes (8
+    rows), unless this process's environment turns that kernel off (``GGML_CPU_TILED_MM=0``,
+    read by ggml-cpu once per process: prompts then lose 22%, decode steps of 8 or more
+    sequences stay whole: docs/benchmarks.md)."""
+    if os.environ.get("GGML_CPU_TILED_MM", "").strip() == "0":
+        return max(1, n_seq)
+    return microbatch.MAX_ROWS
 
 
 @contextlib.contextmanager
