@@ -20,9 +20,13 @@ from modeld import paths
 from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
 from modeld.memory import MiB
-from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+#: Default bound of each generate-mode runner's prompt-state store (the ``prompt_cache_mib``
+#: setting): about 20 snapshots of a short gemma-3-270m prompt (18 KiB of KV per token plus a
+#: 1 MiB logits row).
+PROMPT_CACHE_MIB = 32
 
 
 DEFAULT_HTTP = "127.0.0.1:11434"  # Ollama's port, so its clients work unchanged

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Waiting
 from modeld.daemon.pool import BASELINE_WAIT_S, RunnerPool

@@ -12,15 +12,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from modeld import ctx, protocol
+from modeld import ctx, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
 from modeld.replies import PsRow, UnloadedRow
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
@@ -258,7 +256,7 @@ class Dispatch:
         if slot is not None and slot.active.get(job.runner_rid) is job:
             if not job.cancel_sent:
                 job.cancel_sent = True
-                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
+                self.sup.send(slot.runner_id, runnerwire.cancel(job.runner_rid))
             return True
         if slot is not None and job in slot.queue:
             slot.queue.remove(job)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modeld import ctx, grammar, protocol
+from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner
@@ -29,7 +30,6 @@ from modeld.replies import (
     RerankDone,
     Usage,
 )
-from modeld.runner import protocol as rp
 
 
 @dataclass(eq=False)

@@ -13,12 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from modeld import memory
+from modeld import memory, runnerwire
 from modeld.cache.policy import CachePolicy
 from modeld.config import Settings
 from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import format_bytes
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
@@ -131,7 +130,7 @@ class RunnerPool:
             and runner.stopping_since is None
         ):
             self.recycling.add(runner_id)
-            self.sup.send(runner_id, runner_protocol.unload())
+            self.sup.send(runner_id, runnerwire.unload())
         else:
             self.sup.stop(runner_id)
 

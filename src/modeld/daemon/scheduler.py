@@ -18,10 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from modeld import paths, protocol
+from modeld import paths, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.daemon.admission import Admission
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
@@ -38,7 +37,6 @@ from modeld.errors import (
 )
 from modeld.modelinfo import ModelInfo
 from modeld.replies import PsRow, UnloadedRow
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 #: The advice a full queue gives (HTTP ``Retry-After``): about one short generation's time.
@@ -178,7 +176,7 @@ class Scheduler:
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
             format_bytes(size.need_bytes),
         )  # fmt: skip
-        msg = runner_protocol.load(
+        msg = runnerwire.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
             seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
             # a waiting request is the warm-up: a separate one would only delay it

@@ -24,10 +24,9 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, paths
+from modeld import __version__, paths, sizing
 from modeld.cache.policy import CachePolicy
 from modeld.config import Settings, load_settings
-from modeld.daemon import sizing
 from modeld.daemon.service import Service
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (

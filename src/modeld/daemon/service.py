@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, memory, protocol
+from modeld import __version__, memory, planning, protocol
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
 from modeld.daemon.jobs import Job, keep_alive_of, request_job, requested_ctx
@@ -282,12 +282,10 @@ class Service:
         return keys
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
-        from modeld import describe
-
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         sched = self.sched
         slot = sched.slots.get(key)
-        out = describe.show_data(
+        out = planning.show_data(
             sched.model_info(key), key, name, sched.cache, sched.baseline, self.settings,
             req.n_ctx, None if slot is None else (slot.parallel, slot.parallel_reason),
         )

@@ -26,8 +26,8 @@ from typing import Any
 
 import zmq
 
+from modeld import runnerwire
 from modeld.protocol import ProtocolError
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
@@ -108,7 +108,7 @@ class Supervisor:
             runner.pending.append(msg)
             return True
         try:
-            self.socket.send_multipart([runner_id.encode(), *runner_protocol.encode(msg)])
+            self.socket.send_multipart([runner_id.encode(), *runnerwire.encode(msg)])
         except zmq.ZMQError as exc:
             log.warning("cannot send %s to runner %s: %s", msg.get("type"), runner_id, exc)
             return False
@@ -118,8 +118,8 @@ class Supervisor:
         """One message from a runner (``hello`` handled here), or None if it was dropped."""
         frames = self.socket.recv_multipart()
         ident = frames[0].decode("utf-8", "replace")
-        if ident.endswith(runner_protocol.HEARTBEAT_SUFFIX):
-            beating = self.runners.get(ident.removesuffix(runner_protocol.HEARTBEAT_SUFFIX))
+        if ident.endswith(runnerwire.HEARTBEAT_SUFFIX):
+            beating = self.runners.get(ident.removesuffix(runnerwire.HEARTBEAT_SUFFIX))
             if beating is not None:
                 beating.last_heard = self._clock()
             return None
@@ -130,7 +130,7 @@ class Supervisor:
             log.warning("dropping message from unknown runner %r", ident)
             return None
         try:
-            msg = runner_protocol.decode(frames[1:])
+            msg = runnerwire.decode(frames[1:])
         except ProtocolError as exc:
             log.warning("dropping malformed message from runner %s: %s", ident, exc)
             return None
@@ -151,7 +151,7 @@ class Supervisor:
             return
         runner.stopping_since = self._clock()
         if runner.ready:
-            self.send(runner_id, runner_protocol.shutdown())
+            self.send(runner_id, runnerwire.shutdown())
         else:  # not even connected yet: nothing to be polite to
             self._kill(runner)
 
@@ -179,7 +179,7 @@ class Supervisor:
         is given the benefit of the doubt: :meth:`kill_stalled` catches it if it never talks."""
         if not runner.ready:
             return True
-        return self._clock() - runner.last_heard < 3 * runner_protocol.HEARTBEAT_S
+        return self._clock() - runner.last_heard < 3 * runnerwire.HEARTBEAT_S
 
     def kill_stalled(self, stall_s: float) -> list[Runner]:
         """Kill (with their process groups) the runners silent for more than ``stall_s``; their

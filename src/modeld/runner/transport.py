@@ -21,9 +21,9 @@ from typing import Any
 
 import zmq
 
+from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, ModeldError
 from modeld.protocol import ProtocolError
-from modeld.runner import protocol as rp
 
 log = logging.getLogger("modeld.runner")
 
