@@ -113,7 +113,7 @@ def _type_metavar(ann: Any) -> str:
 
 def _param(param: Any, help_text: str | None) -> Param:
     """Reduce a Typer parameter to a :class:`Param`."""
-    from modeld.config import LOG_LEVELS
+    from modeld.settingvalues import LOG_LEVELS
 
     name = str(param.name)
     # Long names first, then short ones (a stable sort keeps the declared order within each):
