@@ -2,7 +2,8 @@
 
 Three layers, as in jupyter_client: building messages (:func:`request`, :func:`chunk`,
 :func:`done`, :func:`error_reply`), encoding them to frames (:func:`encode` / :func:`decode`),
-and socket I/O (only in ``daemon.py`` and ``client.py``). Keeping this layer pure lets it be
+and socket I/O (only in :mod:`modeld.daemon.service`, :mod:`modeld.client`,
+:mod:`modeld.http.bridge` and the CLI's fast path :mod:`modeld.cli.fastwire`). Keeping this layer pure lets it be
 tested by round-trip and lets the daemon reject any bad input with a typed error instead of
 crashing. The wire format is documented in ``docs/protocol.md``.
 

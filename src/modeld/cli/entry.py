@@ -1,6 +1,6 @@
 """The ``modeld`` console script: fast paths for run, load, ps, --help and --version.
 
-Why: every shell call pays the CLI's start-up. The Typer app (cli.py) costs 60-200 ms of imports
+Why: every shell call pays the CLI's start-up. The Typer app (cli/app.py) costs 60-200 ms of imports
 before it does anything (Typer/click ~50 ms, modeld.config ~30 ms, pyzmq's Python layer 25-40
 ms; ``python -X importtime``), several times a bare ``python -c pass`` and, for ``modeld run``
 on a warm model, more than the generation itself. This module serves the hot commands with the

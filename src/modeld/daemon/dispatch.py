@@ -16,7 +16,7 @@ from modeld import ctx, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
 from modeld.daemon.jobs import Job, Send, Slot, done_body
-from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
 from modeld.replies import PsRow, UnloadedRow
 
@@ -134,7 +134,7 @@ class Dispatch:
         if not job.client_gone:
             self._send(job, msg)
 
-    def loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any], now: float) -> bool:
+    def loaded(self, slot: Slot, runner: RunnerHandle, msg: dict[str, Any], now: float) -> bool:
         """The runner loaded ``slot``'s model: charge what it measured (plus the prompt cache
         it fills later), take its ``parallel``; False when the entry is gone meanwhile."""
         memory = msg.get("memory") if isinstance(msg.get("memory"), dict) else {}

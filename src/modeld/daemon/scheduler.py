@@ -25,7 +25,7 @@ from modeld.daemon.admission import Admission
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
 from modeld.daemon.pool import RunnerPool
-from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
     InvalidModelError,
@@ -246,7 +246,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------ runner events
 
-    def on_runner_message(self, runner: Runner, msg: dict[str, Any]) -> None:
+    def on_runner_message(self, runner: RunnerHandle, msg: dict[str, Any]) -> None:
         mtype = msg["type"]
         if mtype == "hello":
             self.pool.on_hello(runner)
@@ -288,7 +288,7 @@ class Scheduler:
             if isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
                 self.cache.update_measured(slot.key, int(footprint["rss"]))
 
-    def _on_loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any]) -> None:
+    def _on_loaded(self, slot: Slot, runner: RunnerHandle, msg: dict[str, Any]) -> None:
         if self.dispatch.loaded(slot, runner, msg, self._clock()):
             self._rebalance()
             self.dispatch.pump(slot)
@@ -307,7 +307,7 @@ class Scheduler:
         self.expire()
         self.admission.retry()
 
-    def on_runner_exit(self, runner: Runner) -> None:
+    def on_runner_exit(self, runner: RunnerHandle) -> None:
         """A runner process ended: free its memory; fail or re-route its requests."""
         self.pool.on_exit(runner)
         self.cache.unload_finished(runner.id)
@@ -316,7 +316,7 @@ class Scheduler:
             self._lost_runner(slot, runner)
         self.admission.retry()
 
-    def _lost_runner(self, slot: Slot, runner: Runner) -> None:
+    def _lost_runner(self, slot: Slot, runner: RunnerHandle) -> None:
         """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
         for silence); a loaded model is dropped, its requests fail and its queue re-routes."""
         entry = self.cache.get(slot.key)

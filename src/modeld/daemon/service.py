@@ -247,8 +247,9 @@ class Service:
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         self.sched.cache.clear_failure(key)
         keep_alive = keep_alive_of(req.keep_alive, self.settings)
-        return Job(client, rid, "load", key, name, {}, keep_alive, requested_ctx(req.n_ctx),
-                   req.pinned, parallel=req.parallel)  # fmt: skip
+        return Job(client=client, rid=rid, kind="load", key=key, name=name,
+                   keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
+                   parallel=req.parallel)  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         keys = list(self.sched.slots) if req.all else self._loaded_keys(req.model, req.mode)
