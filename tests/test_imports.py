@@ -20,6 +20,7 @@ PURE_MODULES = [
     "modeld.registry",
     "modeld.pull.names",
     "modeld.runnerwire",
+    "modeld.replyflow",
     "modeld.sizing",
     "modeld.planning",
     "modeld.runner.specs",

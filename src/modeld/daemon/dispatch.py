@@ -9,16 +9,16 @@ ends (its reply sent, its id released). Owned by the daemon's event loop (no loc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 from modeld import ctx, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
+from modeld.daemon.decisions import AnswerLoad, Reload
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
-from modeld.replies import PsRow, UnloadedRow
 
 log = logging.getLogger("modeld.daemon")
 
@@ -27,20 +27,12 @@ class Dispatch:
     """The slots of loaded models and the open requests, by (client, request id)."""
 
     def __init__(
-        self,
-        settings: Settings,
-        cache: CachePolicy,
-        supervisor: Supervisor,
-        send: Send,
-        reload: Callable[[Slot], None],
-        row: Callable[[ModelKey], PsRow | UnloadedRow],
+        self, settings: Settings, cache: CachePolicy, supervisor: Supervisor, send: Send
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.sup = supervisor
-        self._send = send
-        self._reload = reload  # the scheduler's: evict, then admit again with a larger context
-        self._row = row  # the ps row a finished ``load`` replies with
+        self._send = send  # the daemon's socket: replies to clients
         self.slots: dict[ModelKey, Slot] = {}
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self._seq = 0
@@ -57,12 +49,13 @@ class Dispatch:
             slot.queue.append(job)
         self.cache.enqueue(slot.key)
 
-    def pump(self, slot: Slot) -> None:
+    def pump(self, slot: Slot) -> Iterator[Reload | AnswerLoad]:
         """Send queued requests of ``slot`` to its runner, FIFO, up to ``slot.parallel`` at
         once. A deterministic greedy request (``Job.alone``) waits for the runner to be free
         and has it to itself, unless the runner reports batching never changes greedy tokens.
         A request that needs a reload waits until nothing runs (a busy runner is never
-        stopped)."""
+        stopped): then the slot is yielded as a :class:`Reload`; a ``load`` request that
+        reaches its ready model is yielded to be answered with its row."""
         entry = self.cache.get(slot.key)
         while (
             entry is not None
@@ -78,7 +71,7 @@ class Dispatch:
                 return
             if self.needs_reload(slot, job, entry.n_ctx):
                 if not slot.active:
-                    self._reload(slot)
+                    yield Reload(slot)
                 return
             slot.queue.popleft()
             self.cache.dequeue(slot.key)
@@ -86,7 +79,7 @@ class Dispatch:
                 if job.pinned:
                     self.cache.set_pinned(slot.key, True)
                 self.cache.touch(slot.key, job.keep_alive_s)
-                self.finish(job, protocol.done(job.rid, model=self._row(slot.key)))
+                yield AnswerLoad(job, slot)
                 continue
             self.cache.acquire(slot.key)
             slot.last_client = job.client

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, protocol, runnerwire, sizing
+from modeld import paths, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.admission import Admission
+from modeld.daemon.decisions import AnswerLoad, Decision, Evict, Pump, Reload, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
 from modeld.daemon.pool import RunnerPool
@@ -60,10 +61,8 @@ class Scheduler:
         self._send = send
         self._clock = clock
         self.pool = RunnerPool(settings, cache, supervisor, clock)
-        self.dispatch = Dispatch(settings, cache, supervisor, send, self._reload, self.row)
-        self.admission = Admission(
-            settings, cache, self.pool, self.dispatch, clock, self._start_load, self.evict
-        )
+        self.dispatch = Dispatch(settings, cache, supervisor, send)
+        self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
         self.stopping = False
         self._last_file_check = 0.0
         # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
@@ -137,12 +136,12 @@ class Scheduler:
                 self.cache.record_miss()
                 job.waited_for_load = True
             self.dispatch.enqueue(slot, job)
-            self.dispatch.pump(slot)
+            self._pump(slot)
             return
         self.cache.record_miss()
         job.waited_for_load = True
         if not self.admission.join(job, draining=slot is not None):
-            self.admission.admit(job.key, job.name, [job], None)
+            self.carry_out(self.admission.admit(job.key, job.name, [job], None))
 
     def _retire_stale(self, key: ModelKey) -> None:
         """Older versions of a file that changed on disk go once idle."""
@@ -152,10 +151,30 @@ class Scheduler:
 
     # ------------------------------------------------------------------ loads and evictions
 
-    def _start_load(
-        self, key: ModelKey, name: str, jobs: list[Job], info: ModelInfo, size: sizing.Sizing
-    ) -> None:
-        """Admission said yes: a runner loads ``key`` and ``jobs`` queue on its new slot."""
+    def carry_out(self, decisions: Iterable[Decision]) -> None:
+        """Do what admission or dispatch decided, each before the part plans its next."""
+        for decision in decisions:
+            match decision:
+                case StartLoad():
+                    self._start_load(decision)
+                case Evict(key=key, reason=reason):
+                    self.evict(key, reason)
+                case Reload(slot=slot):
+                    self._reload(slot)
+                case AnswerLoad(job=job, slot=slot):
+                    self.dispatch.finish(job, protocol.done(job.rid, model=self.row(slot.key)))
+                case Pump(slot=slot):
+                    self._pump(slot)
+
+    def _pump(self, slot: Slot) -> None:
+        self.carry_out(self.dispatch.pump(slot))
+
+    def _retry(self) -> None:
+        self.carry_out(self.admission.retry())
+
+    def _start_load(self, load: StartLoad) -> None:
+        """Admission said yes: a runner loads the model and its jobs queue on its new slot."""
+        key, name, jobs, info, size = load.key, load.name, load.jobs, load.info, load.size
         runner = self.pool.take()
         keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
         self.cache.begin_load(
@@ -193,7 +212,7 @@ class Scheduler:
             self.cache.dequeue(slot.key)
             job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
-        self.admission.requeue(slot.key, slot.name, jobs)
+        self.carry_out(self.admission.requeue(slot.key, slot.name, jobs))
 
     def evict(self, key: ModelKey, reason: EvictionReason) -> None:
         """Take ``key`` out of service; its memory is freed when its runner has exited."""
@@ -251,11 +270,11 @@ class Scheduler:
         if mtype == "hello":
             self.pool.on_hello(runner)
             if self.waiting:
-                self.admission.retry()  # loads held back to be sized with a measured baseline
+                self._retry()  # loads held back to be sized with a measured baseline
             return
         if mtype == "unloaded":
             reusable = self.pool.on_unloaded(runner, msg)
-            self.admission.retry()  # its memory may be what a waiting load needs (takes the spare)
+            self._retry()  # its memory may be what a waiting load needs (takes the spare)
             if reusable:
                 self.pool.adopt(runner)  # ... and this runner takes the spare's place
             return
@@ -291,7 +310,7 @@ class Scheduler:
     def _on_loaded(self, slot: Slot, runner: RunnerHandle, msg: dict[str, Any]) -> None:
         if self.dispatch.loaded(slot, runner, msg, self._clock()):
             self._rebalance()
-            self.dispatch.pump(slot)
+            self._pump(slot)
 
     def _on_done(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
         self.dispatch.done(slot, job, msg, self._clock())
@@ -303,9 +322,9 @@ class Scheduler:
         self._after_release(slot)
 
     def _after_release(self, slot: Slot) -> None:
-        self.dispatch.pump(slot)
+        self._pump(slot)
         self.expire()
-        self.admission.retry()
+        self._retry()
 
     def on_runner_exit(self, runner: RunnerHandle) -> None:
         """A runner process ended: free its memory; fail or re-route its requests."""
@@ -314,7 +333,7 @@ class Scheduler:
         slot = self.dispatch.slot_of(runner.id)
         if slot is not None:
             self._lost_runner(slot, runner)
-        self.admission.retry()
+        self._retry()
 
     def _lost_runner(self, slot: Slot, runner: RunnerHandle) -> None:
         """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
@@ -431,7 +450,7 @@ class Scheduler:
                     ),
                 )
         self.admission.time_out(now)
-        self.admission.retry()
+        self._retry()
         self.ensure_spare()
 
     def expire(self) -> None:
@@ -441,7 +460,49 @@ class Scheduler:
             if slot is None or self.dispatch.idle(slot):
                 self.evict(entry.key, EvictionReason.KEEP_ALIVE)
 
-    # ------------------------------------------------------------------ views
+    # ------------------------------------------------------------------ views: the service's
+    # read API (what ps, show, stats and unload need, without reaching into the parts)
+
+    def ps(self) -> dict[str, Any]:
+        """The ``ps`` reply body: the rows and the budget."""
+        return {
+            "models": self.ps_rows(),
+            "budget_bytes": self.cache.budget_bytes,
+            "used_bytes": self.cache.used_bytes(),
+            "max_models": self.cache.max_models,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
+        stats: dict[str, Any] = dict(self.cache.stats())
+        stats.update(
+            runner_baseline_bytes=self.baseline,
+            spare_runner=self.spare is not None,
+            in_flight=len(self.jobs),
+            waiting=self.admission.queued(),
+        )
+        return stats
+
+    def show(self, key: ModelKey, name: str, n_ctx: int | None) -> dict[str, Any]:
+        """``show``'s document planned against the live cache, with the loaded row if any."""
+        slot = self.slots.get(key)
+        out = planning.show_data(
+            self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
+            None if slot is None else (slot.parallel, slot.parallel_reason),
+        )  # fmt: skip
+        out["loaded"] = self.row(key) if slot is not None else None
+        return out
+
+    def loaded(self) -> dict[ModelKey, str]:
+        """The models loaded or loading, with the names they were asked for."""
+        return {key: slot.name for key, slot in self.slots.items()}
+
+    def clients_waiting(self) -> set[bytes]:
+        """Clients with requests in flight that have not gone away."""
+        return {job.client for job in self.jobs.values() if not job.client_gone}
+
+    def forget_failure(self, key: ModelKey) -> None:
+        self.cache.clear_failure(key)
 
     def ps_rows(self) -> list[PsRow]:
         return ps_rows(self.cache, self.slots, self.waiting, self.sup.runners, self._clock())

@@ -2,11 +2,12 @@
 
 Split from :mod:`modeld.runner.process` (which owns the model; it and the modules it drives
 import llama_cpp) so that the rules of the conversation with the daemon live in one place: one
-request at a time, in order; ``cancel``/``shutdown``/``memory`` handled between tokens; anything else
-that arrives early queued; exit on ``shutdown`` or when the parent process dies. A heartbeat
-thread (:func:`heartbeats`) tells the daemon the process is alive while the main thread is inside
-llama.cpp (ctypes calls release the GIL), so a runner that stops answering (SIGSTOP, a deadlock
-holding the GIL, a frozen host) is told apart from one evaluating a long prompt.
+request at a time, in order; ``cancel``/``shutdown``/``memory`` handled between tokens; anything
+else that arrives early queued; exit on ``shutdown`` or when the parent process dies. A
+heartbeat thread (:func:`heartbeats`) tells the daemon the process is alive while the main
+thread is inside llama.cpp (ctypes calls release the GIL), so a runner that stops answering
+(SIGSTOP, a deadlock holding the GIL, a frozen host) is told apart from one evaluating a long
+prompt.
 """
 
 from __future__ import annotations
