@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import sys
 
-from modeld.cli.fastwire import Session, _Fallthrough, request
+from modeld.cli.fastwire import FastSession, _Fallthrough, request
 
 TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ class _Status:
 
 
 def _wait_streaming(
-    session: Session, replies: ReplyStream, status: _Status, on_chunk: Callable[[str], None]
+    session: FastSession, replies: ReplyStream, status: _Status, on_chunk: Callable[[str], None]
 ) -> dict[str, object]:
     """The done body of ``replies``' request, however long the daemon takes (an error reply
     raises); chunks go to ``on_chunk``; the status line ticks while nothing arrives."""
@@ -205,7 +205,8 @@ def _run(args: list[str]) -> None:
     from modeld.textcheck import from_argv
 
     model = _model_ref(pos[0])
-    session = Session()  # no daemon: hand over now, before stdin is read (the full CLI reads it)
+    # no daemon: hand over now, before stdin is read (the full CLI reads it)
+    session = FastSession()
     try:
         prompt, piped = from_argv(pos[1], "the prompt argument"), read_stdin_prompt()
     except BaseException:
@@ -270,7 +271,7 @@ def _load(args: list[str]) -> None:
         raise _Fallthrough
     model = pos[0] if pos else None
     ref = _model_ref(model)  # before the session: a hub name falls through here
-    session = Session()
+    session = FastSession()
     replies = session.send(
         "load",
         model=ref,

@@ -297,7 +297,7 @@ def _gone() -> Exception:
     )
 
 
-class Session:
+class FastSession:
     """One connection to the daemon for one command: send requests, read their replies.
 
     ``MODELD_FAST_TRANSPORT=pyzmq`` forces the pyzmq transport (used by the benchmarks).
@@ -377,7 +377,7 @@ def request(type_: str, endpoint: str | None = None, wait_s: float = _WAIT_S) ->
     Raises _Fallthrough only before sending (no daemon); after, an error reply or a failed
     exchange is a typed error (:mod:`modeld.errors`).
     """
-    session = Session(endpoint)
+    session = FastSession(endpoint)
     try:
         replies = session.send(type_)
         while True:

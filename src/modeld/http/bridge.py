@@ -29,7 +29,7 @@ from modeld.replyflow import ReplyStream
 REPLY_TIMEOUT_S = 3600.0
 
 
-class Session:
+class Conversation:
     """One HTTP request's conversation with the daemon."""
 
     def __init__(self, sock: zmq.asyncio.Socket, prefix: str,
@@ -81,7 +81,7 @@ class Session:
 
 
 class Bridge:
-    """Opens :class:`Session` s to the daemon at ``endpoint``."""
+    """Opens :class:`Conversation` s with the daemon at ``endpoint``."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -89,13 +89,13 @@ class Bridge:
         self._n = itertools.count(1)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
+    async def session(self) -> AsyncIterator[Conversation]:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)  # a final cancel still reaches the daemon
         sock.connect(self.endpoint)
         gone = disconnect.watcher()
         try:
-            yield Session(sock, f"http-{os.getpid():x}-{next(self._n)}", gone)
+            yield Conversation(sock, f"http-{os.getpid():x}-{next(self._n)}", gone)
         finally:
             disconnect.stop(gone)
             sock.close()
