@@ -13,12 +13,19 @@ from collections.abc import Iterator
 from typing import Any
 
 from modeld import ctx, protocol, runnerwire, sizing
-from modeld.cache.policy import CachePolicy, EntryState, ModelKey
+from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.decisions import AnswerLoad, Reload
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
-from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
+from modeld.errors import (
+    CancelledError,
+    ContextExceededError,
+    InvalidModelError,
+    ModeldError,
+    RunnerCrashedError,
+    format_bytes,
+)
 
 log = logging.getLogger("modeld.daemon")
 
@@ -255,6 +262,60 @@ class Dispatch:
             slot.queue.remove(job)
             self.cache.dequeue(job.key)
         return False
+
+    def runner_lost(self, slot: Slot, runner: RunnerHandle) -> list[Job]:
+        """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
+        for silence); a loaded model is dropped and its requests fail. Returns its queue, for
+        the scheduler to route again."""
+        entry = self.cache.get(slot.key)
+        why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
+        if runner.stalled_s is not None:
+            why = (
+                f"runner {runner.id} (pid {runner.pid}) stopped answering for "
+                f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
+            )
+        if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
+            self.load_failed(
+                slot,
+                RunnerCrashedError(
+                    f"loading {slot.name} failed: {why}",
+                    hint="retry; if it happens again see the runner log, or raise "
+                    "runner_stall_s if this machine pauses processes that long",
+                    details={"stalled_s": runner.stalled_s, "path": slot.key.path},
+                ),
+            )
+            self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
+            return []
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.load_failed(
+                slot,
+                InvalidModelError(
+                    f"{slot.name} could not be loaded: {why} while loading",
+                    hint="the file may be corrupt or unsupported; see the runner log",
+                    details={"exit_code": runner.exit_code, "path": slot.key.path},
+                ),
+            )
+            return []
+        log.warning("%s: %s", slot.name, why)
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in list(slot.active.values()):
+            self.finish(
+                job,
+                RunnerCrashedError(
+                    f"the runner of {slot.name} crashed: {why}",
+                    hint="retry; the model is loaded again on the next request"
+                    + ("" if runner.stalled_s is None else
+                       " (a runner silent for runner_stall_s is killed: raise it if "
+                       "this machine pauses processes that long)"),
+                    details={"exit_code": runner.exit_code, "stalled_s": runner.stalled_s},
+                ),
+            )  # fmt: skip
+        slot.active.clear()
+        requeue = list(slot.queue)
+        slot.queue.clear()
+        return requeue
 
     # ------------------------------------------------------------------ lookups
 

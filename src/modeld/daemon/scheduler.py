@@ -29,9 +29,7 @@ from modeld.daemon.pool import RunnerPool
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
-    InvalidModelError,
     RequestTimeoutError,
-    RunnerCrashedError,
     ShuttingDownError,
     error_from_dict,
     format_bytes,
@@ -332,62 +330,9 @@ class Scheduler:
         self.cache.unload_finished(runner.id)
         slot = self.dispatch.slot_of(runner.id)
         if slot is not None:
-            self._lost_runner(slot, runner)
+            for job in self.dispatch.runner_lost(slot, runner):
+                self._route(job)
         self._retry()
-
-    def _lost_runner(self, slot: Slot, runner: RunnerHandle) -> None:
-        """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
-        for silence); a loaded model is dropped, its requests fail and its queue re-routes."""
-        entry = self.cache.get(slot.key)
-        why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
-        if runner.stalled_s is not None:
-            why = (
-                f"runner {runner.id} (pid {runner.pid}) stopped answering for "
-                f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
-            )
-        if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
-            self.dispatch.load_failed(
-                slot,
-                RunnerCrashedError(
-                    f"loading {slot.name} failed: {why}",
-                    hint="retry; if it happens again see the runner log, or raise "
-                    "runner_stall_s if this machine pauses processes that long",
-                    details={"stalled_s": runner.stalled_s, "path": slot.key.path},
-                ),
-            )
-            self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
-            return
-        if entry is not None and entry.state is EntryState.LOADING:
-            self.dispatch.load_failed(
-                slot,
-                InvalidModelError(
-                    f"{slot.name} could not be loaded: {why} while loading",
-                    hint="the file may be corrupt or unsupported; see the runner log",
-                    details={"exit_code": runner.exit_code, "path": slot.key.path},
-                ),
-            )
-            return
-        log.warning("%s: %s", slot.name, why)
-        self.slots.pop(slot.key, None)
-        if entry is not None:
-            self.cache.remove(slot.key, EvictionReason.CRASH)
-        for job in list(slot.active.values()):
-            self.dispatch.finish(
-                job,
-                RunnerCrashedError(
-                    f"the runner of {slot.name} crashed: {why}",
-                    hint="retry; the model is loaded again on the next request"
-                    + ("" if runner.stalled_s is None else
-                       " (a runner silent for runner_stall_s is killed: raise it if "
-                       "this machine pauses processes that long)"),
-                    details={"exit_code": runner.exit_code, "stalled_s": runner.stalled_s},
-                ),
-            )  # fmt: skip
-        slot.active.clear()
-        requeue = list(slot.queue)
-        slot.queue.clear()
-        for job in requeue:
-            self._route(job)
 
     # ------------------------------------------------------------------ client events
 
