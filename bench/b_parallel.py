@@ -219,7 +219,10 @@ def _refs(side: Any, n: int) -> dict[str, str]:
 
 
 def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
-                   rounds: int | None = None) -> dict[str, Any]:
+                   rounds: int | None = None,
+                   daemon_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``daemon_env``: added to modeld's environment only (e.g. ``GGML_CPU_TILED_MM=0``: its
+    runners then decode 8+ sequences in one call, runner/process.py ``_max_rows``)."""
     import peer
 
     rounds = rounds or min(ctx.rounds, 3)
@@ -227,10 +230,10 @@ def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
     out: dict[str, Any] = {"title": "Parallel decoding: modeld beside llama-server",
                            "what": __doc__.split("\n\n")[1].strip(), "model": model.name,
                            "max_tokens": MAX_TOKENS, "per_client": PER_CLIENT, "rounds": rounds,
-                           "threads": ctx.threads, "by_n": {}}
+                           "threads": ctx.threads, "daemon_env": daemon_env or {}, "by_n": {}}
     targets: list[dict[str, Any]] = []
     for n in clients:
-        with (daemon("--parallel", str(n)) as d,
+        with (daemon("--parallel", str(n), env=daemon_env) as d,
               peer.router([model], parallel=n, threads=ctx.threads, n_ctx=8192 * n) as r):
             sides: dict[str, Any] = {"modeld": ModeldSide(d, model), "router": RouterSide(r, model)}
             d.client().load(str(model), parallel=n)
