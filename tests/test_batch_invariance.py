@@ -94,13 +94,15 @@ def _solo(h: Harness, prompts: list[str], max_tokens: int | list[int]) -> list[R
     return replies
 
 
-def _together(h: Harness, prompts: list[str], max_tokens: list[int], tag: str) -> list[Reply]:
-    """All of ``prompts`` sent at once; their replies, checked to have shared decode steps."""
+def _together(h: Harness, prompts: list[str], max_tokens: list[int], tag: str,
+              batched: int = 2) -> list[Reply]:
+    """All of ``prompts`` sent at once; their replies, checked to have shared decode calls of
+    ``batched`` sequences at least."""
     rids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, p, n in zip(rids, prompts, max_tokens, strict=True):
         h.send(rp.generate(rid, **_greedy(p, n)))
     got = _collect(h, rids)
-    assert max(got[r][1]["timings"]["batched_max"] for r in rids) > 1
+    assert max(got[r][1]["timings"]["batched_max"] for r in rids) >= batched
     return [got[r][0] for r in rids]
 
 
@@ -221,3 +223,31 @@ def test_daemon_batches_default_greedy_requests_with_solo_replies(
     assert max(got[i][1] for i in range(4)) > 1  # they shared decode steps
     row = rows(c)[model.name]
     assert "run alone" not in (row["parallel_reason"] or "")
+
+
+def test_seven_rows_a_call_unless_the_tiled_matmul_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from modeld.runner import process
+
+    monkeypatch.delenv("GGML_CPU_TILED_MM", raising=False)
+    assert process._max_rows(8) == microbatch.MAX_ROWS == 7
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")  # ggml-cpu's own switch, read once per process
+    assert process._max_rows(8) == 8
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
+    assert process._max_rows(8) == 7
+
+
+def test_default_model_eight_in_one_call_without_the_tiled_matmul(
+    default_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``GGML_CPU_TILED_MM=0`` in the runner's environment: 8 sequences in one decode call
+    (the dot products at 8 rows too), replies still equal to solo ones."""
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
+    h = Harness("inv-tiled-off")
+    try:
+        h.loaded(default_model, n_ctx=1024, parallel=8, n_threads=2, prompt_cache_mib=0)
+        prompts = gemma_prompts()
+        solo = _solo(h, prompts, 16)
+        got = _together(h, prompts, [16] * 8, "n8", batched=8)
+        assert got == solo
+    finally:
+        h.close()
