@@ -351,8 +351,12 @@ class Client:
         return self._call("unload", model=model, all=all, mode=mode)
 
     def ps(self) -> list[PsRow]:
-        models = cast(PsReply, self._call("ps")).get("models", [])
+        models = self.ps_reply().get("models", [])
         return list(models) if isinstance(models, list) else []
+
+    def ps_reply(self) -> PsReply:
+        """The whole ``ps`` reply: the rows and the budget, bytes used and model slots."""
+        return cast(PsReply, self._call("ps"))
 
     def stats(self) -> dict[str, Any]:
         return self._call("stats")

@@ -1,0 +1,119 @@
+"""What runs beside each daemon in a cluster: answers the ingress's questions about its daemon
+and runs its HTTP requests, all over the daemon's ZeroMQ socket.
+
+- :meth:`NodeAgent.probe`: the daemon's own dry run (``show``) for a model, which says whether
+  the model is loaded or loading there and what loading it would evict, with the requests
+  running and queued (``ps``). Asked per request, so routing follows the daemon's real loaded
+  set: an eviction or a keep-alive expiry is seen on the next request.
+- :meth:`NodeAgent.status`: the daemon's ``ps`` for ``modeld cluster ps``.
+- :meth:`NodeAgent.http`: one request run through modeld's HTTP app in-process, bridged to the
+  daemon's socket (:mod:`modeld.cluster.asgi`).
+
+No Ray here: :mod:`modeld.cluster.serve` wraps it in a Serve deployment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from modeld.cluster import asgi
+from modeld.config import Settings, load_settings
+from modeld.errors import DaemonUnavailableError, ModeldError
+
+#: Seconds a probe may wait for the daemon (a busy daemon still answers show/ps at once).
+PROBE_TIMEOUT_S = 10.0
+
+
+def node_name(node_id: str = "") -> str:
+    """``MODELD_NODE_NAME``, else the host name (with a short Ray node id when given: simulated
+    nodes on one machine share a host name)."""
+    name = os.environ.get("MODELD_NODE_NAME")
+    if name:
+        return name
+    host = socket.gethostname()
+    return f"{host}-{node_id[:6]}" if node_id else host
+
+
+class NodeAgent:
+    """One machine's daemon, as the cluster sees it."""
+
+    def __init__(self, settings: Settings, name: str, *, autostart: bool = True) -> None:
+        from modeld.client import Client
+        from modeld.http.app import build
+        from modeld.http.bridge import Bridge
+
+        self.settings = settings
+        self.name = name
+        self._lock = threading.Lock()
+        self._client = Client(settings.socket, timeout=PROBE_TIMEOUT_S, connect_timeout=2.0)
+        try:
+            self._client.ping()
+        except DaemonUnavailableError:
+            if not autostart:
+                raise
+            from modeld.cli.autostart import start_daemon
+
+            start_daemon(settings)
+        # the node's HTTP app: the ingress has applied the access rules, so this one is
+        # loopback-only and keyless (it is reached only in-process, never over a socket)
+        local = dataclasses.replace(settings, http="127.0.0.1:11434", api_key=None, http_origins=())
+        self._app = build(local, Bridge(settings.socket))
+
+    @classmethod
+    def from_environment(cls, node_id: str = "") -> NodeAgent:
+        settings, _ = load_settings()
+        return cls(settings, node_name(node_id))
+
+    def _ask(self, model: str | None) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = {"node": self.name, "plan": None, "would_evict": []}
+            try:
+                shown = self._client.show(model)
+                out.update(plan=shown.get("plan"), would_evict=shown.get("would_evict") or [],
+                           model=shown.get("name"))
+                if shown.get("error"):
+                    out.update(plan=None, error=shown["error"].get("message"))
+                elif not shown.get("fits", True):
+                    out["plan"] = "refuse"
+            except DaemonUnavailableError:
+                raise
+            except ModeldError as exc:  # the daemon does not know the name, ...
+                out["error"] = exc.message
+            rows = self._client.ps()
+        out["running"] = sum(int(r.get("in_flight") or 0) for r in rows)
+        out["queued"] = sum(int(r.get("queued") or 0) for r in rows)
+        return out
+
+    async def probe(self, model: str | None) -> dict[str, Any]:
+        """The daemon's plan for ``model`` and its request counts (see the module doc)."""
+        return await asyncio.to_thread(self._ask, model)
+
+    def _status(self) -> dict[str, Any]:
+        with self._lock:
+            reply = self._client.ps_reply()
+        return {"node": self.name, "socket": self.settings.socket,
+                "models": reply.get("models", []), "budget_bytes": reply.get("budget_bytes"),
+                "used_bytes": reply.get("used_bytes"), "max_models": reply.get("max_models")}
+
+    async def status(self) -> dict[str, Any]:
+        """The daemon's ``ps`` with its budget, labelled with this node's name."""
+        return await asyncio.to_thread(self._status)
+
+    def ping(self) -> None:
+        """Raises :class:`DaemonUnavailableError` when the daemon does not answer."""
+        with self._lock:
+            self._client.ping()
+
+    async def http(self, info: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Run one HTTP request (``asgi.request_info``) against the daemon; its messages."""
+        async for message in asgi.run(self._app, info):
+            yield message
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,132 @@
+"""The cluster's placement policy (pure: modeld.cluster.placement) and the in-process ASGI run
+the nodes use (modeld.cluster.asgi); neither needs Ray."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from modeld.cluster import asgi
+from modeld.cluster.placement import (
+    EVICTS_IDLE,
+    FITS,
+    HOLDS,
+    WAITS,
+    NodeView,
+    choose,
+    least_loaded,
+    rank,
+    round_robin,
+)
+
+
+def test_the_node_that_holds_the_model_wins_even_when_busier() -> None:
+    views = [NodeView("n0", plan="admit"), NodeView("n1", plan="loaded", running=3, queued=2)]
+    got = choose(views)
+    assert got is not None and (got.node, got.rank) == ("n1", HOLDS)
+
+
+def test_a_model_being_sent_counts_as_held_before_the_daemon_reports_it() -> None:
+    # two first requests for one model: the second follows the first, it is not loaded twice
+    views = [NodeView("n0", plan="admit"), NodeView("n1", plan="admit", sent=1, sent_for_model=1)]
+    got = choose(views)
+    assert got is not None and got.node == "n1" and got.rank == HOLDS
+
+
+def test_fitting_beats_evicting_idle_beats_waiting_for_busy() -> None:
+    fits, evicts, waits = (NodeView("c", plan="admit", running=5),
+                           NodeView("a", plan="evict", would_evict=("x",)),
+                           NodeView("b", plan="wait"))
+    assert choose([fits, evicts, waits]).node == "c"  # type: ignore[union-attr]
+    assert choose([evicts, waits]).node == "a"  # type: ignore[union-attr]
+    assert choose([waits]).node == "b"  # type: ignore[union-attr]
+    assert [rank(v) for v in (fits, evicts, waits)] == [FITS, EVICTS_IDLE, WAITS]
+
+
+def test_within_a_rank_the_least_loaded_then_fewer_victims_then_the_name() -> None:
+    views = [NodeView("a", plan="evict", would_evict=("x", "y")),
+             NodeView("b", plan="evict", would_evict=("z",), queued=1),
+             NodeView("c", plan="evict", would_evict=("z",))]
+    assert choose(views).node == "c"  # type: ignore[union-attr]
+    assert choose(views[:2]).node == "a"  # type: ignore[union-attr]
+    # the ingress's own count of requests sent counts when the daemon has not seen them yet
+    same = [NodeView("a", plan="admit", sent=2), NodeView("b", plan="admit", running=1)]
+    assert choose(same).node == "b"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("view", [
+    NodeView("n", up=False, plan="loaded"),
+    NodeView("n", plan="refuse"),
+    NodeView("n", plan=None, error="no model named x"),
+])
+def test_down_refusing_or_unknowing_nodes_are_never_chosen(view: NodeView) -> None:
+    assert rank(view) is None
+    assert choose([view]) is None
+
+
+def test_the_reason_names_the_rank_and_the_victims() -> None:
+    got = choose([NodeView("n", plan="evict", would_evict=("x", "y"), running=1)])
+    assert got is not None and got.reason == "evicts idle models (x, y), 1 request(s) there"
+
+
+def test_least_loaded_and_round_robin_skip_nodes_that_are_down() -> None:
+    views = [NodeView("b", running=2), NodeView("a", running=3), NodeView("c", up=False)]
+    assert least_loaded(views) == "b"
+    assert [round_robin(views, t) for t in range(4)] == ["a", "b", "a", "b"]
+    down = [NodeView("x", up=False)]
+    assert least_loaded(down) is None and round_robin(down, 0) is None
+
+
+# ---------------------------------------------------------------------- asgi.run
+
+
+async def _streaming_app(scope: Any, receive: Any, send: Any) -> None:
+    """Echo the body, then stream parts until the client disconnects (what modeld's routes
+    do: a disconnect cancels the request)."""
+    body = (await receive())["body"]
+    assert scope["path"] == "/x" and dict(scope["headers"])[b"host"] == b"127.0.0.1"
+    assert b"authorization" not in dict(scope["headers"])
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    gone = asyncio.ensure_future(receive())
+    while not gone.done():
+        await send({"type": "http.response.body", "body": b".", "more_body": True})
+        await asyncio.sleep(0.01)
+    _streaming_app.disconnected = (await gone)["type"]  # type: ignore[attr-defined]
+
+
+def test_asgi_run_streams_and_disconnects_when_closed_early() -> None:
+    scope = {"method": "POST", "path": "/x", "headers": [(b"authorization", b"Bearer k"),
+                                                          (b"content-type", b"text/plain")]}
+    info = asgi.request_info(scope, b"hello")
+    assert info["headers"] == [("content-type", "text/plain")]
+
+    async def main() -> list[dict[str, Any]]:
+        got = []
+        stream = asgi.run(_streaming_app, info)
+        async for message in stream:
+            got.append(message)
+            if len(got) == 4:
+                break
+        await stream.aclose()  # type: ignore[attr-defined]
+        return got
+
+    got = asyncio.run(main())
+    assert got[0] == {"type": "http.response.start", "status": 200, "headers": []}
+    assert got[1]["body"] == b"hello" and got[2]["body"] == b"."
+    assert _streaming_app.disconnected == "http.disconnect"  # type: ignore[attr-defined]
+
+
+def test_asgi_run_ends_with_the_last_body_part() -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def main() -> list[dict[str, Any]]:
+        info = asgi.request_info({"method": "GET", "path": "/y", "headers": []}, b"")
+        return [m async for m in asgi.run(app, info)]
+
+    assert [m.get("status", m.get("body")) for m in asyncio.run(main())] == [404, b"{}"]
