@@ -116,6 +116,11 @@ _modeld_spec() {
             positional=(none none)
             _modeld_variadic=1
             ;;
+        "cluster")
+            opts="--http --address --nodes --policy --json --help -h"
+            value_opts="--http --address --nodes --policy"
+            positional=(none)
+            ;;
         *) return 1 ;;
     esac
 }
@@ -169,7 +174,7 @@ _modeld() {
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     elif [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config launch" -- "$cur"))
+        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config launch cluster" -- "$cur"))
     else
         hint=""
         if ((${#positional[@]})); then

@@ -74,6 +74,8 @@ function __modeld_value_opts --description 'options of a command that take a val
         case 'config'
         case 'launch'
             printf '%s\n' --model -m
+        case 'cluster'
+            printf '%s\n' --http --address --nodes --policy
     end
 end
 
@@ -93,6 +95,7 @@ complete -c modeld -n '__fish_use_subcommand' -a pull -d 'Download a GGUF model 
 complete -c modeld -n '__fish_use_subcommand' -a rm -d 'Delete a model (all its shards) from the models directory.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
 complete -c modeld -n '__fish_use_subcommand' -a launch -d 'Point Claude Code or Codex at this daemon: print the environment, or run the agent.'
+complete -c modeld -n '__fish_use_subcommand' -a cluster -d 'Several daemons behind one HTTP front door on Ray Serve (needs modeld[ray]).'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
 complete -c modeld -n '__fish_use_subcommand' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is serve' -l socket -x -d 'ZeroMQ endpoint to bind (ipc://… or tcp://…).'
@@ -174,3 +177,9 @@ complete -c modeld -n '__modeld_is config' -l help -s h -d 'Show this message an
 complete -c modeld -n '__modeld_is launch' -l model -s m -x -a '(__modeld_models)' -d 'The model the agent uses.'
 complete -c modeld -n '__modeld_is launch' -l exec -d 'Run the agent with this environment.'
 complete -c modeld -n '__modeld_is launch' -l help -s h -d 'Show this message and exit.'
+complete -c modeld -n '__modeld_is cluster' -l http -x -d 'The cluster\'s HTTP front door "HOST:PORT" (default 127.0.0.1:8000).'
+complete -c modeld -n '__modeld_is cluster' -l address -x -d 'serve: the Ray cluster to join (default: auto).'
+complete -c modeld -n '__modeld_is cluster' -l nodes -x -d 'serve: machines to expect (default: those offering resource modeld).'
+complete -c modeld -n '__modeld_is cluster' -l policy -x -d 'serve: placement (default; where the model is warm) or round-robin.'
+complete -c modeld -n '__modeld_is cluster' -l json -d 'Print one JSON document (for scripts).'
+complete -c modeld -n '__modeld_is cluster' -l help -s h -d 'Show this message and exit.'

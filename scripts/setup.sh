@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${MODELD_VENV:-.venv}"
 extras="default-model"
-[ "${1:-}" = "--test" ] && extras="test"
+[ "${1:-}" = "--test" ] && extras="test,ray"  # ray: the cluster tests (tests/test_cluster.py)
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"

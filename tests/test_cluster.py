@@ -102,9 +102,6 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     from ray.cluster_utils import Cluster
 
-    from modeld.cluster import serve as cluster_serve
-    from modeld.config import Settings
-
     models = tmp_path_factory.mktemp("cluster-models")
     # seeds whose greedy reply to "a" runs to the token limit (a and b: long generations to
     # hold a model busy) and one that stops early (c)
@@ -118,9 +115,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     worker = cluster.add_node(**small, resources={"modeld": 1}, env_vars=daemons["beta"].env)
     try:
         ray.init(address=cluster.address, logging_level="warning", log_to_driver=False)
-        port = _free_port()
-        got = cluster_serve.deploy(Settings(http=f"127.0.0.1:{port}"))
-        assert got["nodes"] == 2
+        out = _cli("cluster", "serve", "--address", cluster.address, "--http",
+                   f"127.0.0.1:{_free_port()}", "--json")
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert (got["kind"], got["nodes"], got["policy"]) == ("cluster_serve", 2, "placement")
         s = Setup(cluster, worker, daemons, got["url"])
         until(lambda: _quietly(lambda: [n["up"] for n in s.http.get("/cluster/ps").json()[
             "nodes"]] == [True, True]), timeout=120, what="both node deployments up")
@@ -133,6 +132,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         cluster.shutdown()
         for d in daemons.values():
             d.stop()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``modeld ARGS`` with an empty config (not this machine's)."""
+    config = Path(tempfile.mkdtemp(prefix="mc-cfg-", dir="/tmp")) / "config.toml"
+    config.touch()
+    env = dict(os.environ, MODELD_CONFIG=str(config), PYTHONPATH=os.pathsep.join(
+        p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.run([sys.executable, "-m", "modeld", *args], env=env, text=True,
+                          capture_output=True, timeout=120)
 
 
 def _quietly(fn: Any) -> bool:
@@ -228,6 +237,22 @@ def test_a_client_that_leaves_cancels_on_the_daemon(setup: Setup) -> None:
     resp.close()
     until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=15,
           what="the generation cancelled on the daemon")
+
+
+def test_cluster_ps_shows_every_node(setup: Setup) -> None:
+    http = setup.url.removeprefix("http://")
+    out = _cli("cluster", "ps", "--http", http, "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "cluster_ps" and doc["policy"] == "placement"
+    held = {n["node"]: {m["name"] for m in n["models"]} for n in doc["nodes"]}
+    assert held == {name: d.loaded() for name, d in setup.daemons.items()}
+    assert all(n["up"] and n["budget_bytes"] > 0 for n in doc["nodes"])
+    text = _cli("cluster", "ps", "--http", http)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("NODE") and "alpha" in text.stdout and "beta" in text.stdout
+    wrong = _cli("cluster", "ps", "--http", http, "--policy", "round-robin")
+    assert wrong.returncode == 2 and "--policy" in wrong.stderr
 
 
 def test_errors_come_back_in_the_api_shape(setup: Setup) -> None:

@@ -130,3 +130,39 @@ def test_asgi_run_ends_with_the_last_body_part() -> None:
         return [m async for m in asgi.run(app, info)]
 
     assert [m.get("status", m.get("body")) for m in asyncio.run(main())] == [404, b"{}"]
+
+
+# ---------------------------------------------------------------------- the CLI, without Ray
+
+
+def _modeld(*args: str, env: dict[str, str] | None = None) -> Any:
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    config = Path(tempfile.mkdtemp(prefix="mc-cfg-", dir="/tmp")) / "config.toml"
+    config.touch()
+    full = dict(os.environ, MODELD_CONFIG=str(config), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "modeld", *args], env=full, text=True,
+                          capture_output=True, timeout=60)
+
+
+def test_cluster_serve_refuses_a_public_address_without_a_key_before_ray() -> None:
+    out = _modeld("cluster", "serve", "--http", "0.0.0.0:8123")
+    assert out.returncode == 2
+    assert "without an API key" in out.stderr and "MODELD_API_KEY" in out.stderr
+
+
+def test_cluster_ps_with_no_ingress_says_how_to_start_one() -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = _modeld("cluster", "ps", "--http", f"127.0.0.1:{port}", "--json")
+    assert out.returncode == 3, out.stderr
+    assert '"kind": "error"' in out.stdout and "modeld cluster serve" in out.stderr
+    bad = _modeld("cluster", "serve", "--policy", "random")
+    assert bad.returncode == 2 and "unknown --policy 'random'" in bad.stderr

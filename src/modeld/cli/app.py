@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -472,6 +473,60 @@ def config(json_out: JsonOpt = False) -> None:
 
 
 app.command(context_settings={"ignore_unknown_options": True})(launch)
+
+
+class ClusterAction(StrEnum):
+    serve = "serve"
+    ps = "ps"
+
+
+@app.command()
+def cluster(
+    action: Annotated[
+        ClusterAction,
+        typer.Argument(help="serve: deploy onto a Ray cluster; ps: every machine's models."),
+    ],
+    http: Annotated[
+        str | None,
+        typer.Option(help='The cluster\'s HTTP front door "HOST:PORT" (default 127.0.0.1:8000).'),
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="serve: the Ray cluster to join (default: auto).")
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(help="serve: machines to expect (default: those offering resource modeld)."),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="serve: placement (default; where the model is warm) or round-robin."),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Several daemons behind one HTTP front door on Ray Serve (needs modeld[ray])."""
+    from modeld.cli import clustercmd, render
+    from modeld.errors import InvalidRequestError
+
+    settings = _settings(http=http or clustercmd.DEFAULT_HTTP)
+    if action is ClusterAction.ps:
+        given = [f"--{n}" for n, v in (("address", address), ("nodes", nodes),
+                                       ("policy", policy)) if v is not None]
+        if given:
+            raise InvalidRequestError(f"{', '.join(given)}: only for modeld cluster serve",
+                                      hint="modeld cluster ps takes --http and --json")
+        render.emit("cluster_ps", clustercmd.ps_command(settings), as_json=json_out,
+                    text=clustercmd.ps_text)
+        return
+    if policy not in (None, "placement", "round-robin"):
+        raise InvalidRequestError(f"unknown --policy {policy!r}",
+                                  hint="use placement or round-robin")
+    got = clustercmd.serve_command(settings, address=address, nodes=nodes,
+                                   policy=policy or "placement")
+    if json_out:
+        render.emit_json("cluster_serve", got)
+    else:
+        render.message(f"modeld: cluster front door at {got['url']} over {got['nodes']} "
+                       f"node(s), {got['policy']} routing (stop it with `serve shutdown`)")
 
 
 # ---------------------------------------------------------------------- entry point

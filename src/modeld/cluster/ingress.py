@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, 
 from typing import Any, Protocol
 
 from modeld.cluster import asgi, placement
+from modeld.config import Settings, is_loopback, parse_http_address
 from modeld.errors import DaemonUnavailableError, InvalidRequestError, ModeldError
 
 Message = MutableMapping[str, Any]
@@ -206,6 +207,19 @@ class Ingress:
 
         nodes = await asyncio.gather(*(one(k) for k in self.links))
         return {"policy": self.policy, "nodes": list(nodes)}
+
+
+def check_access(settings: Settings) -> tuple[str, int]:
+    """The ingress's address; like the daemon it refuses a non-loopback one without a key."""
+    address = parse_http_address(settings.http)
+    if address is None:
+        raise InvalidRequestError("the cluster ingress needs an address, not 'off'",
+                                  hint="pass --http HOST:PORT")
+    if not is_loopback(address[0]) and settings.api_key is None:
+        raise InvalidRequestError(
+            f"refusing to serve on {address[0]} without an API key",
+            hint="set api_key (MODELD_API_KEY) or serve on 127.0.0.1")
+    return address
 
 
 def _model_of(body: bytes) -> str | None:

@@ -21,9 +21,9 @@ import ray
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from modeld.cluster.ingress import Ingress
+from modeld.cluster.ingress import Ingress, check_access
 from modeld.cluster.node import NodeAgent
-from modeld.config import Settings, is_loopback, parse_http_address
+from modeld.config import Settings
 from modeld.errors import InvalidRequestError
 
 APP_NAME = "modeld"
@@ -99,19 +99,6 @@ def modeld_nodes() -> int:
     """How many machines of the connected Ray cluster offer the ``modeld`` resource."""
     nodes: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
     return len([n for n in nodes if n.get("Alive") and n["Resources"].get(RESOURCE)])
-
-
-def check_access(settings: Settings) -> tuple[str, int]:
-    """The ingress's address; like the daemon it refuses a non-loopback one without a key."""
-    address = parse_http_address(settings.http)
-    if address is None:
-        raise InvalidRequestError("the cluster ingress needs an address, not 'off'",
-                                  hint="pass --http HOST:PORT")
-    if not is_loopback(address[0]) and settings.api_key is None:
-        raise InvalidRequestError(
-            f"refusing to serve on {address[0]} without an API key",
-            hint="set api_key (MODELD_API_KEY) or serve on 127.0.0.1")
-    return address
 
 
 def deploy(settings: Settings, *, nodes: int | None = None, policy: str = "placement",
