@@ -25,7 +25,7 @@ from plot import cumulative_loads_svg
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns", "chaos",
-         "parallel", "pull")  # fmt: skip
+         "parallel", "pull", "cluster")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -373,6 +373,27 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _cluster(doc: dict[str, Any]) -> list[str]:
+    """Placement against round-robin through the same cluster ingress."""
+    a, b = doc.get("placement") or {}, doc.get("round-robin") or {}
+
+    def ratio(key: str) -> str:
+        x, y = a.get(key), b.get(key)
+        return _f(x / y if x is not None and y else None, 2)
+
+    out = ["| | placement | round-robin | placement / round-robin |", "|---|---:|---:|---:|"]
+    out.append(f"| cold loads (all rounds) | {a.get('cold_loads')} | {b.get('cold_loads')} | "
+               f"{ratio('cold_loads')} |")
+    for key, label in (("p50_s", "p50 latency"), ("p95_s", "p95 latency")):
+        out.append(f"| {label} (median of rounds) | {_f(a.get(key), 2)} s | "
+                   f"{_f(b.get(key), 2)} s | {ratio(key)} |")
+    out.append(f"| requests/s (median of rounds) | {_f(a.get('rps'), 2)} | {_f(b.get('rps'), 2)} "
+               f"| {ratio('rps')} |")
+    out.append(f"| requests / errors | {a.get('requests')} / {a.get('n_errors')} | "
+               f"{b.get('requests')} / {b.get('n_errors')} | |")
+    return out
+
+
 def _pull(doc: dict[str, Any]) -> list[str]:
     def row(label: str, a: str, b: str, ratio: Any) -> str:
         return (f"| {label} | {_f(_med(doc[a]), 0)} ({_f(doc[a].get('min'), 0)}-"
@@ -406,7 +427,7 @@ def _agent(doc: dict[str, Any]) -> list[str]:
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
-           "agent_turns": _agent, "parallel": _parallel, "pull": _pull}
+           "agent_turns": _agent, "parallel": _parallel, "pull": _pull, "cluster": _cluster}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:
