@@ -3,8 +3,8 @@ daemon cannot hold at once, M closed-loop clients with a skewed model mix; model
 (a request goes where its model is warm) against round-robin across the same daemons (what a
 placement-blind proxy does).
 
-    .venv/bin/python bench/b_cluster.py            # about 3-4 minutes on 2 cores
-    .venv/bin/python bench/b_cluster.py --smoke    # fewer requests
+    .venv/bin/python bench/b_cluster.py            # about 4-5 minutes on 2 cores
+    .venv/bin/python bench/b_cluster.py --smoke    # fewer requests, one round (about 1 minute)
 
 One ``ray.cluster_utils.Cluster`` of two simulated nodes (each offers the resource ``modeld``
 and runs its own daemon: ``--max-models 2``, so 2 of the K = 4 models fit on each), deployed
@@ -12,7 +12,14 @@ with ``modeld cluster serve``'s library call; each policy is a redeploy of the i
 each phase both daemons unload everything, so each phase starts cold. Every request is a
 non-streamed ``/api/generate`` (8 tokens, greedy) through the ingress, the same seeded model
 sequence per client for both policies; phases run A B, then B A. Reported per policy: cold loads
-(the daemons' ``loads`` counters), latency p50/p95, requests/s.
+(the daemons' ``loads`` counters), latency p50/p95, requests/s, and each request's start, model,
+serving node (the ingress's ``x-modeld-node`` header) and latency.
+
+The models are generated llamas of 64 MiB (6 layers, 512 wide, f16): big enough that a load
+costs something (runner, mmap, warm-up), as a real model's does; with 13 MiB models a
+load is nearly free and the comparison is only about probing overhead. Requests are sampled
+(temperature 0.8, a seed each): greedy ones run one at a time per model (the daemon's
+determinism rule), which would measure that rule rather than routing.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from harness import RESULTS, Context, daemon, free_port, percentile, summary, ta
 
 K_MODELS = 4
 WEIGHTS = (0.45, 0.25, 0.18, 0.12)  # skewed: one model takes almost half the requests
-SHAPE = dict(n_layer=4, n_embd=256, n_head=4, n_ff=512, n_vocab=8000, context_length=2048,
+SHAPE = dict(n_layer=6, n_embd=512, n_head=8, n_ff=1024, n_vocab=16000, context_length=2048,
              dtype="f16")
 POLICIES = ("placement", "round-robin")
 
@@ -49,8 +56,10 @@ def _phase(url: str, daemons: list[Any], clients: int, per_client: int,
     time.sleep(0.5)
     loads0 = [int(c.stats()["loads"]) for c in watchers]
     lat: list[float] = []
+    trace: list[tuple[float, int, str, float]] = []  # (start offset, model, node, seconds)
     errors: list[str] = []
     lock = threading.Lock()
+    started = time.perf_counter()
 
     def run(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
@@ -64,12 +73,13 @@ def _phase(url: str, daemons: list[Any], clients: int, per_client: int,
                                 "seed": rng.randrange(1 << 30)}})
                 took = time.perf_counter() - t
                 with lock:
+                    trace.append((round(t - started, 3), model,
+                                  r.headers.get("x-modeld-node", "?"), round(took, 3)))
                     if r.status_code == 200:
                         lat.append(took)
                     else:
                         errors.append(r.text[:200])
 
-    started = time.perf_counter()
     threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
     for t in threads:
         t.start()
@@ -79,7 +89,8 @@ def _phase(url: str, daemons: list[Any], clients: int, per_client: int,
     loads = sum(int(c.stats()["loads"]) - l0 for c, l0 in zip(watchers, loads0, strict=True))
     return {"cold_loads": loads, "latency_s": summary(lat), "p50_s": percentile(lat, 50),
             "p95_s": percentile(lat, 95), "requests": len(lat), "errors": errors[:3],
-            "n_errors": len(errors), "wall_s": wall, "rps": len(lat) / wall}
+            "n_errors": len(errors), "wall_s": wall, "rps": len(lat) / wall,
+            "trace": sorted(trace)}
 
 
 def cluster_bench(ctx: Context, clients: int, per_client: int,
@@ -141,16 +152,14 @@ def cluster_bench(ctx: Context, clients: int, per_client: int,
 
 
 def _merge(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one policy pooled: every request's latency, all the wall time."""
+    lat = [x[3] for r in runs for x in r["trace"]]
+    wall = sum(r["wall_s"] for r in runs)
     return {"cold_loads": sum(r["cold_loads"] for r in runs),
             "requests": sum(r["requests"] for r in runs),
             "n_errors": sum(r["n_errors"] for r in runs),
-            "p50_s": _mid([r["p50_s"] for r in runs]), "p95_s": _mid([r["p95_s"] for r in runs]),
-            "rps": _mid([r["rps"] for r in runs])}
-
-
-def _mid(xs: list[float | None]) -> float | None:
-    vals = sorted(x for x in xs if x is not None)
-    return vals[len(vals) // 2] if vals else None
+            "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95),
+            "rps": sum(r["requests"] for r in runs) / wall if wall else None}
 
 
 def _wait_up(url: str, timeout: float = 120.0) -> None:

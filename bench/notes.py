@@ -282,4 +282,18 @@ NOTES: dict[str, str] = {
         "curl: 0.01 s), so of the 2.47 CPU s per GiB about 1.8 are the transfer, 0.7 more "
         "than curl's, about what hashing 1 GiB costs at the `openssl speed` rate (0.6 s)."
     ),
+    "cluster": (
+        "Placement sends each model to one daemon and keeps it there (4 cold loads per phase: "
+        "one per model), while round-robin makes each daemon load whichever model comes, so its "
+        "2 slots thrash (21-33 loads per phase). Latency is another matter on this machine: the "
+        "table's run had a load average of 6-10 from other work on 2 cores, and placement's "
+        "slowest requests were warm hits, not loads: arrival order put the two hottest models "
+        "(45% and 25% of requests) on the same daemon in round 1 (39 of 60 requests there), "
+        "while round-robin spreads every model over both. Pooled p95 came out equal (1.02x) "
+        "and placement served 0.76x the requests/s. A 1-round development run minutes earlier "
+        "(load average 6.5-9) gave p95 0.46x and 1.9x the requests/s; runs with 13 MiB models "
+        "(4 layers, 256 wide; loads nearly free) gave p95 1.1-1.8x. Every request probes each "
+        "daemon (show + ps through Ray handles), which both policies pay. To rerun on an idle "
+        "machine: `.venv/bin/python bench/b_cluster.py` (about 3-4 minutes)."
+    ),
 }

@@ -385,9 +385,9 @@ def _cluster(doc: dict[str, Any]) -> list[str]:
     out.append(f"| cold loads (all rounds) | {a.get('cold_loads')} | {b.get('cold_loads')} | "
                f"{ratio('cold_loads')} |")
     for key, label in (("p50_s", "p50 latency"), ("p95_s", "p95 latency")):
-        out.append(f"| {label} (median of rounds) | {_f(a.get(key), 2)} s | "
+        out.append(f"| {label} (all rounds) | {_f(a.get(key), 2)} s | "
                    f"{_f(b.get(key), 2)} s | {ratio(key)} |")
-    out.append(f"| requests/s (median of rounds) | {_f(a.get('rps'), 2)} | {_f(b.get('rps'), 2)} "
+    out.append(f"| requests/s (all rounds) | {_f(a.get('rps'), 2)} | {_f(b.get('rps'), 2)} "
                f"| {ratio('rps')} |")
     out.append(f"| requests / errors | {a.get('requests')} / {a.get('n_errors')} | "
                f"{b.get('requests')} / {b.get('n_errors')} | |")

@@ -86,13 +86,14 @@ class Setup:
         self.cluster, self.worker, self.daemons, self.url = cluster, worker, daemons, url
         self.http = httpx.Client(base_url=url, timeout=60.0)
 
-    def generate(self, model: str, **extra: Any) -> dict[str, Any]:
+    def generate(self, model: str, **extra: Any) -> httpx.Response:
         r = self.http.post("/api/generate", json={"model": model, "prompt": "hello",
                                                    "stream": False, "options": {
                                                        "num_predict": 3, "temperature": 0}},
                            **extra)
         assert r.status_code == 200, r.text
-        return dict(r.json())
+        assert r.json()["done"] is True
+        return r
 
     def holder(self, model: str) -> set[str]:
         return {n for n, d in self.daemons.items() if model in d.loaded()}
@@ -166,9 +167,9 @@ def test_requests_for_a_model_stick_to_the_node_that_holds_it(setup: Setup) -> N
     setup.generate("b")  # a slot is free on the other node: b goes there, a stays
     (b_node,) = setup.holder("b")
     assert b_node != a_node
-    for _ in range(3):
-        setup.generate("a")
-        setup.generate("b")
+    for _ in range(3):  # each reply names the node that served it
+        assert setup.generate("a").headers["x-modeld-node"] == a_node
+        assert setup.generate("b").headers["x-modeld-node"] == b_node
     assert setup.holder("a") == {a_node} and setup.holder("b") == {b_node}
     for d in setup.daemons.values():  # each model was loaded once, on one node
         assert d.client.stats()["loads"] == 1

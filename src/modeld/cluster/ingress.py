@@ -9,6 +9,7 @@ answer a probe in time is left out for :data:`DOWN_S` seconds; a node lost while
 request costs that request only: it is answered with a ``daemon_unavailable`` error (503), or,
 once streaming, with a last error event in the stream's own format.
 
+Every reply names the node that served it (header ``x-modeld-node``).
 Routes of its own: ``GET /cluster/ps`` (every node's ``ps``: ``modeld cluster ps``). Requests
 without a ``model`` (``/api/tags``, ``/v1/models``, ...) go to the least loaded node.
 """
@@ -160,8 +161,10 @@ class Ingress:
             async for message in stream:
                 if message["type"] == "http.response.start":
                     started = True
-                    content_type = dict(message.get("headers") or []).get(
-                        b"content-type", b"").decode("latin-1")
+                    headers = list(message.get("headers") or [])
+                    content_type = dict(headers).get(b"content-type", b"").decode("latin-1")
+                    node = self.names.get(key, key).encode("latin-1", "replace")
+                    message = {**message, "headers": [*headers, (b"x-modeld-node", node)]}
                 await send(message)
 
         work = asyncio.ensure_future(forward())

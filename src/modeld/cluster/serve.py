@@ -113,7 +113,7 @@ def deploy(settings: Settings, *, nodes: int | None = None, policy: str = "place
         raise InvalidRequestError(
             f"no node of the Ray cluster offers the resource {RESOURCE!r}",
             hint=f"start Ray on each machine with --resources '{{\"{RESOURCE}\": 1}}'")
-    serve.start(http_options={"host": host, "port": port, "location": "HeadOnly"})
+    serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
     node, ingress = cast(Any, ModeldNode), cast(Any, ModeldIngress)  # Serve Deployments
     handles = {f"modeld-node-{i}": node.options(name=f"modeld-node-{i}").bind()
                for i in range(count)}
