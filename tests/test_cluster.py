@@ -43,16 +43,20 @@ class Daemon:
 
     def __init__(self, name: str, models: Path) -> None:
         self.name = name
+        self.models = models
         self.root = Path(tempfile.mkdtemp(prefix=f"mc-{name}-", dir="/tmp"))
         (self.root / "log").mkdir()
         (self.root / "config.toml").touch()
+        self.start()
+
+    def start(self) -> None:
         self.endpoint = f"ipc://{self.root / 'run' / 'modeld.sock'}"
         self.env = {
             "MODELD_SOCKET": self.endpoint, "MODELD_RUNTIME_DIR": str(self.root / "run"),
             "MODELD_LOG_DIR": str(self.root / "log"),
-            "MODELD_CONFIG": str(self.root / "config.toml"), "MODELD_MODELS": str(models),
+            "MODELD_CONFIG": str(self.root / "config.toml"), "MODELD_MODELS": str(self.models),
             "MODELD_PROMPT_CACHE_DIR": str(self.root / "prompts"), "MODELD_HTTP": "off",
-            "MODELD_NODE_NAME": name, "MODELD_NO_AUTOSTART": "1",
+            "MODELD_NODE_NAME": self.name, "MODELD_NO_AUTOSTART": "1",
         }
         env = dict(os.environ, **self.env, PYTHONUNBUFFERED="1",
                    PYTHONPATH=os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
@@ -62,7 +66,7 @@ class Daemon:
                  "--prompt-cache-mib", "0", "--keep-alive", "-1"],
                 env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT)
         self.client = Client(self.endpoint, timeout=60.0, connect_timeout=10.0)
-        until(self._answers, timeout=30, what=f"daemon {name} up")
+        until(self._answers, timeout=30, what=f"daemon {self.name} up")
 
     def _answers(self) -> bool:
         return (self.root / "run" / "modeld.sock").exists() and _quietly(self.client.ping)
@@ -268,10 +272,8 @@ def test_errors_come_back_in_the_api_shape(setup: Setup) -> None:
     assert r.status_code == 403
 
 
-def test_a_removed_node_costs_only_its_in_flight_requests(setup: Setup) -> None:
-    # the model on the worker node's daemon (beta: the head node cannot be removed)
-    (model,) = [m for m in ("a", "b") if setup.holder(m) == {"beta"}]
-    resp, lines = _busy(setup, model)
+def _errors_of(lines: Iterator[str]) -> tuple[list[str], threading.Thread]:
+    """Read a held stream to its end on a thread; the error events it carried."""
     errors: list[str] = []
 
     def drain() -> None:
@@ -281,6 +283,14 @@ def test_a_removed_node_costs_only_its_in_flight_requests(setup: Setup) -> None:
 
     reader = threading.Thread(target=drain)
     reader.start()
+    return errors, reader
+
+
+def test_a_removed_node_costs_only_its_in_flight_requests(setup: Setup) -> None:
+    # the model on the worker node's daemon (beta: the head node cannot be removed)
+    (model,) = [m for m in ("a", "b") if setup.holder(m) == {"beta"}]
+    resp, lines = _busy(setup, model)
+    errors, reader = _errors_of(lines)
     setup.cluster.remove_node(setup.worker)
     reader.join(60)
     resp.close()
@@ -289,3 +299,20 @@ def test_a_removed_node_costs_only_its_in_flight_requests(setup: Setup) -> None:
     setup.generate(model)  # served by the node left
     assert model in setup.daemons["alpha"].loaded()
     assert time.monotonic() - started < 30
+
+
+def test_a_killed_daemon_costs_only_its_in_flight_requests(setup: Setup) -> None:
+    """Last: alpha's daemon is killed under a stream (beta's node was removed before)."""
+    (model,) = setup.daemons["alpha"].loaded()
+    resp, lines = _busy(setup, model)
+    errors, reader = _errors_of(lines)
+    alpha = setup.daemons["alpha"]
+    alpha.proc.kill()  # SIGKILL: its socket file stays, nothing tells the node it left
+    alpha.proc.wait(10)
+    reader.join(60)
+    resp.close()
+    assert errors and "lost" in errors[0] and "stopped answering" in errors[0]
+    r = setup.http.post("/v1/chat/completions", json={  # no node answers: a typed 503
+        "model": model, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["code"] == "daemon_unavailable"

@@ -178,10 +178,11 @@ class Ingress:
                 return
             exc = work.exception()
             if exc is not None:
+                cause = getattr(exc, "cause", None) or exc  # Ray wraps the node's exception
+                why = cause.message if isinstance(cause, ModeldError) else type(cause).__name__
                 lost = DaemonUnavailableError(
                     f"the node {self.names.get(key, key)} was lost while serving this request "
-                    f"({type(exc).__name__})",
-                    hint="send it again: the next request goes to a node that answers")
+                    f"({why})", hint="send it again: the next request goes to a node that answers")
                 self.down_until[key] = time.monotonic() + DOWN_S
                 with contextlib.suppress(Exception):
                     if started:
@@ -202,6 +203,7 @@ class Ingress:
             try:
                 got = await asyncio.wait_for(self.links[key].status(), PROBE_TIMEOUT_S)
                 got.update(up=True)
+                self.down_until.pop(key, None)  # it answers: route to it again at once
             except (TimeoutError, Exception) as exc:
                 got = {"node": self.names.get(key, key), "up": False,
                        "error": f"no answer ({type(exc).__name__})", "models": []}
