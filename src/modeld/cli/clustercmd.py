@@ -13,8 +13,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from modeld.config import Settings, parse_http_address
+from modeld.config import Settings
 from modeld.errors import DaemonUnavailableError, InvalidRequestError, UnauthorizedError
+from modeld.settingvalues import parse_http_address
 
 #: Where the cluster's HTTP front door listens by default (Ray Serve's own default port, so
 #: it does not clash with a daemon's front door on 11434 on the same machine).

@@ -25,8 +25,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, 
 from typing import Any, Protocol
 
 from modeld.cluster import asgi, placement
-from modeld.config import Settings, is_loopback, parse_http_address
+from modeld.config import Settings
 from modeld.errors import DaemonUnavailableError, InvalidRequestError, ModeldError
+from modeld.settingvalues import is_loopback, parse_http_address
 
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]

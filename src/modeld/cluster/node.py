@@ -20,7 +20,10 @@ import contextlib
 import dataclasses
 import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -67,13 +70,31 @@ class NodeAgent:
         except DaemonUnavailableError:
             if not autostart or os.environ.get("MODELD_NO_AUTOSTART") in ("1", "true", "yes"):
                 raise
-            from modeld.cli.autostart import start_daemon
-
-            start_daemon(settings)
+            self._start_daemon()
         # the node's HTTP app: the ingress has applied the access rules, so this one is
         # loopback-only and keyless (it is reached only in-process, never over a socket)
         local = dataclasses.replace(settings, http="127.0.0.1:11434", api_key=None, http_origins=())
         self._app = build(local, Bridge(settings.socket))
+
+    def _start_daemon(self, timeout: float = 60.0) -> None:
+        """Start this machine's daemon in the background (``modeld serve``, its own session,
+        output to ``<log_dir>/daemon-cluster.log``) and wait until it answers."""
+        log_dir = self.settings.log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / "daemon-cluster.log", "ab") as out:
+            subprocess.Popen([sys.executable, "-m", "modeld", "serve"], stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=out, start_new_session=True, close_fds=True,
+                             env=dict(os.environ, MODELD_SOCKET=self.settings.socket))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._client.ping()
+                return
+            except DaemonUnavailableError:
+                self._client = self._fresh(self._client)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def _new_client(self) -> Client:
         from modeld.client import Client
