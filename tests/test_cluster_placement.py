@@ -166,3 +166,95 @@ def test_cluster_ps_with_no_ingress_says_how_to_start_one() -> None:
     assert '"kind": "error"' in out.stdout and "modeld cluster serve" in out.stderr
     bad = _modeld("cluster", "serve", "--policy", "random")
     assert bad.returncode == 2 and "unknown --policy 'random'" in bad.stderr
+
+
+# ---------------------------------------------------------------------- the ingress's routing
+
+
+class _Link:
+    """An in-memory node: its daemon's plan for any model, and requests that finish when told
+    (pure routing logic; the real links are tested in tests/test_cluster.py)."""
+
+    def __init__(self, key: str, plan: str) -> None:
+        self.key, self.plan = key, plan
+        self.release = asyncio.Event()
+        self.served: list[str] = []
+
+    async def probe(self, model: str | None) -> dict[str, Any]:
+        return {"node": self.key, "plan": self.plan, "would_evict": [], "running": 0,
+                "queued": 0}
+
+    async def status(self) -> dict[str, Any]:
+        return {"node": self.key, "models": []}
+
+    async def http(self, info: dict[str, Any]) -> Any:
+        import json
+
+        self.served.append(json.loads(info["body"])["model"])
+        yield {"type": "http.response.start", "status": 200,
+               "headers": [(b"content-type", b"application/json")]}
+        await self.release.wait()
+        yield {"type": "http.response.body", "body": b"{}"}
+
+
+async def _request(ingress: Any, model: str) -> list[dict[str, Any]]:
+    import json
+
+    body = json.dumps({"model": model}).encode()
+    sent: list[dict[str, Any]] = []
+    parts = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if parts:
+            return parts.pop()
+        await asyncio.sleep(3600)  # the client stays
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/api/generate", "headers": []}
+    await ingress(scope, receive, send)
+    return sent
+
+
+def test_concurrent_first_requests_for_a_model_go_to_one_node() -> None:
+    from modeld.cluster.ingress import Ingress
+
+    async def main() -> tuple[_Link, _Link, list[Any]]:
+        a, b = _Link("a", "admit"), _Link("b", "admit")
+        ingress = Ingress([a, b])
+        first = asyncio.ensure_future(_request(ingress, "m"))
+        while not (a.served or b.served):  # the first is being served (its model loading)
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(_request(ingress, "m"))
+        other = asyncio.ensure_future(_request(ingress, "n"))
+        while len(a.served) + len(b.served) < 3:
+            await asyncio.sleep(0)
+        a.release.set()
+        b.release.set()
+        return a, b, await asyncio.gather(first, second, other)
+
+    a, b, replies = asyncio.run(main())
+    holder, other = (a, b) if "m" in a.served else (b, a)
+    assert holder.served.count("m") == 2  # the second followed the first
+    assert other.served == ["n"]  # a new model went to the node with nothing in flight
+    served_by = [dict(sent[0]["headers"])[b"x-modeld-node"].decode() for sent in replies]
+    assert served_by == [holder.key, holder.key, other.key]  # each reply names its node
+    assert all(sent[0]["status"] == 200 and sent[-1]["body"] == b"{}" for sent in replies)
+
+
+def test_round_robin_ignores_where_a_model_is() -> None:
+    from modeld.cluster.ingress import Ingress
+
+    async def main() -> tuple[_Link, _Link]:
+        a, b = _Link("a", "loaded"), _Link("b", "evict")
+        a.release.set()
+        b.release.set()
+        ingress = Ingress([a, b], policy="round-robin")
+        for _ in range(4):
+            await _request(ingress, "m")
+        return a, b
+
+    a, b = asyncio.run(main())
+    assert a.served == ["m", "m"] and b.served == ["m", "m"]
