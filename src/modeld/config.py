@@ -47,6 +47,7 @@ class Settings:
     queue_timeout_s: float = 300.0  # how long a request may wait for room before timing out
     spare_runner: bool = True  # keep one runner pre-started with llama_cpp imported
     aliases: dict[str, str] = field(default_factory=dict)  # name -> path
+    rpc: dict[str, tuple[str, ...]] = field(default_factory=dict)  # model name -> RPC workers
     log_dir: Path = field(default_factory=paths.log_dir)
     log_level: str = "info"
     threads: int | None = None  # runner threads; None → from the CPU quota
@@ -297,6 +298,24 @@ def _parse_eviction(value: object) -> str:
     return text
 
 
+def _parse_rpc(value: object) -> dict[str, tuple[str, ...]]:
+    """``[rpc]`` table: a model name (alias, models-dir name) -> its llama.cpp RPC workers,
+    a list of "HOST:PORT" or one comma-separated string."""
+    from modeld.rpc import parse_endpoints
+
+    if not isinstance(value, Mapping):
+        raise ValueError('rpc must be a table of name = ["HOST:PORT", ...]')
+    out: dict[str, tuple[str, ...]] = {}
+    for name, workers in value.items():
+        if not isinstance(workers, str | list) or not str(name).strip():
+            raise ValueError(f"rpc entry {name!r} must be a list of \"HOST:PORT\" strings")
+        try:
+            out[str(name).strip()] = parse_endpoints(workers)
+        except InvalidRequestError as exc:
+            raise ValueError(f"rpc entry {name!r}: {exc.message}") from exc
+    return out
+
+
 _PARSERS: dict[str, Callable[[object], Any]] = {
     "socket": _parse_socket,
     "models_dir": _parse_path,
@@ -312,6 +331,7 @@ _PARSERS: dict[str, Callable[[object], Any]] = {
     "queue_timeout_s": _parse_float,
     "spare_runner": _parse_bool,
     "aliases": _parse_aliases,
+    "rpc": _parse_rpc,
     "log_dir": _parse_path,
     "log_level": _parse_log_level,
     "threads": _parse_optional_int,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from modeld import ctx, protocol
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
@@ -19,7 +19,7 @@ from modeld.daemon import sizing
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
-from modeld.replies import PsRow, UnloadedRow
+from modeld.replies import DeviceShare, PsRow, UnloadedRow
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
@@ -105,6 +105,8 @@ class Dispatch:
         if job.n_ctx is not None and ctx.cap_at_training(
                 job.n_ctx, slot.info.context_length) > n_ctx:
             return True  # a larger context (never past training: that one would loop)
+        if job.kind == "load" and job.rpc is not None and job.rpc != slot.rpc:
+            return True  # other RPC workers (or the first ones) than it was loaded with
         return (
             job.kind == "load"
             and job.parallel is not None
@@ -157,14 +159,21 @@ class Dispatch:
         parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
         slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
         slot.batch_invariant = msg.get("greedy_batch_invariant") is True
+        devices = msg.get("devices")
+        if isinstance(devices, list):
+            slot.devices = [cast(DeviceShare, d) for d in devices if isinstance(d, dict)]
+        layers = msg.get("layers_offloaded")
+        slot.layers_offloaded = layers if isinstance(layers, str) else None
         load_s = now - slot.load_started
         self.cache.load_succeeded(
             slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
         )
         log.info(
-            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)",
+            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)%s",
             slot.name, load_s, entry.n_ctx, slot.parallel, format_bytes(measured or 0),
             format_bytes(entry.estimate_bytes),
+            "".join(f", {d.get('device')} {format_bytes(int(d.get('model_bytes') or 0))}"
+                    for d in slot.devices),
         )  # fmt: skip
         return True
 

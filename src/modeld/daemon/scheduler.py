@@ -22,15 +22,17 @@ from modeld import paths, protocol
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import sizing
-from modeld.daemon.admission import Admission
+from modeld.daemon.admission import Admission, rpc_of
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
 from modeld.daemon.pool import RunnerPool
 from modeld.daemon.supervisor import Runner, Supervisor
 from modeld.errors import (
     CancelledError,
+    ErrorCode,
     InvalidModelError,
     RequestTimeoutError,
+    RpcWorkerError,
     RunnerCrashedError,
     ShuttingDownError,
     error_from_dict,
@@ -38,6 +40,7 @@ from modeld.errors import (
 )
 from modeld.modelinfo import ModelInfo
 from modeld.replies import PsRow, UnloadedRow
+from modeld.rpc import lost_workers
 from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
@@ -159,6 +162,9 @@ class Scheduler:
     ) -> None:
         """Admission said yes: a runner loads ``key`` and ``jobs`` queue on its new slot."""
         runner = self.pool.take()
+        rpc = rpc_of(jobs) or ()
+        if rpc:
+            self.admission.leases.take(rpc, runner.id, name)
         keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
         self.cache.begin_load(
             key, size.need_bytes, size.n_ctx, size.reason, runner.id,
@@ -170,20 +176,21 @@ class Scheduler:
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
+        slot.rpc = rpc
         self.slots[key] = slot
         for job in jobs:
             self.dispatch.enqueue(slot, job)
         log.info(
-            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s",
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s%s",
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
-            format_bytes(size.need_bytes),
+            format_bytes(size.need_bytes), f", rpc workers {','.join(rpc)}" if rpc else "",
         )  # fmt: skip
         msg = runner_protocol.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
             seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
-            prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel,
+            prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 
@@ -204,7 +211,8 @@ class Scheduler:
             self.cache.begin_unload(key, reason)
         if slot is not None:
             log.info("unloading %s (%s)", slot.name, reason.value)
-            self.pool.retire(slot.runner_id)
+            # a runner that registered RPC workers cannot drop them: it exits, never reused
+            self.pool.retire(slot.runner_id, reusable=not slot.rpc)
 
     def _rebalance(self) -> None:
         plan = self.cache.rebalance()
@@ -269,7 +277,10 @@ class Scheduler:
         if mtype == "loaded":
             self._on_loaded(slot, runner, msg)
         elif mtype == "load_failed":
-            self.dispatch.load_failed(slot, error_from_dict(msg))
+            err = error_from_dict(msg)
+            self.dispatch.load_failed(slot, err)
+            if err.code is ErrorCode.RPC_WORKER:
+                self.cache.clear_failure(slot.key)  # a worker's fault, not the file's
         elif mtype in ("chunk", "done", "error"):
             rid = msg.get("rid")
             job = slot.active.get(rid) if isinstance(rid, str) else None
@@ -316,6 +327,9 @@ class Scheduler:
         slot = self.dispatch.slot_of(runner.id)
         if slot is not None:
             self._lost_runner(slot, runner)
+        freed = self.admission.leases.release(runner.id)
+        if freed:
+            log.info("rpc workers %s are free again (runner %s exited)", ",".join(freed), runner.id)
         self.admission.retry()
 
     def _lost_runner(self, slot: Slot, runner: Runner) -> None:
@@ -328,6 +342,10 @@ class Scheduler:
                 f"runner {runner.id} (pid {runner.pid}) stopped answering for "
                 f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
             )
+        lost = lost_workers(slot.rpc) if slot.rpc and runner.stalled_s is None else []
+        if lost:
+            self._lost_worker(slot, runner, lost, why)
+            return
         if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
             self.dispatch.load_failed(
                 slot,
@@ -371,6 +389,32 @@ class Scheduler:
         slot.queue.clear()
         for job in requeue:
             self._route(job)
+
+    def _lost_worker(self, slot: Slot, runner: Runner, lost: list[str], why: str) -> None:
+        """The runner of a model with RPC workers died and ``lost`` of them no longer accept a
+        connection: its load or its requests fail with ``rpc_worker`` naming them; the model
+        is dropped (no cool-down: the file is fine) and loads again on the next request."""
+        names = ", ".join(lost)
+        err = RpcWorkerError(
+            f"rpc worker {names} lost: {slot.name}'s runner ended ({why})",
+            hint="restart the worker (modeld rpc-worker) and retry; the model loads again on "
+            "the next request",
+            details={"endpoint": lost[0], "endpoints": lost, "problem": "lost",
+                     "exit_code": runner.exit_code},
+        )  # fmt: skip
+        log.warning("%s", err.message)
+        entry = self.cache.get(slot.key)
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.dispatch.load_failed(slot, err)
+            self.cache.clear_failure(slot.key)
+            return
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in list(slot.active.values()) + list(slot.queue):
+            self.dispatch.finish(job, err)
+        slot.active.clear()
+        slot.queue.clear()
 
     # ------------------------------------------------------------------ client events
 

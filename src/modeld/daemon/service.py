@@ -243,12 +243,15 @@ class Service:
     ) -> Job:
         if not isinstance(req, protocol.LoadRequest):
             key, name = self._key(req.model, req.mode)
-            return request_job(client, rid, req, key, name, self.settings)
+            job = request_job(client, rid, req, key, name, self.settings)
+            job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
+            return job
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         self.sched.cache.clear_failure(key)
         keep_alive = keep_alive_of(req.keep_alive, self.settings)
         return Job(client, rid, "load", key, name, {}, keep_alive, requested_ctx(req.n_ctx),
-                   req.pinned, parallel=req.parallel)  # fmt: skip
+                   req.pinned, parallel=req.parallel,
+                   rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         keys = list(self.sched.slots) if req.all else self._loaded_keys(req.model, req.mode)
@@ -308,6 +311,9 @@ class Service:
             runner_stalls=self.sup.stalls,
             runner_baseline_bytes=self.sched.baseline,
             spare_runner=self.sched.spare is not None,
+            # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
+            rpc_supported=self.sched.pool.rpc_supported,
+            rpc_leases={lease.endpoint: lease.model for lease in self.sched.admission.leases.all()},
             in_flight=len(self.sched.jobs),
             waiting=sum(len(w.jobs) for w in self.sched.waiting.values()),
         )

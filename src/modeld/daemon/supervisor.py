@@ -44,6 +44,7 @@ class Runner:
     started_at: float
     ready: bool = False  # hello received
     baseline: dict[str, int] = field(default_factory=dict)
+    rpc_supported: bool | None = None  # its hello: built with llama.cpp's RPC backend
     pending: list[dict[str, Any]] = field(default_factory=list)  # sent once hello arrives
     stopping_since: float | None = None
     exit_code: int | None = None
@@ -139,6 +140,8 @@ class Supervisor:
             baseline = msg.get("baseline")
             if isinstance(baseline, dict):
                 runner.baseline = {k: int(v) for k, v in baseline.items() if isinstance(v, int)}
+            rpc_ok = msg.get("rpc_supported")
+            runner.rpc_supported = rpc_ok if isinstance(rpc_ok, bool) else None
             pending, runner.pending = runner.pending, []
             for queued in pending:
                 self.send(ident, queued)
