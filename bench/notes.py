@@ -282,4 +282,17 @@ NOTES: dict[str, str] = {
         "curl: 0.01 s), so of the 2.47 CPU s per GiB about 1.8 are the transfer, 0.7 more "
         "than curl's, about what hashing 1 GiB costs at the `openssl speed` rate (0.6 s)."
     ),
+    "rpc": (
+        "Loopback only, on the shared 2-core machine (the load average in the line above): the "
+        "decode rates move by a third between rounds, so they show that RPC over loopback "
+        "costs little, not which configuration is faster (a worker is another process with a "
+        "thread of its own, so one worker can even beat local here). What does not move: every "
+        "weight but the input embedding (which llama.cpp keeps on the CPU) crosses the wire at "
+        "load, and each token moves about 150 KB back and forth, mostly the logits (32000 x 4 "
+        "bytes: the output layer sits on a worker). On a real network load time is about "
+        "size / bandwidth and each token adds round trips (docs/rpc.md). Not measured here: "
+        "`lo` capped with `tc` (needs a network namespace of its own for the daemon, its "
+        "runners and the workers), and llama.cpp's own `llama-server --rpc` (the cached "
+        "llama-server is built without RPC)."
+    ),
 }

@@ -298,3 +298,35 @@ def test_rpc_worker_without_the_backend_is_a_clear_error() -> None:
         env=_env(), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert res.returncode == 14 and "-DGGML_RPC=ON" in res.stderr
+
+
+@needs_rpc
+def test_config_names_a_models_workers_for_every_api(
+    daemon_factory: Factory, tiny_model: Path, workers: Callable[..., Worker], tmp_path: Path
+) -> None:
+    import http.client
+    import json
+
+    w = workers()
+    root = tmp_path / "d"
+    (root / "log").mkdir(parents=True)
+    port = _free_port()
+    (root / "config.toml").write_text(
+        f'[aliases]\nfar = "{tiny_model}"\n[rpc]\nfar = ["{w.endpoint}"]\n'
+    )
+    d = daemon_factory(root=root, env={"MODELD_HTTP": f"127.0.0.1:{port}"})
+    c = d.client()
+    # the HTTP API (Ollama's) loads it on the worker through the alias ...
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/api/generate", json.dumps({
+        "model": "far", "prompt": "hi", "stream": False,
+        "options": {"temperature": 0, "num_predict": 4}}))  # fmt: skip
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    assert json.loads(resp.read())["done"] is True
+    row = rows(c)[tiny_model.name]
+    rpc0 = next(dev for dev in row["devices"] if dev["device"] == "RPC0")
+    assert row["rpc"] == [w.endpoint] and rpc0["model_bytes"] > 0
+    # ... and a plain request for the same file under its path shares that load
+    assert c.generate(str(tiny_model), "hi", max_tokens=2).text() is not None
+    assert rows(c)[tiny_model.name]["runner_pid"] == row["runner_pid"]
