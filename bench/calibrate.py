@@ -197,7 +197,7 @@ class _RunnerLink:
     ) -> tuple[dict[str, Any], dict[str, int], dict[str, Any]]:
         """The runner's ``hello``, its baseline and its ``loaded`` reply for ``path`` (without
         the prompt cache: the estimate is compared with prompt_cache=0)."""
-        from modeld.runner import protocol as rp
+        from modeld import runnerwire as rp
 
         hello = self.recv()
         base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
@@ -209,12 +209,12 @@ class _RunnerLink:
         return hello, base, loaded
 
     def send(self, msg: dict[str, Any]) -> None:
-        from modeld.runner import protocol as rp
+        from modeld import runnerwire as rp
 
         self.sock.send_multipart([b"cal", *rp.encode(msg)])
 
     def recv(self) -> dict[str, Any]:
-        from modeld.runner import protocol as rp
+        from modeld import runnerwire as rp
 
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
@@ -231,7 +231,7 @@ class _RunnerLink:
                 return rp.decode(frames)
 
     def close(self) -> None:
-        from modeld.runner import protocol as rp
+        from modeld import runnerwire as rp
 
         if self.proc.poll() is None:
             self.send(rp.shutdown())
@@ -274,7 +274,7 @@ def measure_embed(
     short text, then one that fills the context (sized from the runner's own context_exceeded
     replies; to rerank: a short query with that text as its document); snapshots from the
     runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
-    from modeld.runner import protocol as rp
+    from modeld import runnerwire as rp
 
     link = _RunnerLink(timeout)
     try:
@@ -326,7 +326,7 @@ def measure_parallel(
     loads the model, generates once alone ("short": 32-token prompt), then runs ``parallel``
     requests at once, each with a prompt of one micro-batch ("final": every sequence's cells
     and the shared batch in use); snapshots from its ``hello`` baseline and ``done`` replies."""
-    from modeld.runner import protocol as rp
+    from modeld import runnerwire as rp
 
     link = _RunnerLink(timeout)
     try:
@@ -389,7 +389,7 @@ def run_case(
         est = memory.estimate(info, n_ctx, mode=memory.mode_of(mode), prompt_cache=0)
         n_ubatch = n_ctx if info.is_embedding_model else min(memory.EMBED_N_BATCH, n_ctx)
     elif mode.startswith("generate x"):  # what the daemon reserves for N sequences
-        from modeld.daemon import sizing
+        from modeld import sizing
 
         est = sizing.estimate_n(info, n_ctx, parallel=parallel_of(mode))
     else:

@@ -39,7 +39,7 @@ import harness
 from chaos_leave import leave_trials
 from harness import BIN, RESULTS, Context, daemon, smaps_rollup, write_result
 
-from modeld.runner.promptcache import PROMPT_CACHE_MIB
+from modeld.config import PROMPT_CACHE_MIB
 
 MiB = 1 << 20
 CLIENTS = 6

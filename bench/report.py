@@ -413,6 +413,12 @@ def _rpc(doc: dict[str, Any]) -> list[str]:
                     f" MiB | {_f(_med(rate), 1)} ({_f(rate.get('min'), 1)}-"
                     f"{_f(rate.get('max'), 1)}) | {_f(_med(r.get('lo_bytes_per_token', {})), 0)} | "
                     f"{r.get('layers_offloaded') or '-'} |")
+    peer = doc.get("llama_server_rpc")
+    if peer:
+        rate = peer.get("tokens_per_s", {})
+        rows.append(f"| llama-server --rpc, 2 workers | {_f(peer.get('load_wall_s'), 2)} (to "
+                    f"/health) | {peer.get('load_lo_bytes', 0) / MiB:.0f} MiB | {_f(_med(rate), 1)}"
+                    f" ({_f(rate.get('min'), 1)}-{_f(rate.get('max'), 1)}) | | |")
     rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
     return rows
 

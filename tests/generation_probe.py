@@ -14,13 +14,36 @@ import llama_cpp
 import numpy as np
 
 from modeld.options import Sampling
-from modeld.runner.generation import PromptState, make_sampler
+from modeld.runner.generation import DecodeBatch, Prepared, PromptState, make_sampler
 from modeld.runner.promptplan import ALIGN
 
 TEXT = (
     "The history of the river valley is long and full of stories about farmers, traders and "
     "travellers who came from the hills to sell wool, salt and iron at the autumn market. "
 )
+
+
+class SoloState(PromptState):
+    """One sequence driven alone, with decode calls of its own: the calls the runner's batch
+    makes (begin, evaluated, prompt_done), for one sequence and no other."""
+
+    def _decode(self, start: int, part: list[int]) -> None:
+        batch = DecodeBatch(self.llm)
+        for i, token in enumerate(part):
+            batch.add(token, start + i, self.seq, i == len(part) - 1)
+        batch.decode()
+        self.evaluated((start, start + len(part)), part, alone=True)
+
+    def prepare(self, prompt: list[int], reproducible: bool) -> Prepared:
+        prepared, todo = self.begin(prompt, reproducible)
+        for start, end in todo:
+            self._decode(start, prompt[start:end])
+        if todo:
+            self.prompt_done(len(prompt))
+        return prepared
+
+    def decode(self, token: int) -> None:
+        self._decode(len(self.tokens), [token])
 
 
 def main(path: str) -> dict[str, Any]:
@@ -35,8 +58,8 @@ def main(path: str) -> dict[str, Any]:
     near = prompt[: ALIGN + 50] + words[300:340]  # shares more than one piece
     other = bos + words[400:430]
 
-    def first(state: PromptState, tokens: list[int], greedy: bool = True) -> tuple[Any, ...]:
-        prep = state.prepare(tokens, greedy, lambda: None)
+    def first(state: SoloState, tokens: list[int], greedy: bool = True) -> tuple[Any, ...]:
+        prep = state.prepare(tokens, greedy)
         if state._pending is not None:
             row = np.frombuffer(state._pending, dtype=np.float32, count=n_vocab).copy()
         else:
@@ -54,7 +77,7 @@ def main(path: str) -> dict[str, Any]:
         return np.stack(rows), out, prep.reused, prep.source
 
     results: dict[str, Any] = {}
-    fresh = PromptState(llm, 0)
+    fresh = SoloState(llm, 0)
     fresh.reset()
     ref, ref_tokens, _, _ = first(fresh, prompt)
 
@@ -70,7 +93,7 @@ def main(path: str) -> dict[str, Any]:
 
     # No prompt cache: after other prompts (sharing a prefix or not), after itself, after a
     # sampled request.
-    plain = PromptState(llm, 0)
+    plain = SoloState(llm, 0)
     plain.reset()
     for name, before, greedy in (
         ("after_other", other, True), ("after_near", near, True), ("after_self", prompt, True),
@@ -79,7 +102,7 @@ def main(path: str) -> dict[str, Any]:
         first(plain, before, greedy)
         check(name, first(plain, prompt))
     # With the prompt cache: exact hit, and a prefix hit from a snapshot.
-    cached = PromptState(llm, 64 << 20)
+    cached = SoloState(llm, 64 << 20)
     cached.reset()
     first(cached, prompt)
     first(cached, other)
@@ -97,10 +120,10 @@ def main(path: str) -> dict[str, Any]:
         str(len(s.tokens)): s.state_size for s in cached.store.snapshots()
     }
     sizes = {}
-    probe = PromptState(llm, 0)
+    probe = SoloState(llm, 0)
     for n in (8, 64, 128, 256, 512):
         probe.reset()
-        probe.prepare((bos + words * 4)[:n], True, lambda: None)
+        probe.prepare((bos + words * 4)[:n], True)
         sizes[n] = int(llama_cpp.llama_state_seq_get_size(probe.ctx, 0))
     results["state_size_by_tokens"] = sizes
     results["n_vocab"] = n_vocab

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from modeld.config import ENV_VARS, Settings, load_settings, parse_bytes
+from modeld.config import ENV_VARS, Settings, load_settings
 from modeld.errors import InvalidRequestError
+from modeld.settingvalues import parse_bytes
 
 
 @pytest.fixture(autouse=True)
@@ -243,3 +244,24 @@ def test_process_environment_is_the_default(monkeypatch: pytest.MonkeyPatch) -> 
 def test_settings_constructed_directly_have_real_paths() -> None:
     s = Settings()
     assert s.socket.startswith("ipc://") and s.models_dir.name == "models"
+
+
+def test_each_setting_is_declared_once_and_reaches_every_table() -> None:
+    """The declaration in ``Settings`` gives the environment variable, the parser, the synonyms,
+    the man page's line and the daemon's flag: a new setting needs nothing else."""
+    from modeld.config import SETTINGS
+    from modeld.daemon.server import _parser
+
+    parser = _parser()
+    for name, spec in SETTINGS.items():
+        assert spec.help.endswith("."), name
+        flags = {f"--{n.replace('_', '-')}" for n in (name, *spec.synonyms)}
+        assert flags <= set(parser._option_string_actions), name
+    args = vars(parser.parse_args(["--memory-cap", "1GiB", "--no-spare", "--max-models", "2"]))
+    settings, sources = load_settings(
+        {k: v for k, v in args.items() if v is not None and k != "config"}, env={}
+    )
+    assert (settings.memory_cap_bytes, settings.spare_runner, settings.max_models) == (
+        1 << 30, False, 2,
+    )
+    assert sources["memory_cap_bytes"] == sources["spare_runner"] == "cli"

@@ -15,9 +15,8 @@ import pytest
 
 import ggufgen
 from daemonutil import rows, until
-from modeld import memory
+from modeld import memory, sizing
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.errors import ErrorCode, RequestTimeoutError
 
 pytestmark = pytest.mark.slow

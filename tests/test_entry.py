@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from modeld import __version__, protocol
+from modeld import __version__
 from modeld.cli import entry, fastwire
 from modeld.cli._help import HELP
 
@@ -28,10 +28,6 @@ def _run(args: list[str], env: dict[str, str], **extra: str) -> subprocess.Compl
         [MODELD, *args], env={**env, **extra}, capture_output=True, text=True, timeout=60,
         check=False,
     )
-
-
-def test_protocol_version_matches() -> None:
-    assert fastwire.PROTOCOL_VERSION == protocol.PROTOCOL_VERSION
 
 
 def test_prerendered_help_is_fresh() -> None:

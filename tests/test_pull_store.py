@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from modeld import registry
 from modeld.config import Settings
 from modeld.errors import ModelNotFoundError
 from modeld.pull import store
@@ -63,7 +64,7 @@ def test_records_give_tags_and_rm_removes_shards_records_and_empty_folders(
         ("hf.co/Org/Repo-GGUF:Q6_K", "ab" * 32)
     assert store.tag_of(str(tmp_path / "keep.gguf"), "keep") == ("keep", None)
     assert json.loads(store.record_path(folder / shards[1]).read_text())["schema_version"] == 1
-    path = store.removable("Org/Repo-GGUF:Q6_K", Settings(models_dir=tmp_path))
+    path = registry.removable("Org/Repo-GGUF:Q6_K", Settings(models_dir=tmp_path))
     removed = store.remove(path, tmp_path)
     assert removed == [folder / n for n in shards]
     assert not (tmp_path / "Org").exists() and (tmp_path / "keep.gguf").exists()

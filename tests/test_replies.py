@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from modeld import replies
+from modeld import runnerwire as rp
 from modeld.daemon.jobs import done_body
-from modeld.runner import protocol as rp
 from test_scheduler import MiB, make
 
 

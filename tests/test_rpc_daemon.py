@@ -330,3 +330,18 @@ def test_config_names_a_models_workers_for_every_api(
     # ... and a plain request for the same file under its path shares that load
     assert c.generate(str(tiny_model), "hi", max_tokens=2).text() is not None
     assert rows(c)[tiny_model.name]["runner_pid"] == row["runner_pid"]
+
+
+def test_a_load_on_workers_without_the_backend_is_a_clear_error(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    if _rpc_built():
+        pytest.skip("this build has the RPC backend")
+    d = daemon_factory()
+    c = d.client()
+    with pytest.raises(RpcWorkerError) as info:
+        c.load(str(tiny_model), rpc=[f"127.0.0.1:{_free_port()}"])
+    assert info.value.details["problem"] == "not_built"
+    assert "-DGGML_RPC=ON" in info.value.hint
+    assert c.stats()["rpc_supported"] is False
+    assert c.generate(str(tiny_model), "local is fine", max_tokens=2).text() is not None

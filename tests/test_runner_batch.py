@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld.runner import protocol as rp
+from modeld import runnerwire as rp
 from test_runner import Harness
 
 pytestmark = pytest.mark.slow

@@ -23,7 +23,7 @@ from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
 from modeld.daemon.jobs import Job, request_job
 from modeld.daemon.scheduler import Scheduler
-from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.options import Sampling
 
 MiB = 1 << 20
@@ -58,16 +58,16 @@ class FakeSupervisor(Supervisor):
 
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
-        self.runners: dict[str, Runner] = {}
+        self.runners: dict[str, RunnerHandle] = {}
         self.stalls = 0
         self.spawned: list[str] = []
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.stopped: list[str] = []
 
-    def spawn(self) -> Runner:
+    def spawn(self) -> RunnerHandle:
         rid = f"r{len(self.spawned) + 1}"
         now = self._clock()
-        runner = Runner(rid, FakeProcess(4000 + len(self.spawned)), now, last_heard=now)  # type: ignore[arg-type]
+        runner = RunnerHandle(rid, FakeProcess(4000 + len(self.spawned)), now, last_heard=now)  # type: ignore[arg-type]
         self.runners[rid] = runner
         self.spawned.append(rid)
         return runner
@@ -84,14 +84,14 @@ class FakeSupervisor(Supervisor):
             runner.stopping_since = self._clock()
             self.stopped.append(runner_id)
 
-    def reap(self) -> list[Runner]:
+    def reap(self) -> list[RunnerHandle]:
         gone = [r for r in self.runners.values() if r.popen.poll() is not None]
         for runner in gone:
             runner.exit_code = runner.popen.poll()
             del self.runners[runner.id]
         return gone
 
-    def kill_stalled(self, stall_s: float) -> list[Runner]:
+    def kill_stalled(self, stall_s: float) -> list[RunnerHandle]:
         return []
 
     # ---- for the test

@@ -6,10 +6,9 @@ import time
 
 import pytest
 
-from modeld import memory
+from modeld import memory, sizing
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.errors import InsufficientMemoryError
 from test_memory import make_info
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from test_memory import make_info
 
 MiB = 1 << 20

@@ -21,11 +21,10 @@ from modeld import paths, protocol
 from modeld.errors import (
     DaemonUnavailableError,
     ModeldError,
-    ProtocolMismatchError,
     RequestTimeoutError,
-    error_from_dict,
 )
 from modeld.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
+from modeld.replyflow import ReplyStream
 from modeld.socketcheck import socket_problem
 
 _UNAVAILABLE_HINT = "start it with modeld serve"
@@ -44,29 +43,26 @@ class Generation:
         self._client = client
         self.request_id = request_id
         self.done: GenerateDone | None = None
-        self._finished = False
+        self._replies = ReplyStream(request_id)
+        self._closed = False
         #: called with each piece of the model's thinking (kept apart from the text)
         self.on_thinking: Callable[[str], None] | None = None
 
     def __iter__(self) -> Iterator[str]:
         try:
-            while not self._finished:
-                msg = self._client._recv(self.request_id, self._client.timeout)
-                if msg.type == "chunk":
-                    thinking = msg.body.get("thinking")
-                    if isinstance(thinking, str) and self.on_thinking is not None:
-                        self.on_thinking(thinking)
-                    text = msg.body.get("text")
-                    if isinstance(text, str):
-                        yield text
-                elif msg.type == "done":
-                    self._finished = True
-                    self.done = cast(GenerateDone, msg.body)  # the daemon's done_body
-                else:  # error
-                    self._finished = True
-                    raise error_from_dict(msg.body)
+            while not (self._closed or self._replies.finished):
+                kind, body = self._client._recv(self._replies, self._client.timeout)
+                if kind == "done":
+                    self.done = cast(GenerateDone, body)  # the daemon's done_body
+                    break
+                thinking = body.get("thinking")
+                if isinstance(thinking, str) and self.on_thinking is not None:
+                    self.on_thinking(thinking)
+                text = body.get("text")
+                if isinstance(text, str):
+                    yield text
         finally:
-            if not self._finished:
+            if not self._replies.finished:
                 self.close()
 
     def text(self) -> str:
@@ -75,8 +71,8 @@ class Generation:
 
     def close(self) -> None:
         """Cancel the request if it has not finished (idempotent)."""
-        if not self._finished:
-            self._finished = True
+        if not (self._closed or self._replies.finished):
+            self._closed = True
             self._client._cancel_quietly(self.request_id)
 
     def __enter__(self) -> Generation:
@@ -137,16 +133,14 @@ class Client:
         """Ping once per Client so a missing daemon is reported quickly and clearly."""
         if self._checked:
             return
-        rid = self._send("ping")
+        replies = ReplyStream(self._send("ping"))
         try:
-            msg = self._recv(rid, self.connect_timeout)
+            self._recv(replies, self.connect_timeout)
         except RequestTimeoutError:
             self.close()
             raise DaemonUnavailableError(
                 f"daemon not running (no answer at {self.endpoint})", hint=_UNAVAILABLE_HINT
             ) from None
-        if msg.type == "error":
-            raise error_from_dict(msg.body)
         self._checked = True
 
     def close(self) -> None:
@@ -173,8 +167,9 @@ class Client:
         self._socket().send_multipart(protocol.encode(protocol.request(type_, rid, **body)))
         return rid
 
-    def _recv(self, request_id: str, timeout: float | None) -> protocol.Message:
-        """Next reply for ``request_id``; replies to other (abandoned) requests are skipped.
+    def _recv(self, replies: ReplyStream, timeout: float | None) -> tuple[str, dict[str, Any]]:
+        """The next chunk or the done of ``replies``' request (an error reply raised); replies
+        to other (abandoned) requests are skipped.
 
         During a long silence (a slow load, a long prompt) the daemon is pinged every
         :data:`HEARTBEAT_S`; a daemon that no longer answers pings is reported as gone
@@ -189,17 +184,12 @@ class Client:
             now = time.monotonic()
             wait = 500 if deadline is None else max(0, int((deadline - now) * 1000))
             if sock.poll(min(wait, 500), zmq.POLLIN):
-                try:
-                    msg = protocol.decode(sock.recv_multipart())
-                except protocol.VersionMismatchError as exc:
-                    raise ProtocolMismatchError(exc.message, hint=exc.hint) from None
-                except protocol.ProtocolError:
-                    continue
+                data = protocol.reply_object(sock.recv_multipart())
                 heard = time.monotonic()
-                if msg.id == ping_id:
+                if ping_id is not None and ReplyStream(ping_id).feed(data) is not None:
                     ping_id = None
-                elif msg.id == request_id and msg.type in protocol.REPLY_TYPES:
-                    return msg
+                elif (reply := replies.feed(data)) is not None:
+                    return reply
                 continue
             now = time.monotonic()
             sock_path = paths.ipc_path(self.endpoint)
@@ -223,17 +213,15 @@ class Client:
 
     def _call(self, type_: str, timeout: float | None = None, **body: Any) -> dict[str, Any]:
         self._ensure_connected()
-        rid = self._send(type_, **body)
+        replies = ReplyStream(self._send(type_, **body))
         try:
-            msg = self._recv(rid, self.timeout if timeout is None else timeout)
+            kind, reply = self._recv(replies, self.timeout if timeout is None else timeout)
         except (KeyboardInterrupt, RequestTimeoutError):
-            self._cancel_quietly(rid)
+            self._cancel_quietly(replies.request_id)
             raise
-        if msg.type == "error":
-            raise error_from_dict(msg.body)
-        if msg.type != "done":
-            raise ModeldError(f"unexpected {msg.type!r} reply to {type_}")
-        return msg.body
+        if kind != "done":
+            raise ModeldError(f"unexpected {kind!r} reply to {type_}")
+        return reply
 
     def _cancel_quietly(self, request_id: str) -> None:
         if self._sock is None:

@@ -98,7 +98,7 @@ EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the
 #: Tokens per decode when the runner embeds with a model that has no pooling (a decoder with an
 #: LM head): llama.cpp computes full-vocabulary logits for every token of an embedding batch,
 #: so ``modeld.runner`` decodes in chunks of this many tokens (the KV cache carries the prefix)
-#: to bound that buffer. runner.py uses this constant, so the estimate cannot drift from it.
+#: to bound that buffer. runner/process.py uses this constant, so the estimate cannot drift from it.
 EMBED_CHUNK = 64
 EMBED_N_BATCH = 512  # the runner's n_batch (= n_ubatch) for chunked embedding, capped at n_ctx
 #: llama.cpp's LLAMA_MAX_SEQ; llama-cpp-python's ``embedding=True`` sets

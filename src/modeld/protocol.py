@@ -2,8 +2,10 @@
 
 Three layers, as in jupyter_client: building messages (:func:`request`, :func:`chunk`,
 :func:`done`, :func:`error_reply`), encoding them to frames (:func:`encode` / :func:`decode`),
-and socket I/O (only in ``daemon.py`` and ``client.py``). Keeping this layer pure lets it be
-tested by round-trip and lets the daemon reject any bad input with a typed error instead of
+and socket I/O (only in :mod:`modeld.daemon.service` and the clients: :mod:`modeld.client`,
+:mod:`modeld.http.bridge`, the CLI's fast path :mod:`modeld.cli.fastwire`; the envelope and the
+reply rules they share are :mod:`modeld.replyflow`). Keeping this layer pure lets it be tested
+by round-trip and lets the daemon reject any bad input with a typed error instead of
 crashing. The wire format is documented in ``docs/protocol.md``.
 
 A message is one ZeroMQ frame holding one UTF-8 JSON object with ``v`` (protocol version),
@@ -29,9 +31,8 @@ from modeld.messages import (
 )
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
+from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
 from modeld.textcheck import check_text
-
-PROTOCOL_VERSION = 1
 
 #: Request types a client may send.
 REQUEST_TYPES = frozenset(
@@ -50,8 +51,6 @@ REQUEST_TYPES = frozenset(
         "cancel",
     }
 )
-#: Reply types the daemon sends: zero or more ``chunk`` then exactly one ``done`` or ``error``.
-REPLY_TYPES = frozenset({"chunk", "done", "error"})
 MODES = ("generate", "embed", "rerank")
 MAX_ID_LENGTH = 128
 #: Most sequences one runner decodes together (``parallel``; llama.cpp allows 256; more than
@@ -96,9 +95,7 @@ class Message:
     v: int = PROTOCOL_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = dict(self.body)
-        data.update({"v": self.v, "id": self.id, "type": self.type})
-        return data
+        return envelope(self.type, self.id, self.body)
 
 
 # --------------------------------------------------------------------------- building
@@ -175,13 +172,22 @@ def decode(frames: list[bytes]) -> Message:
     type_ = data.get("type")
     if not isinstance(type_, str):
         raise ProtocolError("'type' must be a string", request_id=request_id)
-    body = {k: v for k, v in data.items() if k not in ("v", "id", "type")}
+    body = body_of(data)
     try:  # a lone surrogate must be refused here, not raise in a runner's tokenizer
         check_text(body)
     except InvalidRequestError as exc:
         raise ProtocolError(exc.message, hint=exc.hint, details=exc.details,
                             request_id=request_id) from None
     return Message(type_, request_id, body, version)
+
+
+def reply_object(frames: list[bytes]) -> object:
+    """The JSON value of a reply's frame, for :class:`modeld.replyflow.ReplyStream`; None when
+    it is no JSON (a client skips what it cannot read unless it is a reply to its request)."""
+    try:
+        return json.loads(frames[-1].decode("utf-8"), parse_constant=_reject_constant)
+    except (IndexError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
 
 
 def _reject_constant(name: str) -> Any:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from modeld.errors import InvalidModelError, ModelNotFoundError
+from modeld.errors import InvalidModelError, InvalidRequestError, ModelNotFoundError
 
 if TYPE_CHECKING:
     from modeld.config import Settings
@@ -306,3 +306,18 @@ def list_models(settings: Settings) -> list[ListedModel]:
             continue  # vanished or a dangling symlink
         out.append(ListedModel(name=name, path=path, size=size, source="models_dir"))
     return out
+
+
+def removable(name: str, settings: Settings) -> Path:
+    """The model file ``name`` resolves to, if ``modeld rm``/``/api/delete`` may delete it:
+    only files in the models dir (never an alias target or a path elsewhere)."""
+    models_dir = Path(settings.models_dir).expanduser()
+    resolved = resolve(name, settings)
+    if resolved.source == "alias" or models_dir.resolve() not in resolved.path.parents:
+        raise InvalidRequestError(
+            f"{name} is {resolved.path}, outside the models dir {models_dir}",
+            hint="only models in the models dir are deleted; delete other files yourself "
+            "(or remove the alias from the config file)",
+            details={"path": str(resolved.path)},
+        )
+    return resolved.path

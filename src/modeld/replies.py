@@ -1,7 +1,7 @@
 """The shapes of replies: ``ps`` rows, ``done`` bodies and the runner's messages, as TypedDicts.
 
 Why: these are plain dicts on the wire (JSON) and in the code that builds them; declaring their
-keys once lets mypy check the builders (:mod:`modeld.daemon.jobs`, :mod:`modeld.runner.protocol`)
+keys once lets mypy check the builders (:mod:`modeld.daemon.jobs`, :mod:`modeld.runnerwire`)
 and tells a caller of :class:`modeld.client.Client` what it gets back. docs/protocol.md is the
 description; tests/test_replies.py checks that what the builders make has exactly these keys.
 Pure: standard library only. No ``from __future__ import annotations`` here: Python 3.11

@@ -1,6 +1,6 @@
 """The ``modeld`` console script: fast paths for run, load, ps, --help and --version.
 
-Why: every shell call pays the CLI's start-up. The Typer app (cli.py) costs 60-200 ms of imports
+Why: every shell call pays the CLI's start-up. The Typer app (cli/app.py) costs 60-200 ms of imports
 before it does anything (Typer/click ~50 ms, modeld.config ~30 ms, pyzmq's Python layer 25-40
 ms; ``python -X importtime``), several times a bare ``python -c pass`` and, for ``modeld run``
 on a warm model, more than the generation itself. This module serves the hot commands with the
@@ -24,11 +24,13 @@ from __future__ import annotations
 import os
 import sys
 
-from modeld.cli.fastwire import Session, _Fallthrough, done_body, request
+from modeld.cli.fastwire import FastSession, _Fallthrough, request
 
 TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+
+    from modeld.replyflow import ReplyStream
 
 __all__ = ["fast", "main"]
 
@@ -178,16 +180,18 @@ class _Status:
 
 
 def _wait_streaming(
-    session: Session, rid: str, status: _Status, on_chunk: Callable[[str], None]
+    session: FastSession, replies: ReplyStream, status: _Status, on_chunk: Callable[[str], None]
 ) -> dict[str, object]:
-    """Replies of ``rid`` until done/error (as long as the daemon is there); chunks go to
-    ``on_chunk``; the status line ticks while nothing arrives."""
+    """The done body of ``replies``' request, however long the daemon takes (an error reply
+    raises); chunks go to ``on_chunk``; the status line ticks while nothing arrives."""
     while True:
-        reply = session.recv(rid, None, tick=status.tick)
-        status.stop()
-        if reply.get("type") != "chunk":
-            return reply
-        text = reply.get("text")
+        try:
+            kind, body = session.recv(replies, None, tick=status.tick)
+        finally:
+            status.stop()
+        if kind == "done":
+            return body
+        text = body.get("text")
         if isinstance(text, str):
             on_chunk(text)
 
@@ -201,7 +205,8 @@ def _run(args: list[str]) -> None:
     from modeld.textcheck import from_argv
 
     model = _model_ref(pos[0])
-    session = Session()  # no daemon: hand over now, before stdin is read (the full CLI reads it)
+    # no daemon: hand over now, before stdin is read (the full CLI reads it)
+    session = FastSession()
     try:
         prompt, piped = from_argv(pos[1], "the prompt argument"), read_stdin_prompt()
     except BaseException:
@@ -226,11 +231,11 @@ def _run(args: list[str]) -> None:
         options["n_ctx"] = o["--ctx"]
     if "--raw" in o:
         text = f"{system}\n\n{prompt}" if system else prompt
-        rid = session.send("generate", model=model, options=options, prompt=text)
+        replies = session.send("generate", model=model, options=options, prompt=text)
     else:
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt})
-        rid = session.send("generate", model=model, options=options, messages=messages)
+        replies = session.send("generate", model=model, options=options, messages=messages)
     # Sent: from here on every failure is reported here, never handed to the full CLI (it would
     # send the request again, with stdin already consumed and part of the reply printed).
     out: list[str] = []
@@ -241,10 +246,11 @@ def _run(args: list[str]) -> None:
         sys.stdout.flush()
 
     try:
-        reply = _wait_streaming(session, rid, _Status("waiting for the model…"), write)
+        _wait_streaming(session, replies, _Status("waiting for the model…"), write)
     except (KeyboardInterrupt, BrokenPipeError):
         try:  # noqa: SIM105 - contextlib costs start-up on the fast path
-            session.send("cancel", target=rid)  # free the model now, not when the daemon notices
+            # free the model now, not when the daemon notices
+            session.send("cancel", target=replies.request_id)
         except _Fallthrough:
             pass  # the daemon notices the vanished client itself
         raise
@@ -252,7 +258,6 @@ def _run(args: list[str]) -> None:
         session.close()
         if out and sys.stdout.isatty() and not out[-1].endswith("\n"):
             sys.stdout.write("\n")
-    done_body(reply)  # an error reply raises its typed error (reported by fast())
 
 
 def _load(args: list[str]) -> None:
@@ -266,8 +271,8 @@ def _load(args: list[str]) -> None:
         raise _Fallthrough
     model = pos[0] if pos else None
     ref = _model_ref(model)  # before the session: a hub name falls through here
-    session = Session()
-    rid = session.send(
+    session = FastSession()
+    replies = session.send(
         "load",
         model=ref,
         mode="embed" if o.get("--embed") else "rerank" if o.get("--rerank") else None,
@@ -276,11 +281,12 @@ def _load(args: list[str]) -> None:
         pinned=bool(o.get("--pin")),
         parallel=o.get("--parallel"),
     )
-    reply = _wait_streaming(
-        session, rid, _Status(f"loading {model or 'the default model'}"), lambda _c: None
-    )
-    session.close()
-    body = done_body(reply)  # sent: an error is reported here, never sent again
+    try:  # sent: an error is reported here (by fast()), never sent again
+        body = _wait_streaming(
+            session, replies, _Status(f"loading {model or 'the default model'}"), lambda _c: None
+        )
+    finally:
+        session.close()
     row = body["model"] if isinstance(body.get("model"), dict) else body
     if o.get("--json"):  # render.emit_json's shape
         doc = {"schema_version": 1, "kind": "load", "model": row}

@@ -1,11 +1,11 @@
 """The fast CLI path's wire to the daemon: endpoint, JSON and ZeroMQ without heavy imports.
 
-Split from :mod:`modeld.cli.entry` (which uses it for ``run``, ``load`` and ``ps``). Everything here
-mirrors a slower module and is checked against it by tests/test_entry.py: the endpoint and
-config path rules mirror :mod:`modeld.paths` (and platformdirs) without pathlib; the JSON helpers
-mirror :mod:`json` with its C scanner only; messages are built as :mod:`modeld.client` builds
-them (protocol v1, docs/protocol.md). libzmq is used through ctypes (the copy pyzmq ships, or
-the system one), falling back to pyzmq.
+Split from :mod:`modeld.cli.entry` (which uses it for ``run``, ``load`` and ``ps``). Everything
+here mirrors a slower module and is checked against it by tests/test_entry.py: the endpoint and
+config path rules mirror :mod:`modeld.paths` (and platformdirs) without pathlib; the JSON
+helpers mirror :mod:`json` with its C scanner only; messages are built, and replies read, by
+:mod:`modeld.replyflow` as in :mod:`modeld.client` (protocol v1, docs/protocol.md). libzmq is
+used through ctypes (the copy pyzmq ships, or the system one), falling back to pyzmq.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import sys
 
+from modeld.replyflow import ReplyStream, envelope
+
 TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-#: protocol.PROTOCOL_VERSION (a test checks they agree; protocol.py itself is too costly here)
-PROTOCOL_VERSION = 1
 _ZMQ_DEALER, _ZMQ_LINGER, _ZMQ_RCVTIMEO = 5, 17, 27  # zmq.h
 _WAIT_S = 5.0  # then give the request to the full CLI (which waits as long as needed)
 
@@ -297,7 +297,7 @@ def _gone() -> Exception:
     )
 
 
-class Session:
+class FastSession:
     """One connection to the daemon for one command: send requests, read their replies.
 
     ``MODELD_FAST_TRANSPORT=pyzmq`` forces the pyzmq transport (used by the benchmarks).
@@ -318,19 +318,20 @@ class Session:
             except ImportError:
                 self.conn = _PyzmqConn(self.endpoint)
 
-    def send(self, type_: str, **body: object) -> str:
-        """Send a request (None values left out, as protocol.request does); its id."""
+    def send(self, type_: str, **body: object) -> ReplyStream:
+        """Send a request (None values left out, as protocol.request does); its replies."""
         self._n += 1
         rid = f"fast-{os.getpid():x}-{self._n}"
-        msg = {k: v for k, v in body.items() if v is not None}
-        msg.update(v=PROTOCOL_VERSION, id=rid, type=type_)
+        msg = envelope(type_, rid, {k: v for k, v in body.items() if v is not None})
         self.conn.send(dumps(msg).encode())
-        return rid
+        return ReplyStream(rid)
 
     def recv(
-        self, rid: str, wait_s: float | None = _WAIT_S, tick: Callable[[], None] | None = None
-    ) -> dict[str, object]:
-        """The next reply (chunk/done/error) for ``rid``.
+        self, replies: ReplyStream, wait_s: float | None = _WAIT_S,
+        tick: Callable[[], None] | None = None,
+    ) -> tuple[str, dict[str, object]]:
+        """The next chunk or the done of ``replies``' request; an error reply raises its
+        typed error.
 
         The request is already sent, so nothing here hands over to the full CLI (which would
         send it again): a vanished daemon, a reply past ``wait_s`` or a malformed reply is a
@@ -340,6 +341,7 @@ class Session:
         import time
 
         deadline = None if wait_s is None else time.monotonic() + wait_s
+        marker = f'"id":"{replies.request_id}"'.encode()
         while True:
             data = self.conn.recv(250)
             if data is None:
@@ -356,26 +358,14 @@ class Session:
                         "restart it with `modeld stop` and `modeld serve`",
                     )
                 continue
-            if f'"id":"{rid}"'.encode() not in data:
-                continue  # a late reply to something else
+            if marker not in data:
+                continue  # a late reply to something else: not worth parsing
             try:
                 reply = loads(data)
             except ValueError:
-                reply = None
-            if (
-                isinstance(reply, dict)
-                and reply.get("id") == rid
-                and reply.get("v") == PROTOCOL_VERSION
-                and reply.get("type") in ("chunk", "done", "error")
-            ):
-                return reply
-            from modeld.errors import ProtocolMismatchError
-
-            raise ProtocolMismatchError(
-                "the daemon sent a reply this client cannot read",
-                hint="the daemon and the CLI may be different versions: `modeld stop`, then "
-                "`modeld serve` from this installation",
-            )
+                reply = {"id": replies.request_id}  # ours, unreadable: the stream says so
+            if (event := replies.feed(reply)) is not None:
+                return event
 
     def close(self) -> None:
         self.conn.close()
@@ -387,22 +377,12 @@ def request(type_: str, endpoint: str | None = None, wait_s: float = _WAIT_S) ->
     Raises _Fallthrough only before sending (no daemon); after, an error reply or a failed
     exchange is a typed error (:mod:`modeld.errors`).
     """
-    session = Session(endpoint)
+    session = FastSession(endpoint)
     try:
-        reply = session.recv(session.send(type_), wait_s)
+        replies = session.send(type_)
+        while True:
+            kind, body = session.recv(replies, wait_s)
+            if kind == "done":
+                return body
     finally:
         session.close()
-    return done_body(reply)
-
-
-def done_body(reply: dict[str, object]) -> dict[str, object]:
-    """The body of a ``done`` reply; an ``error`` reply raised as its typed error."""
-    if reply.get("type") != "done":
-        from modeld.errors import error_from_dict
-
-        raise error_from_dict(_body(reply))
-    return _body(reply)
-
-
-def _body(reply: dict[str, object]) -> dict[str, object]:
-    return {k: v for k, v in reply.items() if k not in ("v", "id", "type")}

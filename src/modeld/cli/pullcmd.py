@@ -141,10 +141,11 @@ class _Bars:
 def rm_command(settings: Settings, name: str, *, force: bool, json_out: bool,
                connect: Callable[[], Client]) -> None:
     """Delete a model from the models dir; a loaded one only with ``force`` (unloaded first)."""
+    from modeld import registry
     from modeld.errors import DaemonUnavailableError
     from modeld.pull import store
 
-    path = store.removable(name, settings)
+    path = registry.removable(name, settings)
     loaded: list[str] = []
     try:
         client = connect()

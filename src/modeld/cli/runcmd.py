@@ -1,6 +1,6 @@
 """``modeld run``: one streamed reply, or a multi-turn chat on a terminal.
 
-Kept out of cli.py so the command's behaviour (prompt from arguments and stdin, streaming,
+Kept out of cli/app.py so the command's behaviour (prompt from arguments and stdin, streaming,
 ``--json``, Ctrl-C) is one readable unit. Output contract: on a pipe, stdout carries exactly the
 generated text; everything else (spinner, timings, hints) goes to stderr.
 """

@@ -10,11 +10,12 @@ daemon's event loop (no locks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
+from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Waiting
 from modeld.daemon.leases import RpcLeases
@@ -35,8 +36,6 @@ log = logging.getLogger("modeld.daemon")
 #: Not when that client is the one asking for the other model (:meth:`Admission._moved_on`).
 SWAP_GRACE_S = 0.25
 
-StartLoad = Callable[[ModelKey, str, list[Job], ModelInfo, sizing.Sizing], None]
-Evict = Callable[[ModelKey, EvictionReason], None]
 
 
 class Admission:
@@ -49,16 +48,12 @@ class Admission:
         pool: RunnerPool,
         dispatch: Dispatch,
         clock: Callable[[], float],
-        start_load: StartLoad,
-        evict: Evict,
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.pool = pool
         self.dispatch = dispatch
         self._clock = clock
-        self._start_load = start_load
-        self._evict = evict
         self.waiting: dict[ModelKey, Waiting] = {}
         self.infos: dict[ModelKey, ModelInfo] = {}
         self.leases = RpcLeases()
@@ -88,8 +83,11 @@ class Admission:
             return True
         return False
 
-    def admit(self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None) -> None:
-        """Start loading ``key`` for ``jobs``, or make them wait, or fail them."""
+    def admit(
+        self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
+    ) -> Iterator[Evict | StartLoad]:
+        """Start loading ``key`` for ``jobs`` (yields the evictions that makes room, then the
+        :class:`StartLoad`), or make them wait, or fail them."""
         if not self._sized_with_measured_baseline(key, name, jobs, waiting):
             return
         if not self._workers_free(key, name, jobs, waiting):
@@ -128,7 +126,7 @@ class Admission:
                 reason = f"{reason}; giving just-used models a moment for follow-up requests"
             elif for_slots or plan.available_bytes + unloading < size.need_bytes:
                 for victim in plan.victims:
-                    self._evict(victim, plan.victim_reason(victim))
+                    yield Evict(victim, plan.victim_reason(victim))
             plan = self.cache.plan(key, size.need_bytes)
             if not recent:
                 reason = f"{reason}; waiting for unloading models to exit"
@@ -141,7 +139,7 @@ class Admission:
             waiting.need_bytes = size.need_bytes
             return
         self.waiting.pop(key, None)
-        self._start_load(key, name, jobs, info, size)
+        yield StartLoad(key, name, jobs, info, size)
 
     def _sized_with_measured_baseline(
         self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
@@ -221,13 +219,13 @@ class Admission:
                 )
             self.dispatch.finish(job, err)
 
-    def requeue(self, key: ModelKey, name: str, jobs: list[Job]) -> None:
+    def requeue(self, key: ModelKey, name: str, jobs: list[Job]) -> Iterator[Evict | StartLoad]:
         """Admit ``jobs`` of a model that is reloading, ahead of any that already wait for it."""
         waiting = self.waiting.get(key)
         if waiting is not None:
             waiting.jobs[:0] = jobs
         else:
-            self.admit(key, name, jobs, None)
+            yield from self.admit(key, name, jobs, None)
 
     def remove(self, job: Job) -> None:
         """Take a cancelled ``job`` out of its waiting load (if it is in one)."""
@@ -256,7 +254,7 @@ class Admission:
                         ),
                     )
 
-    def retry(self) -> None:
+    def retry(self) -> Iterator[Decision]:
         """Admit waiting loads in arrival order, after choosing which busy models drain."""
         self._choose_draining()
         for waiting in list(self.waiting.values()):
@@ -272,9 +270,9 @@ class Admission:
                 self.waiting.pop(waiting.key, None)
                 for job in waiting.jobs:
                     self.dispatch.enqueue(slot, job)
-                self.dispatch.pump(slot)
+                yield Pump(slot)
                 continue
-            self.admit(waiting.key, waiting.name, waiting.jobs, waiting)
+            yield from self.admit(waiting.key, waiting.name, waiting.jobs, waiting)
 
     def _choose_draining(self) -> None:
         """Fairness: the oldest waiting load may claim busy models' memory.

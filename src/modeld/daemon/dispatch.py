@@ -9,18 +9,26 @@ ends (its reply sent, its id released). Owned by the daemon's event loop (no loc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any, cast
 
-from modeld import ctx, protocol
-from modeld.cache.policy import CachePolicy, EntryState, ModelKey
+from modeld import ctx, protocol, runnerwire, sizing
+from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
+from modeld.daemon.decisions import AnswerLoad, Reload
 from modeld.daemon.jobs import Job, Send, Slot, done_body
-from modeld.daemon.supervisor import Runner, Supervisor
-from modeld.errors import CancelledError, ContextExceededError, ModeldError, format_bytes
-from modeld.replies import DeviceShare, PsRow, UnloadedRow
-from modeld.runner import protocol as runner_protocol
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
+from modeld.errors import (
+    CancelledError,
+    ContextExceededError,
+    InvalidModelError,
+    ModeldError,
+    RpcWorkerError,
+    RunnerCrashedError,
+    format_bytes,
+)
+from modeld.replies import DeviceShare
+from modeld.rpc import lost_workers
 
 log = logging.getLogger("modeld.daemon")
 
@@ -29,20 +37,12 @@ class Dispatch:
     """The slots of loaded models and the open requests, by (client, request id)."""
 
     def __init__(
-        self,
-        settings: Settings,
-        cache: CachePolicy,
-        supervisor: Supervisor,
-        send: Send,
-        reload: Callable[[Slot], None],
-        row: Callable[[ModelKey], PsRow | UnloadedRow],
+        self, settings: Settings, cache: CachePolicy, supervisor: Supervisor, send: Send
     ) -> None:
         self.settings = settings
         self.cache = cache
         self.sup = supervisor
-        self._send = send
-        self._reload = reload  # the scheduler's: evict, then admit again with a larger context
-        self._row = row  # the ps row a finished ``load`` replies with
+        self._send = send  # the daemon's socket: replies to clients
         self.slots: dict[ModelKey, Slot] = {}
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self._seq = 0
@@ -59,12 +59,13 @@ class Dispatch:
             slot.queue.append(job)
         self.cache.enqueue(slot.key)
 
-    def pump(self, slot: Slot) -> None:
+    def pump(self, slot: Slot) -> Iterator[Reload | AnswerLoad]:
         """Send queued requests of ``slot`` to its runner, FIFO, up to ``slot.parallel`` at
         once. A deterministic greedy request (``Job.alone``) waits for the runner to be free
         and has it to itself, unless the runner reports batching never changes greedy tokens.
         A request that needs a reload waits until nothing runs (a busy runner is never
-        stopped)."""
+        stopped): then the slot is yielded as a :class:`Reload`; a ``load`` request that
+        reaches its ready model is yielded to be answered with its row."""
         entry = self.cache.get(slot.key)
         while (
             entry is not None
@@ -80,7 +81,7 @@ class Dispatch:
                 return
             if self.needs_reload(slot, job, entry.n_ctx):
                 if not slot.active:
-                    self._reload(slot)
+                    yield Reload(slot)
                 return
             slot.queue.popleft()
             self.cache.dequeue(slot.key)
@@ -88,7 +89,7 @@ class Dispatch:
                 if job.pinned:
                     self.cache.set_pinned(slot.key, True)
                 self.cache.touch(slot.key, job.keep_alive_s)
-                self.finish(job, protocol.done(job.rid, model=self._row(slot.key)))
+                yield AnswerLoad(job, slot)
                 continue
             self.cache.acquire(slot.key)
             slot.last_client = job.client
@@ -138,7 +139,7 @@ class Dispatch:
         if not job.client_gone:
             self._send(job, msg)
 
-    def loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any], now: float) -> bool:
+    def loaded(self, slot: Slot, runner: RunnerHandle, msg: dict[str, Any], now: float) -> bool:
         """The runner loaded ``slot``'s model: charge what it measured (plus the prompt cache
         it fills later), take its ``parallel``; False when the entry is gone meanwhile."""
         memory = msg.get("memory") if isinstance(msg.get("memory"), dict) else {}
@@ -267,12 +268,96 @@ class Dispatch:
         if slot is not None and slot.active.get(job.runner_rid) is job:
             if not job.cancel_sent:
                 job.cancel_sent = True
-                self.sup.send(slot.runner_id, runner_protocol.cancel(job.runner_rid))
+                self.sup.send(slot.runner_id, runnerwire.cancel(job.runner_rid))
             return True
         if slot is not None and job in slot.queue:
             slot.queue.remove(job)
             self.cache.dequeue(job.key)
         return False
+
+    def runner_lost(self, slot: Slot, runner: RunnerHandle) -> list[Job]:
+        """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
+        for silence); a loaded model is dropped and its requests fail. Returns its queue, for
+        the scheduler to route again."""
+        entry = self.cache.get(slot.key)
+        why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
+        if runner.stalled_s is not None:
+            why = (
+                f"runner {runner.id} (pid {runner.pid}) stopped answering for "
+                f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
+            )
+        lost = lost_workers(slot.rpc) if slot.rpc and runner.stalled_s is None else []
+        if lost:
+            self._worker_lost(slot, runner, lost, why)
+            return []
+        if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
+            self.load_failed(
+                slot,
+                RunnerCrashedError(
+                    f"loading {slot.name} failed: {why}",
+                    hint="retry; if it happens again see the runner log, or raise "
+                    "runner_stall_s if this machine pauses processes that long",
+                    details={"stalled_s": runner.stalled_s, "path": slot.key.path},
+                ),
+            )
+            self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
+            return []
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.load_failed(
+                slot,
+                InvalidModelError(
+                    f"{slot.name} could not be loaded: {why} while loading",
+                    hint="the file may be corrupt or unsupported; see the runner log",
+                    details={"exit_code": runner.exit_code, "path": slot.key.path},
+                ),
+            )
+            return []
+        log.warning("%s: %s", slot.name, why)
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in list(slot.active.values()):
+            self.finish(
+                job,
+                RunnerCrashedError(
+                    f"the runner of {slot.name} crashed: {why}",
+                    hint="retry; the model is loaded again on the next request"
+                    + ("" if runner.stalled_s is None else
+                       " (a runner silent for runner_stall_s is killed: raise it if "
+                       "this machine pauses processes that long)"),
+                    details={"exit_code": runner.exit_code, "stalled_s": runner.stalled_s},
+                ),
+            )  # fmt: skip
+        slot.active.clear()
+        requeue = list(slot.queue)
+        slot.queue.clear()
+        return requeue
+
+    def _worker_lost(self, slot: Slot, runner: RunnerHandle, lost: list[str], why: str) -> None:
+        """The runner of a model on RPC workers died and ``lost`` of them no longer accept a
+        connection: its load or its requests (queued ones too: they would load on the same
+        workers) fail with ``rpc_worker`` naming them; the model is dropped (no cool-down: the
+        file is fine) and loads again on the next request."""
+        err = RpcWorkerError(
+            f"rpc worker {', '.join(lost)} lost: {slot.name}'s runner ended ({why})",
+            hint="restart the worker (modeld rpc-worker) and retry; the model loads again on "
+            "the next request",
+            details={"endpoint": lost[0], "endpoints": lost, "problem": "lost",
+                     "exit_code": runner.exit_code},
+        )  # fmt: skip
+        log.warning("%s", err.message)
+        entry = self.cache.get(slot.key)
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.load_failed(slot, err)
+            self.cache.clear_failure(slot.key)
+            return
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in [*slot.active.values(), *slot.queue]:
+            self.finish(job, err)
+        slot.active.clear()
+        slot.queue.clear()
 
     # ------------------------------------------------------------------ lookups
 

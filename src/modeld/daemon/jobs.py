@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from modeld import ctx, grammar, protocol
+from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
-from modeld.daemon.supervisor import Runner
+from modeld.daemon.supervisor import RunnerHandle
 from modeld.messages import forces_call
 from modeld.modelinfo import ModelInfo
 from modeld.replies import (
@@ -30,10 +31,9 @@ from modeld.replies import (
     RerankDone,
     Usage,
 )
-from modeld.runner import protocol as rp
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, kw_only=True)
 class Job:
     """One client request that needs a model (generate, embed or load)."""
 
@@ -126,12 +126,14 @@ def request_job(
     protocol's own builders (the scheduler sets the runner's rid when it dispatches)."""
     if isinstance(req, protocol.EmbedRequest):
         payload = rp.embed(rid, req.inputs)
-        return Job(client, rid, "embed", key, name, payload,
-                   keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
+        return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
+                   keep_alive_s=keep_alive_of(req.keep_alive, settings),
+                   n_ctx=requested_ctx(req.n_ctx))  # fmt: skip
     if isinstance(req, protocol.RerankRequest):
         payload = rp.rerank(rid, req.query, req.documents, req.top_n)
-        return Job(client, rid, "rerank", key, name, payload,
-                   keep_alive_of(req.keep_alive, settings), requested_ctx(req.n_ctx))  # fmt: skip
+        return Job(client=client, rid=rid, kind="rerank", key=key, name=name, payload=payload,
+                   keep_alive_s=keep_alive_of(req.keep_alive, settings),
+                   n_ctx=requested_ctx(req.n_ctx))  # fmt: skip
     o = req.options
     # The promise: a greedy reply does not depend on what else its model decodes.
     alone = o.sampling.greedy and o.deterministic is not False and not req.count_only
@@ -145,10 +147,9 @@ def request_job(
             else "generic"),
         think=req.think, count_only=req.count_only,
     )  # fmt: skip
-    job = Job(client, rid, "generate", key, name, payload,
-              keep_alive_of(o.keep_alive, settings), requested_ctx(o.n_ctx))  # fmt: skip
-    job.alone = alone
-    return job
+    return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
+               keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
+               alone=alone)  # fmt: skip
 
 
 def done_body(
@@ -211,7 +212,7 @@ def ps_rows(
     cache: CachePolicy,
     slots: Mapping[ModelKey, Slot],
     waiting: Mapping[ModelKey, Waiting],
-    runners: Mapping[str, Runner],
+    runners: Mapping[str, RunnerHandle],
     now: float,
 ) -> list[PsRow]:
     """One row per cache entry (loading, ready, unloading) and per model waiting for room."""

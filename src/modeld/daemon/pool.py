@@ -13,12 +13,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from modeld import memory
+from modeld import memory, runnerwire
 from modeld.cache.policy import CachePolicy
 from modeld.config import Settings
-from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import format_bytes
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
@@ -60,7 +59,7 @@ class RunnerPool:
 
     # ------------------------------------------------------------------ taking and keeping
 
-    def take(self) -> Runner:
+    def take(self) -> RunnerHandle:
         """The spare runner if it answers, else a new one (a stuck spare is stopped)."""
         if self.spare is not None and self.spare in self.sup.runners:
             runner = self.sup.runners[self.spare]
@@ -90,7 +89,7 @@ class RunnerPool:
         ):
             self.spare = self.sup.spawn().id
 
-    def starting_baseline_runner(self) -> Runner | None:
+    def starting_baseline_runner(self) -> RunnerHandle | None:
         """The spare runner, still starting, whose hello will bring the first measured
         baseline; None when one was measured already, there is no such spare (``spare_runner``
         off: the load's own runner starts with it) or it has taken over
@@ -109,7 +108,7 @@ class RunnerPool:
 
     # ------------------------------------------------------------------ runner events
 
-    def on_hello(self, runner: Runner) -> None:
+    def on_hello(self, runner: RunnerHandle) -> None:
         """A runner is ready: its RSS with nothing loaded is the baseline loads are sized with."""
         if runner.rpc_supported is not None:
             self.rpc_supported = runner.rpc_supported
@@ -135,11 +134,11 @@ class RunnerPool:
             and runner.stopping_since is None
         ):
             self.recycling.add(runner_id)
-            self.sup.send(runner_id, runner_protocol.unload())
+            self.sup.send(runner_id, runnerwire.unload())
         else:
             self.sup.stop(runner_id)
 
-    def on_unloaded(self, runner: Runner, msg: dict[str, Any]) -> bool:
+    def on_unloaded(self, runner: RunnerHandle, msg: dict[str, Any]) -> bool:
         """A runner closed its model. True (and its memory released) when it gave the memory
         back and may be reused; otherwise it is stopped and its memory is freed on exit."""
         self.recycling.discard(runner.id)
@@ -158,7 +157,7 @@ class RunnerPool:
         self.sup.stop(runner.id)
         return False
 
-    def adopt(self, runner: Runner) -> None:
+    def adopt(self, runner: RunnerHandle) -> None:
         """An idle, reusable runner: the spare if there is none, else it is not needed."""
         if self.spare is None and not self.stopping and runner.id in self.sup.runners:
             self.spare = runner.id
@@ -166,7 +165,7 @@ class RunnerPool:
         else:
             self.sup.stop(runner.id)
 
-    def on_exit(self, runner: Runner) -> None:
+    def on_exit(self, runner: RunnerHandle) -> None:
         """A runner process ended: forget it as the spare (a spare that dies before saying
         hello, a broken install, backs the next one off instead of looping) or as recycling."""
         self.recycling.discard(runner.id)

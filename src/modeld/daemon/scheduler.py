@@ -15,33 +15,28 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, protocol
+from modeld import paths, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import sizing
 from modeld.daemon.admission import Admission, rpc_of
+from modeld.daemon.decisions import AnswerLoad, Decision, Evict, Pump, Reload, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
 from modeld.daemon.pool import RunnerPool
-from modeld.daemon.supervisor import Runner, Supervisor
+from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
     ErrorCode,
-    InvalidModelError,
     RequestTimeoutError,
-    RpcWorkerError,
-    RunnerCrashedError,
     ShuttingDownError,
     error_from_dict,
     format_bytes,
 )
 from modeld.modelinfo import ModelInfo
 from modeld.replies import PsRow, UnloadedRow
-from modeld.rpc import lost_workers
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 #: The advice a full queue gives (HTTP ``Retry-After``): about one short generation's time.
@@ -65,10 +60,8 @@ class Scheduler:
         self._send = send
         self._clock = clock
         self.pool = RunnerPool(settings, cache, supervisor, clock)
-        self.dispatch = Dispatch(settings, cache, supervisor, send, self._reload, self.row)
-        self.admission = Admission(
-            settings, cache, self.pool, self.dispatch, clock, self._start_load, self.evict
-        )
+        self.dispatch = Dispatch(settings, cache, supervisor, send)
+        self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
         self.stopping = False
         self._last_file_check = 0.0
         # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
@@ -142,12 +135,12 @@ class Scheduler:
                 self.cache.record_miss()
                 job.waited_for_load = True
             self.dispatch.enqueue(slot, job)
-            self.dispatch.pump(slot)
+            self._pump(slot)
             return
         self.cache.record_miss()
         job.waited_for_load = True
         if not self.admission.join(job, draining=slot is not None):
-            self.admission.admit(job.key, job.name, [job], None)
+            self.carry_out(self.admission.admit(job.key, job.name, [job], None))
 
     def _retire_stale(self, key: ModelKey) -> None:
         """Older versions of a file that changed on disk go once idle."""
@@ -157,10 +150,30 @@ class Scheduler:
 
     # ------------------------------------------------------------------ loads and evictions
 
-    def _start_load(
-        self, key: ModelKey, name: str, jobs: list[Job], info: ModelInfo, size: sizing.Sizing
-    ) -> None:
-        """Admission said yes: a runner loads ``key`` and ``jobs`` queue on its new slot."""
+    def carry_out(self, decisions: Iterable[Decision]) -> None:
+        """Do what admission or dispatch decided, each before the part plans its next."""
+        for decision in decisions:
+            match decision:
+                case StartLoad():
+                    self._start_load(decision)
+                case Evict(key=key, reason=reason):
+                    self.evict(key, reason)
+                case Reload(slot=slot):
+                    self._reload(slot)
+                case AnswerLoad(job=job, slot=slot):
+                    self.dispatch.finish(job, protocol.done(job.rid, model=self.row(slot.key)))
+                case Pump(slot=slot):
+                    self._pump(slot)
+
+    def _pump(self, slot: Slot) -> None:
+        self.carry_out(self.dispatch.pump(slot))
+
+    def _retry(self) -> None:
+        self.carry_out(self.admission.retry())
+
+    def _start_load(self, load: StartLoad) -> None:
+        """Admission said yes: a runner loads the model and its jobs queue on its new slot."""
+        key, name, jobs, info, size = load.key, load.name, load.jobs, load.info, load.size
         runner = self.pool.take()
         rpc = rpc_of(jobs) or ()
         if rpc:
@@ -185,7 +198,7 @@ class Scheduler:
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
             format_bytes(size.need_bytes), f", rpc workers {','.join(rpc)}" if rpc else "",
         )  # fmt: skip
-        msg = runner_protocol.load(
+        msg = runnerwire.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
             seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
             # a waiting request is the warm-up: a separate one would only delay it
@@ -202,7 +215,7 @@ class Scheduler:
             self.cache.dequeue(slot.key)
             job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
-        self.admission.requeue(slot.key, slot.name, jobs)
+        self.carry_out(self.admission.requeue(slot.key, slot.name, jobs))
 
     def evict(self, key: ModelKey, reason: EvictionReason) -> None:
         """Take ``key`` out of service; its memory is freed when its runner has exited."""
@@ -256,16 +269,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ runner events
 
-    def on_runner_message(self, runner: Runner, msg: dict[str, Any]) -> None:
+    def on_runner_message(self, runner: RunnerHandle, msg: dict[str, Any]) -> None:
         mtype = msg["type"]
         if mtype == "hello":
             self.pool.on_hello(runner)
             if self.waiting:
-                self.admission.retry()  # loads held back to be sized with a measured baseline
+                self._retry()  # loads held back to be sized with a measured baseline
             return
         if mtype == "unloaded":
             reusable = self.pool.on_unloaded(runner, msg)
-            self.admission.retry()  # its memory may be what a waiting load needs (takes the spare)
+            self._retry()  # its memory may be what a waiting load needs (takes the spare)
             if reusable:
                 self.pool.adopt(runner)  # ... and this runner takes the spare's place
             return
@@ -301,10 +314,10 @@ class Scheduler:
             if isinstance(footprint, dict) and isinstance(footprint.get("rss"), int):
                 self.cache.update_measured(slot.key, int(footprint["rss"]))
 
-    def _on_loaded(self, slot: Slot, runner: Runner, msg: dict[str, Any]) -> None:
+    def _on_loaded(self, slot: Slot, runner: RunnerHandle, msg: dict[str, Any]) -> None:
         if self.dispatch.loaded(slot, runner, msg, self._clock()):
             self._rebalance()
-            self.dispatch.pump(slot)
+            self._pump(slot)
 
     def _on_done(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
         self.dispatch.done(slot, job, msg, self._clock())
@@ -316,105 +329,22 @@ class Scheduler:
         self._after_release(slot)
 
     def _after_release(self, slot: Slot) -> None:
-        self.dispatch.pump(slot)
+        self._pump(slot)
         self.expire()
-        self.admission.retry()
+        self._retry()
 
-    def on_runner_exit(self, runner: Runner) -> None:
+    def on_runner_exit(self, runner: RunnerHandle) -> None:
         """A runner process ended: free its memory; fail or re-route its requests."""
         self.pool.on_exit(runner)
         self.cache.unload_finished(runner.id)
         slot = self.dispatch.slot_of(runner.id)
         if slot is not None:
-            self._lost_runner(slot, runner)
+            for job in self.dispatch.runner_lost(slot, runner):
+                self._route(job)
         freed = self.admission.leases.release(runner.id)
         if freed:
             log.info("rpc workers %s are free again (runner %s exited)", ",".join(freed), runner.id)
-        self.admission.retry()
-
-    def _lost_runner(self, slot: Slot, runner: Runner) -> None:
-        """The runner of ``slot`` is gone: a load fails (with a cool-down unless it was killed
-        for silence); a loaded model is dropped, its requests fail and its queue re-routes."""
-        entry = self.cache.get(slot.key)
-        why = f"runner {runner.id} (pid {runner.pid}) exited with code {runner.exit_code}"
-        if runner.stalled_s is not None:
-            why = (
-                f"runner {runner.id} (pid {runner.pid}) stopped answering for "
-                f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
-            )
-        lost = lost_workers(slot.rpc) if slot.rpc and runner.stalled_s is None else []
-        if lost:
-            self._lost_worker(slot, runner, lost, why)
-            return
-        if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
-            self.dispatch.load_failed(
-                slot,
-                RunnerCrashedError(
-                    f"loading {slot.name} failed: {why}",
-                    hint="retry; if it happens again see the runner log, or raise "
-                    "runner_stall_s if this machine pauses processes that long",
-                    details={"stalled_s": runner.stalled_s, "path": slot.key.path},
-                ),
-            )
-            self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
-            return
-        if entry is not None and entry.state is EntryState.LOADING:
-            self.dispatch.load_failed(
-                slot,
-                InvalidModelError(
-                    f"{slot.name} could not be loaded: {why} while loading",
-                    hint="the file may be corrupt or unsupported; see the runner log",
-                    details={"exit_code": runner.exit_code, "path": slot.key.path},
-                ),
-            )
-            return
-        log.warning("%s: %s", slot.name, why)
-        self.slots.pop(slot.key, None)
-        if entry is not None:
-            self.cache.remove(slot.key, EvictionReason.CRASH)
-        for job in list(slot.active.values()):
-            self.dispatch.finish(
-                job,
-                RunnerCrashedError(
-                    f"the runner of {slot.name} crashed: {why}",
-                    hint="retry; the model is loaded again on the next request"
-                    + ("" if runner.stalled_s is None else
-                       " (a runner silent for runner_stall_s is killed: raise it if "
-                       "this machine pauses processes that long)"),
-                    details={"exit_code": runner.exit_code, "stalled_s": runner.stalled_s},
-                ),
-            )  # fmt: skip
-        slot.active.clear()
-        requeue = list(slot.queue)
-        slot.queue.clear()
-        for job in requeue:
-            self._route(job)
-
-    def _lost_worker(self, slot: Slot, runner: Runner, lost: list[str], why: str) -> None:
-        """The runner of a model with RPC workers died and ``lost`` of them no longer accept a
-        connection: its load or its requests fail with ``rpc_worker`` naming them; the model
-        is dropped (no cool-down: the file is fine) and loads again on the next request."""
-        names = ", ".join(lost)
-        err = RpcWorkerError(
-            f"rpc worker {names} lost: {slot.name}'s runner ended ({why})",
-            hint="restart the worker (modeld rpc-worker) and retry; the model loads again on "
-            "the next request",
-            details={"endpoint": lost[0], "endpoints": lost, "problem": "lost",
-                     "exit_code": runner.exit_code},
-        )  # fmt: skip
-        log.warning("%s", err.message)
-        entry = self.cache.get(slot.key)
-        if entry is not None and entry.state is EntryState.LOADING:
-            self.dispatch.load_failed(slot, err)
-            self.cache.clear_failure(slot.key)
-            return
-        self.slots.pop(slot.key, None)
-        if entry is not None:
-            self.cache.remove(slot.key, EvictionReason.CRASH)
-        for job in list(slot.active.values()) + list(slot.queue):
-            self.dispatch.finish(job, err)
-        slot.active.clear()
-        slot.queue.clear()
+        self._retry()
 
     # ------------------------------------------------------------------ client events
 
@@ -477,7 +407,7 @@ class Scheduler:
                     ),
                 )
         self.admission.time_out(now)
-        self.admission.retry()
+        self._retry()
         self.ensure_spare()
 
     def expire(self) -> None:
@@ -487,7 +417,52 @@ class Scheduler:
             if slot is None or self.dispatch.idle(slot):
                 self.evict(entry.key, EvictionReason.KEEP_ALIVE)
 
-    # ------------------------------------------------------------------ views
+    # ------------------------------------------------------------------ views: the service's
+    # read API (what ps, show, stats and unload need, without reaching into the parts)
+
+    def ps(self) -> dict[str, Any]:
+        """The ``ps`` reply body: the rows and the budget."""
+        return {
+            "models": self.ps_rows(),
+            "budget_bytes": self.cache.budget_bytes,
+            "used_bytes": self.cache.used_bytes(),
+            "max_models": self.cache.max_models,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
+        stats: dict[str, Any] = dict(self.cache.stats())
+        stats.update(
+            runner_baseline_bytes=self.baseline,
+            spare_runner=self.spare is not None,
+            # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
+            rpc_supported=self.pool.rpc_supported,
+            rpc_leases={lease.endpoint: lease.model for lease in self.admission.leases.all()},
+            in_flight=len(self.jobs),
+            waiting=self.admission.queued(),
+        )
+        return stats
+
+    def show(self, key: ModelKey, name: str, n_ctx: int | None) -> dict[str, Any]:
+        """``show``'s document planned against the live cache, with the loaded row if any."""
+        slot = self.slots.get(key)
+        out = planning.show_data(
+            self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
+            None if slot is None else (slot.parallel, slot.parallel_reason),
+        )  # fmt: skip
+        out["loaded"] = self.row(key) if slot is not None else None
+        return out
+
+    def loaded(self) -> dict[ModelKey, str]:
+        """The models loaded or loading, with the names they were asked for."""
+        return {key: slot.name for key, slot in self.slots.items()}
+
+    def clients_waiting(self) -> set[bytes]:
+        """Clients with requests in flight that have not gone away."""
+        return {job.client for job in self.jobs.values() if not job.client_gone}
+
+    def forget_failure(self, key: ModelKey) -> None:
+        self.cache.clear_failure(key)
 
     def ps_rows(self) -> list[PsRow]:
         return ps_rows(self.cache, self.slots, self.waiting, self.sup.runners, self._clock())

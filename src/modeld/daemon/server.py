@@ -24,10 +24,9 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, paths
+from modeld import __version__, paths, sizing
 from modeld.cache.policy import CachePolicy
-from modeld.config import Settings, load_settings
-from modeld.daemon import sizing
+from modeld.config import SETTINGS, Settings, load_settings
 from modeld.daemon.service import Service
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (
@@ -37,6 +36,7 @@ from modeld.errors import (
     unusable_path,
 )
 from modeld.logsafe import QuietFileHandler
+from modeld.settingvalues import parse_bool
 
 log = logging.getLogger("modeld.daemon")
 
@@ -219,54 +219,28 @@ def serve(settings: Settings) -> int:
         return 2
 
 
+def _parser() -> argparse.ArgumentParser:
+    """A flag per setting, from :data:`modeld.config.SETTINGS`: ``--max-models 2``; a synonym
+    is a flag too (``--memory-cap``); a true/false setting also has ``--no-…``."""
+    p = argparse.ArgumentParser(prog="python -m modeld.daemon", description=__doc__)
+    for name, spec in SETTINGS.items():
+        flags = [f"--{n.replace('_', '-')}" for n in (name, *spec.synonyms)]
+        if spec.parse is parse_bool:
+            p.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
+                           help=spec.help)  # fmt: skip
+        else:
+            p.add_argument(*flags, dest=name, metavar="VALUE", help=spec.help)
+    p.add_argument("--config", help="config file (TOML)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m modeld.daemon``: the daemon with CLI overrides (used by tests)."""
-    p = argparse.ArgumentParser(prog="python -m modeld.daemon", description=__doc__)
-    p.add_argument("--socket", help="ZeroMQ endpoint to bind")
-    p.add_argument("--memory-cap", type=int, help="budget cap in bytes")
-    p.add_argument("--memory-fraction", type=float)
-    p.add_argument("--max-models", type=int)
-    p.add_argument("--keep-alive", help='default keep-alive ("5m", seconds, 0, -1)')
-    p.add_argument("--ctx-floor", type=int)
-    p.add_argument("--ctx-ceiling", type=int)
-    p.add_argument("--max-message-bytes", type=int)
-    p.add_argument("--queue-timeout", type=float)
-    p.add_argument("--load-timeout", type=float)
-    p.add_argument("--runner-stall", type=float, help="kill a runner silent this many seconds")
-    p.add_argument("--http", help='HTTP front door "host:port", or off')
-    p.add_argument("--max-queue", type=int, help="waiting requests before new ones are refused")
-    p.add_argument("--prompt-cache-mib", type=int, help="prompt snapshots per runner; 0 off")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--parallel", type=int, help="requests one model decodes together (0: auto)")
-    p.add_argument("--no-spare", action="store_true", help="do not pre-start a spare runner")
-    p.add_argument("--eviction", choices=("cost", "lru"), help="victim order (default cost)")
-    p.add_argument("--log-level")
-    p.add_argument("--config", help="config file (TOML)")
-    a = p.parse_args(argv)
-    overrides: dict[str, object] = {
-        "socket": a.socket,
-        "memory_cap_bytes": a.memory_cap,
-        "memory_fraction": a.memory_fraction,
-        "max_models": a.max_models,
-        "keep_alive": a.keep_alive,
-        "ctx_floor": a.ctx_floor,
-        "ctx_ceiling": a.ctx_ceiling,
-        "max_message_bytes": a.max_message_bytes,
-        "queue_timeout_s": a.queue_timeout,
-        "load_timeout_s": a.load_timeout,
-        "runner_stall_s": a.runner_stall,
-        "http": a.http,
-        "max_queue": a.max_queue,
-        "prompt_cache_mib": a.prompt_cache_mib,
-        "threads": a.threads,
-        "parallel": a.parallel,
-        "log_level": a.log_level,
-        "spare_runner": False if a.no_spare else None,
-        "eviction": a.eviction,
-    }
+    args = vars(_parser().parse_args(argv))
+    config = args.pop("config")
     try:
         settings, _ = load_settings(
-            {k: v for k, v in overrides.items() if v is not None}, config_path=a.config
+            {k: v for k, v in args.items() if v is not None}, config_path=config
         )
     except ModeldError as exc:
         print(f"modeld: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, memory, protocol
+from modeld import __version__, memory, protocol, replyflow
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
 from modeld.daemon.jobs import Job, keep_alive_of, request_job, requested_ctx
@@ -126,8 +126,7 @@ class Service:
         connection is gone (a SIGKILLed CLI), so each client with requests gets a ``probe``
         message, which clients skip (its id is no request's), and a refused one is cancelled
         like any vanished client."""
-        clients = {job.client for job in self.sched.jobs.values() if not job.client_gone}
-        for client in clients:
+        for client in self.sched.clients_waiting():
             if not self._send(client, PROBE):
                 log.info("a client with requests in flight went away; cancelling them")
                 self.sched.client_gone(client)
@@ -168,23 +167,13 @@ class Service:
                     msg.id,
                     pong=True,
                     version=__version__,
-                    protocol=protocol.PROTOCOL_VERSION,
+                    protocol=replyflow.PROTOCOL_VERSION,
                     pid=os.getpid(),
                     endpoint=self.endpoint,
                 ),
             )
         elif t == "ps":
-            cache = self.sched.cache
-            reply(
-                client,
-                protocol.done(
-                    msg.id,
-                    models=self.sched.ps_rows(),
-                    budget_bytes=cache.budget_bytes,
-                    used_bytes=cache.used_bytes(),
-                    max_models=cache.max_models,
-                ),
-            )
+            reply(client, protocol.done(msg.id, **self.sched.ps()))
         elif t == "stats":
             reply(client, protocol.done(msg.id, **self._stats()))
         elif t == "shutdown":
@@ -247,14 +236,15 @@ class Service:
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
             return job
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
-        self.sched.cache.clear_failure(key)
+        self.sched.forget_failure(key)  # asked for explicitly: try again now
         keep_alive = keep_alive_of(req.keep_alive, self.settings)
-        return Job(client, rid, "load", key, name, {}, keep_alive, requested_ctx(req.n_ctx),
-                   req.pinned, parallel=req.parallel,
+        return Job(client=client, rid=rid, kind="load", key=key, name=name,
+                   keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
+                   parallel=req.parallel,
                    rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
-        keys = list(self.sched.slots) if req.all else self._loaded_keys(req.model, req.mode)
+        keys = list(self.sched.loaded()) if req.all else self._loaded_keys(req.model, req.mode)
         now, later = self.sched.unload(keys)
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
 
@@ -271,13 +261,14 @@ class Service:
         except ModelNotFoundError:
             if ref is None:
                 raise
+        loaded = self.sched.loaded()
         keys = [
-            k for k, slot in self.sched.slots.items()
-            if (k.path == path or slot.name == ref or registry.model_stem(Path(k.path)) == ref)
+            k for k, name in loaded.items()
+            if (k.path == path or name == ref or registry.model_stem(Path(k.path)) == ref)
             and (mode is None or k.mode == mode)
         ]  # fmt: skip
         if not keys:
-            shown = sorted({slot.name for slot in self.sched.slots.values()})
+            shown = sorted(set(loaded.values()))
             raise ModelNotFoundError(
                 f"{ref or 'default'} is not loaded",
                 hint=("loaded: " + ", ".join(shown)) if shown else "no model is loaded",
@@ -285,20 +276,11 @@ class Service:
         return keys
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
-        from modeld import describe
-
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
-        sched = self.sched
-        slot = sched.slots.get(key)
-        out = describe.show_data(
-            sched.model_info(key), key, name, sched.cache, sched.baseline, self.settings,
-            req.n_ctx, None if slot is None else (slot.parallel, slot.parallel_reason),
-        )
-        out["loaded"] = sched.row(key) if key in sched.slots else None
-        return out
+        return self.sched.show(key, name, req.n_ctx)
 
     def _stats(self) -> dict[str, Any]:
-        stats = dict(self.sched.cache.stats())
+        stats = self.sched.stats()
         stats.update(
             uptime_s=self._clock() - self.started,
             pid=os.getpid(),
@@ -309,12 +291,5 @@ class Service:
             memory_cap_bytes=self.settings.memory_cap_bytes,
             runners=len(self.sup.runners),
             runner_stalls=self.sup.stalls,
-            runner_baseline_bytes=self.sched.baseline,
-            spare_runner=self.sched.spare is not None,
-            # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
-            rpc_supported=self.sched.pool.rpc_supported,
-            rpc_leases={lease.endpoint: lease.model for lease in self.sched.admission.leases.all()},
-            in_flight=len(self.sched.jobs),
-            waiting=sum(len(w.jobs) for w in self.sched.waiting.values()),
         )
         return stats

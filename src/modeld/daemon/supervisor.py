@@ -26,8 +26,8 @@ from typing import Any
 
 import zmq
 
+from modeld import runnerwire
 from modeld.protocol import ProtocolError
-from modeld.runner import protocol as runner_protocol
 
 log = logging.getLogger("modeld.daemon")
 
@@ -36,7 +36,7 @@ STOP_GRACE_S = 5.0
 
 
 @dataclass
-class Runner:
+class RunnerHandle:
     """One runner process as the daemon sees it."""
 
     id: str
@@ -76,11 +76,11 @@ class Supervisor:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.bind(self.endpoint)
         self.log_dir = log_dir
-        self.runners: dict[str, Runner] = {}
+        self.runners: dict[str, RunnerHandle] = {}
         self._ids = itertools.count(1)
         self.stalls = 0  # runners killed for silence since start
 
-    def spawn(self) -> Runner:
+    def spawn(self) -> RunnerHandle:
         """Start a runner process; messages for it queue until its ``hello`` arrives."""
         rid = f"r{next(self._ids)}"
         log_path = self.log_dir / f"runner-{rid}.log"
@@ -95,7 +95,7 @@ class Supervisor:
                 close_fds=True,
             )
         now = self._clock()
-        runner = Runner(rid, popen, now, last_heard=now)
+        runner = RunnerHandle(rid, popen, now, last_heard=now)
         self.runners[rid] = runner
         log.info("started runner %s (pid %d), log %s", rid, popen.pid, log_path)
         return runner
@@ -109,18 +109,18 @@ class Supervisor:
             runner.pending.append(msg)
             return True
         try:
-            self.socket.send_multipart([runner_id.encode(), *runner_protocol.encode(msg)])
+            self.socket.send_multipart([runner_id.encode(), *runnerwire.encode(msg)])
         except zmq.ZMQError as exc:
             log.warning("cannot send %s to runner %s: %s", msg.get("type"), runner_id, exc)
             return False
         return True
 
-    def receive(self) -> tuple[Runner, dict[str, Any]] | None:
+    def receive(self) -> tuple[RunnerHandle, dict[str, Any]] | None:
         """One message from a runner (``hello`` handled here), or None if it was dropped."""
         frames = self.socket.recv_multipart()
         ident = frames[0].decode("utf-8", "replace")
-        if ident.endswith(runner_protocol.HEARTBEAT_SUFFIX):
-            beating = self.runners.get(ident.removesuffix(runner_protocol.HEARTBEAT_SUFFIX))
+        if ident.endswith(runnerwire.HEARTBEAT_SUFFIX):
+            beating = self.runners.get(ident.removesuffix(runnerwire.HEARTBEAT_SUFFIX))
             if beating is not None:
                 beating.last_heard = self._clock()
             return None
@@ -131,7 +131,7 @@ class Supervisor:
             log.warning("dropping message from unknown runner %r", ident)
             return None
         try:
-            msg = runner_protocol.decode(frames[1:])
+            msg = runnerwire.decode(frames[1:])
         except ProtocolError as exc:
             log.warning("dropping malformed message from runner %s: %s", ident, exc)
             return None
@@ -154,13 +154,13 @@ class Supervisor:
             return
         runner.stopping_since = self._clock()
         if runner.ready:
-            self.send(runner_id, runner_protocol.shutdown())
+            self.send(runner_id, runnerwire.shutdown())
         else:  # not even connected yet: nothing to be polite to
             self._kill(runner)
 
-    def reap(self) -> list[Runner]:
+    def reap(self) -> list[RunnerHandle]:
         """Runners that exited since the last call (removed); kills those past the grace."""
-        gone: list[Runner] = []
+        gone: list[RunnerHandle] = []
         now = self._clock()
         for runner in list(self.runners.values()):
             code = runner.popen.poll()
@@ -176,19 +176,19 @@ class Supervisor:
             gone.append(runner)
         return gone
 
-    def responsive(self, runner: Runner) -> bool:
+    def responsive(self, runner: RunnerHandle) -> bool:
         """Heard from within a few heartbeat periods (a spare about to be given a load). One
         still starting (no hello yet; importing llama_cpp can take seconds on a busy machine)
         is given the benefit of the doubt: :meth:`kill_stalled` catches it if it never talks."""
         if not runner.ready:
             return True
-        return self._clock() - runner.last_heard < 3 * runner_protocol.HEARTBEAT_S
+        return self._clock() - runner.last_heard < 3 * runnerwire.HEARTBEAT_S
 
-    def kill_stalled(self, stall_s: float) -> list[Runner]:
+    def kill_stalled(self, stall_s: float) -> list[RunnerHandle]:
         """Kill (with their process groups) the runners silent for more than ``stall_s``; their
         exits come back from :meth:`reap` with ``stalled_s`` set."""
         now = self._clock()
-        killed: list[Runner] = []
+        killed: list[RunnerHandle] = []
         for runner in self.runners.values():
             silent = now - runner.last_heard
             if runner.stalled_s is None and runner.popen.poll() is None and silent > stall_s:
@@ -200,7 +200,7 @@ class Supervisor:
                 killed.append(runner)
         return killed
 
-    def _kill(self, runner: Runner) -> None:
+    def _kill(self, runner: RunnerHandle) -> None:
         """SIGKILL the runner's process group (it leads one: ``start_new_session``); a stopped
         process dies of SIGKILL too."""
         with contextlib.suppress(ProcessLookupError, PermissionError):

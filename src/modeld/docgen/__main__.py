@@ -1,7 +1,7 @@
-"""``python -m modeld.docgen``: see :mod:`modeld.docgen.build`."""
+"""``python -m modeld.docgen [--check] [ROOT]``: see :mod:`modeld.docgen.generate`."""
 
 import sys
 
-from modeld.docgen.build import main
+from modeld.docgen.generate import main
 
 sys.exit(main())

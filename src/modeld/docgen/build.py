@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import importlib
-import sys
 import types
 import typing
 from dataclasses import dataclass
@@ -25,8 +24,6 @@ from typing import Any
 
 import typer
 import typer.main
-
-from modeld import __version__
 
 MODEL = "model"  # hint: a model reference (name from the models dir, alias, or .gguf file)
 PATH = "path"  # hint: any file
@@ -116,7 +113,7 @@ def _type_metavar(ann: Any) -> str:
 
 def _param(param: Any, help_text: str | None) -> Param:
     """Reduce a Typer parameter to a :class:`Param`."""
-    from modeld.config import LOG_LEVELS
+    from modeld.settingvalues import LOG_LEVELS
 
     name = str(param.name)
     # Long names first, then short ones (a stable sort keeps the declared order within each):
@@ -199,53 +196,3 @@ def command_tree(app: typer.Typer | None = None) -> tuple[Command, list[Command]
         ctx = Context(sub, parent=root_ctx, info_name=name, **sub.context_settings)
         subs.append(_command(sub, ctx, name))
     return _command(root, root_ctx, ""), subs
-
-
-# ---------------------------------------------------------------------- generation
-
-
-def generate(app: typer.Typer | None = None) -> dict[str, str]:
-    """Every generated file: relative path -> content."""
-    from modeld.docgen.man import render_man
-    from modeld.docgen.shells import render_bash, render_fish, render_zsh
-
-    root, subs = command_tree(app)
-    return {
-        OUTPUTS["bash"]: render_bash(root, subs),
-        OUTPUTS["zsh"]: render_zsh(root, subs),
-        OUTPUTS["fish"]: render_fish(root, subs),
-        OUTPUTS["man"]: render_man(root, subs, __version__),
-    }
-
-
-def stale_files(root_dir: Path, app: typer.Typer | None = None) -> list[str]:
-    """Generated files under ``root_dir`` that are missing or differ from a fresh generation."""
-    stale = []
-    for rel, content in generate(app).items():
-        path = root_dir / rel
-        if not path.is_file() or path.read_text(encoding="utf-8") != content:
-            stale.append(rel)
-    return stale
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m modeld.docgen [--check] [ROOT]``: write (or check) the generated files."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in args
-    rest = [a for a in args if a != "--check"]
-    root_dir = Path(rest[0]) if rest else Path.cwd()
-    if check:
-        stale = stale_files(root_dir)
-        for rel in stale:
-            print(f"stale: {rel} (run scripts/gen-docs.sh)", file=sys.stderr)
-        return 1 if stale else 0
-    for rel, content in generate().items():
-        path = root_dir / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(content, encoding="utf-8")
-        print(f"wrote {rel}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -51,43 +51,6 @@ EXIT_MEANINGS = {
     "INTERRUPTED": "Interrupted (Ctrl-C).",
 }
 
-# What each setting's environment variable does (docs/configuration.md has the long form).
-SETTING_HELP = {
-    "socket": "ZeroMQ endpoint the daemon binds and the client connects to; a bare path means"
-    " ipc://PATH.",
-    "models_dir": "Directory where model names are looked up (*.gguf, up to 3 levels deep).",
-    "memory_fraction": "Share of available memory (RAM capped by a cgroup limit, or VRAM) the"
-    " cache may use, in (0, 1].",
-    "memory_cap_bytes": "Hard cap on the cache budget, e.g. 8GiB or 512M; none or 0 removes it.",
-    "max_models": "Most models loaded (or loading) at once.",
-    "keep_alive": "How long a model stays loaded after its last request ends: seconds, a"
-    " duration (30s, 5m, 1h), 0 (unload when idle) or negative (until memory is needed).",
-    "ctx_floor": "Smallest context length chosen automatically (a multiple of 256).",
-    "ctx_ceiling": "Largest context length chosen automatically; longer prompts grow it on"
-    " demand up to the training context when memory allows.",
-    "max_message_bytes": "Largest protocol message accepted.",
-    "load_timeout_s": "Seconds a model load may take before it counts as failed.",
-    "runner_stall_s": "Seconds a runner may go without a heartbeat before it is killed.",
-    "http": "HOST:PORT of the HTTP front door (Ollama, OpenAI and Anthropic APIs), or off.",
-    "api_key": "Bearer key HTTP clients must send; required when http is not loopback.",
-    "http_origins": "Comma-separated browser origins allowed to call the HTTP API (CORS).",
-    "queue_timeout_s": "Seconds a request may wait for memory held by busy models.",
-    "spare_runner": "Keep one runner process pre-started so a cold load pays only the model"
-    " load (true or false).",
-    "log_dir": "Directory for the daemon log and one log per runner.",
-    "log_level": "debug, info, warning or error.",
-    "threads": "Threads per runner; auto or 0 derives it from the CPU quota.",
-    "failure_cooldown_s": "Seconds before a failed load of the same file is retried (doubles"
-    " with each further failure).",
-    "max_queue": "Requests that may wait at once; further ones are refused.",
-    "eviction": "Which idle model goes first when room is needed: cost (often used, slow to"
-    " reload and small models stay) or lru.",
-    "prompt_cache_mib": "MiB of evaluated-prompt snapshots each generating model keeps (part of"
-    " its memory estimate); 0 turns the prompt cache off.",
-    "parallel": "Requests one generating model decodes together, each with its own context;"
-    " auto or 0 is 4 (as llama-server); fewer when memory cannot hold them.",
-}
-
 # Variables read outside the settings table.
 OTHER_ENV = (
     ("MODELD_CONFIG", "Path of the config file."),
@@ -246,13 +209,13 @@ def _default_text(setting: str, value: object) -> str:
 
 
 def _env_lines() -> list[str]:
-    from modeld.config import ENV_VARS, Settings
+    from modeld.config import ENV_VARS, SETTINGS, Settings
 
     defaults = {f.name: f.default for f in fields(Settings) if f.default is not MISSING}
     lines: list[str] = []
     seen = set()
     for setting, var in ENV_VARS.items():
-        text = SETTING_HELP.get(setting, f"Overrides the {setting} setting.")
+        text = SETTINGS[setting].help
         if defaults.get(setting) is not None:
             text += f" Default: {_default_text(setting, defaults[setting])}."
         lines += [".TP", f".B {esc(var)}", esc(f"{text} (Setting {setting}.)")]

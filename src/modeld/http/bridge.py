@@ -20,15 +20,16 @@ import zmq
 import zmq.asyncio
 
 from modeld import protocol
-from modeld.errors import DaemonUnavailableError, error_from_dict
+from modeld.errors import DaemonUnavailableError
 from modeld.http import disconnect
 from modeld.http.disconnect import unless_gone
+from modeld.replyflow import ReplyStream
 
 #: Silence from the daemon this long (no chunk, no done) is answered with an error.
 REPLY_TIMEOUT_S = 3600.0
 
 
-class Session:
+class Conversation:
     """One HTTP request's conversation with the daemon."""
 
     def __init__(self, sock: zmq.asyncio.Socket, prefix: str,
@@ -43,55 +44,33 @@ class Session:
         await self.sock.send_multipart(protocol.encode(protocol.request(type_, rid, **body)))
         return rid
 
-    async def recv(self, rid: str) -> protocol.Message:
-        """The next reply (chunk/done/error) to ``rid``."""
+    async def recv(self, replies: ReplyStream) -> tuple[str, dict[str, Any]]:
+        """The next chunk or the done of ``replies``' request (an error reply raised)."""
         while True:  # a client that leaves meanwhile raises ClientGone (a CancelledError)
             if not await unless_gone(self.sock.poll(int(REPLY_TIMEOUT_S * 1000)), self.gone):
                 raise DaemonUnavailableError("no reply from the daemon",
                                              hint="check the daemon log")
-            try:
-                msg = protocol.decode(await self.sock.recv_multipart())
-            except protocol.ProtocolError:
-                continue
-            if msg.id == rid and msg.type in protocol.REPLY_TYPES:
-                return msg
+            data = protocol.reply_object(await self.sock.recv_multipart())
+            if (reply := replies.feed(data)) is not None:
+                return reply
 
     async def call(self, type_: str, **body: Any) -> dict[str, Any]:
         """A request answered by one ``done`` (its body), or its typed error raised."""
-        rid = await self.send(type_, **body)
-        finished = False
-        try:
-            while True:
-                msg = await self.recv(rid)
-                if msg.type in ("done", "error"):
-                    finished = True
-                if msg.type == "done":
-                    return dict(msg.body)
-                if msg.type == "error":
-                    raise error_from_dict(dict(msg.body))
-        finally:
-            if not finished:
-                self._cancel(rid)
+        async for kind, reply in self.stream(type_, **body):
+            if kind == "done":
+                return reply
+        raise AssertionError("unreachable: a stream ends with its done or raises")
 
     async def stream(self, type_: str, **body: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """("chunk", {text}) ... then ("done", body); an error reply is raised. Leaving early
         (the HTTP client went away) cancels the request at once, not at the next token."""
-        rid = await self.send(type_, **body)
-        finished = False
+        replies = ReplyStream(await self.send(type_, **body))
         try:
-            while True:
-                msg = await self.recv(rid)
-                if msg.type == "chunk":
-                    yield "chunk", dict(msg.body)
-                    continue
-                finished = True
-                if msg.type == "error":
-                    raise error_from_dict(dict(msg.body))
-                yield "done", dict(msg.body)
-                return
+            while not replies.finished:
+                yield await self.recv(replies)
         finally:
-            if not finished:
-                self._cancel(rid)
+            if not replies.finished:
+                self._cancel(replies.request_id)
 
     def _cancel(self, rid: str) -> None:
         """Cancel ``rid`` at the daemon; no await: this runs while the task is cancelled."""
@@ -102,7 +81,7 @@ class Session:
 
 
 class Bridge:
-    """Opens :class:`Session` s to the daemon at ``endpoint``."""
+    """Opens :class:`Conversation` s with the daemon at ``endpoint``."""
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
@@ -110,13 +89,13 @@ class Bridge:
         self._n = itertools.count(1)
 
     @asynccontextmanager
-    async def session(self) -> AsyncIterator[Session]:
+    async def session(self) -> AsyncIterator[Conversation]:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)  # a final cancel still reaches the daemon
         sock.connect(self.endpoint)
         gone = disconnect.watcher()
         try:
-            yield Session(sock, f"http-{os.getpid():x}-{next(self._n)}", gone)
+            yield Conversation(sock, f"http-{os.getpid():x}-{next(self._n)}", gone)
         finally:
             disconnect.stop(gone)
             sock.close()

@@ -140,9 +140,10 @@ class PullAPI(API):
             name = doc.get("model") or doc.get("name")
             if not isinstance(name, str) or not name.strip():
                 raise InvalidRequestError("'model' must name a model", hint="GET /api/tags")
+            from modeld import registry
             from modeld.pull import store
 
-            path = await asyncio.to_thread(store.removable, name.strip(), self.settings)
+            path = await asyncio.to_thread(registry.removable, name.strip(), self.settings)
             rows = (await self.bridge.call("ps")).get("models", [])
             if any(r.get("path") == str(path) for r in rows):
                 await self.bridge.call("unload", model=str(path))  # as `modeld rm --force`

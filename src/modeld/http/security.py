@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from modeld.config import Settings, is_loopback
+from modeld.config import Settings
+from modeld.settingvalues import is_loopback
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

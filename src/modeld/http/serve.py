@@ -12,8 +12,9 @@ import socket
 import threading
 from typing import Any
 
-from modeld.config import Settings, is_loopback
+from modeld.config import Settings
 from modeld.errors import InvalidRequestError
+from modeld.settingvalues import is_loopback
 
 log = logging.getLogger("modeld.http")
 

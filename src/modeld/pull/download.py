@@ -44,8 +44,8 @@ from modeld.errors import (
 )
 
 CHUNK = 1 << 20
-HASH_QUEUE = 6  # chunks waiting for the hash thread
-RING = HASH_QUEUE + 3  # receive buffers: queued, being hashed, being filled, spare
+SINK_QUEUE = 6  # chunks waiting to be written and hashed
+RING = SINK_QUEUE + 3  # receive buffers: queued, being written, being filled, spare
 READ_TIMEOUT_S = 60.0
 RETRIES = 5  # consecutive failed attempts (no byte gained) before giving up
 WAIT_POLL_S = 0.2
@@ -96,37 +96,66 @@ class _Retryable(Exception):
     """A failure worth another attempt (the connection dropped, a 5xx, a timeout)."""
 
 
-class _Hasher:
-    """SHA-256 of the content, or git's blob id (sha1 of a header and the content), computed
-    on a thread of its own: hashlib releases the GIL, so hashing overlaps the socket reads and
-    file writes instead of adding to them (it is about as slow as the write here)."""
+class _Sink:
+    """Where received bytes go: appended to the partial file and hashed (SHA-256 of the
+    content, or git's blob id: sha1 of a header and the content) on a thread of its own, so the
+    receiving thread only receives. hashlib and file writes release the GIL: receiving, writing
+    and hashing overlap (the pull benchmark: the receiver doing all three reached 0.70 of curl).
 
-    def __init__(self, t: Transfer) -> None:
+    ``done``: bytes written *and* hashed. :meth:`drain` waits for what is queued and raises what
+    the thread met (a full disk); call it before reading ``done`` or the file.
+    """
+
+    def __init__(self, t: Transfer, f: io.BufferedRandom, done: int = 0) -> None:
+        self.t, self.f, self.done = t, f, done
         self.git = t.sha256 is None
         self.h = hashlib.sha1(f"blob {t.size}\0".encode()) if self.git else hashlib.sha256()
-        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=HASH_QUEUE)
+        self._queue: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=SINK_QUEUE)
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
 
-    def update(self, data: bytes | memoryview) -> None:
-        """Hash ``data`` (not to be changed afterwards: it is hashed later, on the thread)."""
+    def put(self, data: bytes | memoryview) -> None:
+        """Write and hash ``data`` (not to be changed until :data:`SINK_QUEUE` + 2 later
+        puts, or a drain: it is used later, on the thread)."""
+        if self._error is not None:
+            self.drain()  # raises it
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pull-hash", daemon=True)
+            self._thread = threading.Thread(target=self._run, name="pull-sink", daemon=True)
             self._thread.start()
         self._queue.put(data)
 
     def _run(self) -> None:
         while (data := self._queue.get()) is not None:
-            self.h.update(data)
+            if self._error is not None:
+                continue  # failed: drop the rest, the receiver hears of it on its next put
+            try:
+                _write(self.f, data, self.t)
+                self.h.update(data)
+                self.done += len(data)
+            except BaseException as exc:  # handed to the receiving thread (a full disk)
+                self._error = exc
 
-    def hexdigest(self) -> str:
-        self.close()
-        return self.h.hexdigest()
-
-    def close(self) -> None:
+    def drain(self) -> None:
+        """Wait until everything queued is written and hashed; raise what failed."""
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def hexdigest(self) -> str:
+        self.drain()
+        return self.h.hexdigest()
+
+    def restart(self) -> None:
+        """The server sends the whole file again: start the partial file over."""
+        self.drain()
+        self.f.truncate(0)
+        self.f.seek(0)
+        self.done = 0
+        self.h = hashlib.sha1(f"blob {self.t.size}\0".encode()) if self.git else hashlib.sha256()
 
 
 def fetch(t: Transfer, on_progress: ProgressFn | None = None,
@@ -189,20 +218,17 @@ def _download(t: Transfer, part: Path, report: ProgressFn,
         if have > t.size:
             f.truncate(0)
             have = 0
-        state = _State(have, _rehash(f, have, t, report))
+        sink = _rehash(f, have, t, report)
         result.resumed_from = have
-        try:
-            _transfer(t, f, state, report, cancel, result)
-        finally:
-            state.hasher.close()  # its thread ends with the transfer, finished or not
-        report("verifying", state.done, t.size)
+        _transfer(t, f, sink, report, cancel, result)  # drains the sink, however it ends
+        report("verifying", sink.done, t.size)
         f.flush()
         os.fsync(f.fileno())  # what is renamed into place is on disk
-    got = state.hasher.hexdigest()
+    got = sink.hexdigest()
     want = t.sha256 or t.git_oid
     if got != want:
         part.unlink(missing_ok=True)
-        kind = "git blob id" if state.hasher.git else "SHA-256"
+        kind = "git blob id" if sink.git else "SHA-256"
         raise VerificationError(
             f"{t.target.name} failed verification: the hub's {kind} is {want}, the downloaded "
             f"file's is {got}; the file was deleted",
@@ -218,48 +244,35 @@ def _download(t: Transfer, part: Path, report: ProgressFn,
     return result
 
 
-def _transfer(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressFn,
+def _transfer(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn,
               cancel: threading.Event | None, result: Result) -> None:
     """Attempts until the file is complete; a failed one resumes from what was written."""
     failures = 0
-    while state.done < t.size:
+    while sink.done < t.size:
         _check_cancel(cancel)
-        before = state.done
+        before = sink.done
         try:
-            _attempt(t, f, state, report, cancel, result)
+            _attempt(t, f, sink, report, cancel, result)
         except _Retryable as exc:
-            f.truncate(state.done)  # bytes written but not counted (a write cut short) go
+            f.truncate(sink.done)  # bytes written but not counted (a write cut short) go
             f.seek(0, os.SEEK_END)
-            failures = 0 if state.done > before else failures + 1
+            failures = 0 if sink.done > before else failures + 1
             if failures >= RETRIES:
                 raise NetworkError(
                     f"downloading {t.target.name} failed {failures} times: {exc}",
                     hint="check the network connection, then pull again: it resumes "
-                    f"from {format_bytes(state.done)}",
-                    details={"url": t.url, "completed": state.done, "total": t.size},
+                    f"from {format_bytes(sink.done)}",
+                    details={"url": t.url, "completed": sink.done, "total": t.size},
                 ) from exc
             time.sleep(min(0.25 * 2**failures, 4.0))
 
 
-@dataclass
-class _State:
-    """Bytes of the partial file that are written *and* hashed, and the hash so far."""
-
-    done: int
-    hasher: _Hasher
-
-    def restart(self, f: io.BufferedRandom, t: Transfer) -> None:
-        f.truncate(0)
-        f.seek(0)
-        self.hasher.close()
-        self.done, self.hasher = 0, _Hasher(t)
-
-
-def _rehash(f: io.BufferedRandom, have: int, t: Transfer, report: ProgressFn) -> _Hasher:
-    """Hash what a previous attempt left on disk (once per resumed pull)."""
-    hasher = _Hasher(t)
+def _rehash(f: io.BufferedRandom, have: int, t: Transfer, report: ProgressFn) -> _Sink:
+    """A sink for ``f`` that has hashed what a previous attempt left on disk (once per resumed
+    pull)."""
+    sink = _Sink(t, f, have)
     if have == 0:
-        return hasher
+        return sink
     f.seek(0)
     buf = bytearray(CHUNK)
     view = memoryview(buf)
@@ -268,69 +281,79 @@ def _rehash(f: io.BufferedRandom, have: int, t: Transfer, report: ProgressFn) ->
         n = f.readinto(view[: min(CHUNK, have - seen)])
         if not n:
             break
-        hasher.h.update(view[:n])  # synchronously: the buffer is reused
+        sink.h.update(view[:n])  # synchronously: the buffer is reused
         seen += n
         if seen % (64 * CHUNK) < n or seen == have:
             report("resuming", seen, t.size)
     f.seek(0, os.SEEK_END)
-    return hasher
+    return sink
 
 
-def _attempt(t: Transfer, f: io.BufferedRandom, state: _State, report: ProgressFn,
+def _attempt(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn,
              cancel: threading.Event | None, result: Result) -> None:
-    """One HTTP request from byte ``state.done`` on, appending to ``f``."""
+    """One HTTP request from byte ``sink.done`` on, appending to ``f`` (through ``sink``,
+    drained before this returns or raises)."""
     req = urllib.request.Request(t.url)
     for key, value in t.headers.items():
         if key.lower() == "authorization":
             req.add_unredirected_header(key, value)  # never to the CDN a redirect points at
         else:
             req.add_header(key, value)
-    if state.done:
-        req.add_header("Range", f"bytes={state.done}-")
+    if sink.done:
+        req.add_header("Range", f"bytes={sink.done}-")
     try:
         resp = urllib.request.urlopen(req, timeout=READ_TIMEOUT_S)
     except urllib.error.HTTPError as exc:
-        if exc.code == 416 and state.done:
-            state.restart(f, t)  # the server disagrees about what we have: start over
+        if exc.code == 416 and sink.done:
+            sink.restart()  # the server disagrees about what we have: start over
             raise _Retryable("HTTP 416 for a resumed range") from None
         raise _http_error(exc, t) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retryable(_reason(exc)) from exc
     with resp:
-        if state.done and (resp.status != 206 or not _range_starts_at(resp, state.done)):
-            state.restart(f, t)  # the server ignored Range (or sent another): the whole body
+        if sink.done and (resp.status != 206 or not _range_starts_at(resp, sink.done)):
+            sink.restart()  # the server ignored Range (or sent another): the whole body
             if resp.status == 206:
                 raise _Retryable("the server answered another range than asked")
-        last = 0.0
-        # Plain (not chunked) bodies are read straight into a ring of reused buffers instead
-        # of a fresh 1 MiB object per read (allocated and faulted in each time; the pull
-        # benchmark went from 0.71 to 0.80 of curl). readinto1: what has arrived (readinto
-        # would wait for a whole CHUNK).
-        raw = resp.fp if not resp.chunked and resp.fp is not None else None
-        ring = [bytearray(CHUNK) for _ in range(RING)] if raw is not None else []
-        turn = 0
-        while state.done < t.size:
-            try:
-                if raw is not None:
-                    buf = ring[turn % RING]
-                    turn += 1
-                    data = memoryview(buf)[: raw.readinto1(buf)]
-                else:
-                    data = memoryview(resp.read1(CHUNK))
-            except (OSError, http.client.HTTPException) as exc:
-                raise _Retryable(_reason(exc)) from exc
-            if not data:
-                raise _Retryable(f"the connection closed at {state.done} of {t.size} bytes")
-            n = min(len(data), t.size - state.done)
-            _write(f, data[:n], t)
-            state.hasher.update(data[:n])
-            state.done += n
-            result.fetched_bytes += n
-            now = time.monotonic()
-            if now - last >= 0.1 or state.done == t.size:
-                last = now
-                report("downloading", state.done, t.size)
-                _check_cancel(cancel)
+        try:
+            _receive(t, resp, sink, report, cancel, result)
+        finally:
+            sink.drain()  # written and hashed before anyone reads sink.done or the file
+
+
+def _receive(t: Transfer, resp: http.client.HTTPResponse, sink: _Sink, report: ProgressFn,
+             cancel: threading.Event | None, result: Result) -> None:
+    """Read the body into ``sink`` until the file is complete."""
+    last = 0.0
+    received = sink.done
+    # Plain (not chunked) bodies are read straight into a ring of reused buffers instead of a
+    # fresh 1 MiB object per read (allocated and faulted in each time; the pull benchmark went
+    # from 0.71 to 0.80 of curl). readinto1: what has arrived (readinto would wait for a whole
+    # CHUNK).
+    raw = resp.fp if not resp.chunked and resp.fp is not None else None
+    ring = [bytearray(CHUNK) for _ in range(RING)] if raw is not None else []
+    turn = 0
+    while received < t.size:
+        try:
+            if raw is not None:
+                buf = ring[turn % RING]
+                turn += 1
+                data = memoryview(buf)[: raw.readinto1(buf)]
+            else:
+                data = memoryview(resp.read1(CHUNK))
+        except (OSError, http.client.HTTPException) as exc:
+            raise _Retryable(_reason(exc)) from exc
+        if not data:
+            raise _Retryable(f"the connection closed at {received} of {t.size} bytes")
+        n = min(len(data), t.size - received)
+        sink.put(data[:n])
+        received += n
+        result.fetched_bytes += n
+        now = time.monotonic()
+        if now - last >= 0.1 or received == t.size:
+            last = now
+            report("downloading", received, t.size)
+            _check_cancel(cancel)
 
 
 def _range_starts_at(resp: http.client.HTTPResponse, offset: int) -> bool:
@@ -340,7 +363,7 @@ def _range_starts_at(resp: http.client.HTTPResponse, offset: int) -> bool:
     return start.isdigit() and int(start) == offset
 
 
-def _write(f: io.BufferedRandom, data: memoryview, t: Transfer) -> None:
+def _write(f: io.BufferedRandom, data: bytes | memoryview, t: Transfer) -> None:
     try:
         f.write(data)
     except OSError as exc:

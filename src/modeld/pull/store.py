@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from modeld.pull.names import BadReference, HubRef, choose, shard_info
 
 if TYPE_CHECKING:
-    from modeld.config import Settings
+    pass
 
 PARTIAL_DIR = ".partial"
 RECORD_SUFFIX = ".pull.json"
@@ -136,21 +136,3 @@ def remove(model_file: Path, models_dir: Path) -> list[Path]:
             break
         parent = parent.parent
     return removed
-
-
-def removable(name: str, settings: Settings) -> Path:
-    """The model file ``name`` resolves to, if ``modeld rm``/``/api/delete`` may delete it:
-    only files in the models dir (never an alias target or a path elsewhere)."""
-    from modeld.errors import InvalidRequestError
-    from modeld.registry import resolve
-
-    models_dir = Path(settings.models_dir).expanduser()
-    resolved = resolve(name, settings)
-    if resolved.source == "alias" or models_dir.resolve() not in resolved.path.parents:
-        raise InvalidRequestError(
-            f"{name} is {resolved.path}, outside the models dir {models_dir}",
-            hint="only models in the models dir are deleted; delete other files yourself "
-            "(or remove the alias from the config file)",
-            details={"path": str(resolved.path)},
-        )
-    return resolved.path

@@ -1,3 +1,4 @@
-"""The runner process (one per loaded model) and the wire protocol the daemon speaks to it.
+"""The runner process (one per loaded model): everything here runs only in it.
 
-Kept free of imports: the daemon imports :mod:`modeld.runner.protocol` without llama_cpp."""
+Kept free of imports (``python -m modeld.runner`` starts fast); the daemon<->runner contract the
+daemon shares is :mod:`modeld.runnerwire`."""

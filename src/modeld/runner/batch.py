@@ -26,9 +26,9 @@ import llama_cpp
 import llama_cpp._internals
 
 from modeld import probe, replyparse
+from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
 from modeld.replies import ToolCallDone
-from modeld.runner import protocol as rp
 from modeld.runner import specs
 from modeld.runner.generation import DecodeBatch, Grammar, PromptState, make_sampler, plain_greedy
 from modeld.runner.prompting import PromptText

@@ -180,8 +180,7 @@ class PromptState:
 
     A runner decoding several sequences has one per sequence, sharing one snapshot ``store``;
     the shared decode calls are made by :mod:`modeld.runner.batch`, which tells each state what
-    was evaluated (:meth:`begin`, :meth:`evaluated`, :meth:`prompt_done`). :meth:`prepare` and
-    :meth:`decode` do the same with decode calls of their own (one sequence).
+    was evaluated (:meth:`begin`, :meth:`evaluated`, :meth:`prompt_done`, :meth:`decoded`).
     """
 
     def __init__(
@@ -211,7 +210,6 @@ class PromptState:
         self._stable_before = 0  # the stable prefix before the prompt's latest piece
         self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
         self._alone = True  # every piece of the prompt so far was decoded without other tokens
-        self._batch: DecodeBatch | None = None  # for prepare()/decode(): made on first use
         # set by persist(): where close() saves the snapshots, and what that file holds now
         self._saved_at: tuple[Path, promptfile.Identity] | None = None
         self._on_disk: tuple[Snapshot, ...] = ()
@@ -249,19 +247,6 @@ class PromptState:
         del self.tokens[keep:]
         self.stable = min(self.stable, keep)
         return keep
-
-    def _decode(self, start: int, part: Sequence[int]) -> None:
-        """One decode call for positions ``[start, start+len(part))``, logits for the last."""
-        if self._batch is None:
-            self._batch = DecodeBatch(self.llm)
-        for i, token in enumerate(part):
-            self._batch.add(token, start + i, self.seq, i == len(part) - 1)
-        try:
-            self._batch.decode()
-        except BaseException:
-            self.reset()  # the cache may hold part of the batch: start clean next time
-            raise
-        self.evaluated((start, start + len(part)), part, alone=True)
 
     def evaluated(self, piece: promptplan.Piece, part: Sequence[int], *, alone: bool) -> None:
         """``part`` (positions ``piece``) is now in the KV cache. ``alone``: it was the only
@@ -321,20 +306,6 @@ class PromptState:
             self._stable_before, self._last, n_prompt, self.align
         )
         self._snapshot(stable, logits_index)
-
-    def prepare(
-        self, prompt: Sequence[int], reproducible: bool, between: Callable[[], None]
-    ) -> Prepared:
-        """Make the KV cache hold ``prompt`` with its last logits ready to sample, with decode
-        calls of its own. ``between`` runs between pieces (cancel check)."""
-        prepared, todo = self.begin(prompt, reproducible)
-        for i, (start, end) in enumerate(todo):
-            if i:
-                between()
-            self._decode(start, prompt[start:end])
-        if todo:
-            self.prompt_done(len(prompt))
-        return prepared
 
     def _restore(self, snap: Snapshot) -> bool:
         self._clear()
@@ -467,10 +438,6 @@ class PromptState:
             best = best[np.argsort(-row[best], kind="stable")]
             entry["top"] = [(int(i), float(row[i]) - log_z) for i in best]
         return entry
-
-    def decode(self, token: int) -> None:
-        """Append a sampled token (a batch of one: never part of the stable prefix)."""
-        self._decode(len(self.tokens), [token])
 
     def decoded(self, token: int) -> None:
         """A sampled token was evaluated in a shared decode call (never stable)."""

@@ -34,11 +34,11 @@ import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import memory, probe
+from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
 from modeld.runner import chat, llamalog, prompting, rank, rpcdevices, specs
-from modeld.runner import protocol as rp
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger

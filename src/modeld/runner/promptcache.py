@@ -17,9 +17,6 @@ from typing import Any
 
 from modeld.runner.promptplan import Cached
 
-#: Default bound of each generate-mode runner's store (the ``prompt_cache_mib`` setting): about
-#: 20 snapshots of a short gemma-3-270m prompt (18 KiB of KV per token plus a 1 MiB logits row).
-PROMPT_CACHE_MIB = 32
 #: Bookkeeping counted per snapshot on top of its buffers (Python objects, the token tuple).
 SNAPSHOT_OVERHEAD = 256
 

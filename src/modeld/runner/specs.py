@@ -1,5 +1,5 @@
 """What a runner is asked to do, validated: the daemon's ``load``, ``generate``, ``embed`` and
-``rerank`` messages (built by :mod:`modeld.runner.protocol`) parsed into typed specs.
+``rerank`` messages (built by :mod:`modeld.runnerwire`) parsed into typed specs.
 
 Why separate: building and encoding serve both ends; validation is the receiving runner's
 job, and its errors name the field so a daemon bug is obvious.
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from modeld import options
+from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import InvalidRequestError
 from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
 from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
-from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 
 @dataclass(frozen=True)

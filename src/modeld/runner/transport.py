@@ -1,12 +1,13 @@
 """The runner's transport and lifetime: socket I/O, the serve loop, interrupts, parent watch.
 
-Split from :mod:`modeld.runner` (which owns the model and is the only module importing
-llama_cpp) so that the rules of the conversation with the daemon live in one place: one request
-at a time, in order; ``cancel``/``shutdown``/``memory`` handled between tokens; anything else
-that arrives early queued; exit on ``shutdown`` or when the parent process dies. A heartbeat
-thread (:func:`heartbeats`) tells the daemon the process is alive while the main thread is inside
-llama.cpp (ctypes calls release the GIL), so a runner that stops answering (SIGSTOP, a deadlock
-holding the GIL, a frozen host) is told apart from one evaluating a long prompt.
+Split from :mod:`modeld.runner.process` (which owns the model; it and the modules it drives
+import llama_cpp) so that the rules of the conversation with the daemon live in one place: one
+request at a time, in order; ``cancel``/``shutdown``/``memory`` handled between tokens; anything
+else that arrives early queued; exit on ``shutdown`` or when the parent process dies. A
+heartbeat thread (:func:`heartbeats`) tells the daemon the process is alive while the main
+thread is inside llama.cpp (ctypes calls release the GIL), so a runner that stops answering
+(SIGSTOP, a deadlock holding the GIL, a frozen host) is told apart from one evaluating a long
+prompt.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import Any
 
 import zmq
 
+from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, ModeldError
 from modeld.protocol import ProtocolError
-from modeld.runner import protocol as rp
 
 log = logging.getLogger("modeld.runner")
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from modeld import runnerwire as rp
 from modeld.errors import ErrorCode
 from modeld.protocol import ProtocolError
-from modeld.runner import protocol as rp
 from modeld.runner import specs
 from modeld.runner.textstream import StopBuffer, TextStream, pool_and_normalize
 

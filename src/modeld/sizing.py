@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from modeld import memory
 from modeld.cache.policy import CachePolicy, ModelKey
-from modeld.config import Settings
+from modeld.config import PROMPT_CACHE_MIB, Settings
 from modeld.ctx import STEP, largest_fitting, round_up
 from modeld.errors import (
     ContextExceededError,
@@ -30,7 +30,6 @@ from modeld.errors import (
 )
 from modeld.memory import MemoryEstimate
 from modeld.modelinfo import MODE_VERBS, ModelInfo
-from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
 AUTO_PARALLEL = 4

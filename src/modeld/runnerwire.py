@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import ErrorCode
 from modeld.messages import ChatMessage, Tool
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
@@ -40,7 +41,6 @@ from modeld.replies import (
     RunnerRerankDone,
     ToolCallDone,
 )
-from modeld.runner.promptcache import PROMPT_CACHE_MIB
 
 #: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
 MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024

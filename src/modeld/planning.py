@@ -1,0 +1,122 @@
+"""What ``modeld show`` would do for a model, planned against a cache: the context it would get
+and why, the estimate at that context, and what it would evict or reload.
+
+Pure planning (no I/O): the daemon calls :func:`show_data` with its live cache and the CLI, with
+no daemon running, with an empty one (:func:`modeld.describe.describe_local`), so both answer the
+same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from modeld import ctx, memory, sizing
+from modeld.cache.policy import CachePolicy, Entry, ModelKey
+from modeld.config import Settings
+from modeld.errors import ModeldError, format_bytes
+from modeld.modelinfo import ModelInfo
+
+
+def show_data(
+    info: ModelInfo,
+    key: ModelKey,
+    name: str,
+    cache: CachePolicy,
+    baseline: int,
+    settings: Settings,
+    n_ctx: int | None = None,
+    loaded_parallel: tuple[int, str] | None = None,
+) -> dict[str, Any]:
+    """The show document for ``key`` planned against ``cache`` (not mutated);
+    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it)."""
+    out: dict[str, Any] = {
+        "name": name,
+        "path": key.path,
+        "mode": key.mode,
+        "info": info.summary(),
+        "budget_bytes": cache.budget_bytes,
+        "runner_baseline_bytes": baseline,
+    }
+    requested = None if n_ctx is None else ctx.round_up(n_ctx)
+    loaded = cache.get(key)
+    if loaded is not None and (requested is None or requested <= loaded.n_ctx):
+        out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
+        return out
+    try:
+        size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings)
+    except ModeldError as exc:
+        out["fits"] = False
+        out["error"] = exc.to_dict()
+        return out
+    plan = cache.plan(key, size.need_bytes)
+    out.update(
+        fits=plan.action != "refuse",
+        n_ctx=size.n_ctx,
+        ctx_reason=size.reason,
+        parallel=size.parallel,
+        parallel_reason=size.parallel_reason,
+        estimate_bytes=size.estimate_bytes,
+        need_bytes=size.need_bytes,
+        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel),
+        naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
+        plan=plan.action,
+        plan_reason=plan.reason,
+        would_evict=[v.name for v in plan.victims if v != key],
+    )
+    if loaded is not None and plan.action != "refuse":
+        out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
+    return out
+
+
+def _already_loaded(
+    info: ModelInfo, entry: Entry, name: str, settings: Settings, parallel: tuple[int, str]
+) -> dict[str, Any]:
+    """A model loaded with enough context: the dry run plans nothing (it is never its own
+    victim); the figures are the entry's own."""
+    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings, parallel[0])
+    return {
+        "fits": True,
+        "n_ctx": entry.n_ctx,
+        "ctx_reason": entry.ctx_reason,
+        "parallel": parallel[0],
+        "parallel_reason": parallel[1],
+        "estimate_bytes": estimate["total"],
+        "need_bytes": 0,
+        "accounted_bytes": entry.accounted_bytes,
+        "measured_bytes": entry.measured_bytes,
+        "estimate": estimate,
+        "naive_estimate_bytes": memory.naive_estimate(info, entry.n_ctx),
+        "plan": "loaded",
+        "plan_reason": f"{name} is already loaded ({entry.state.value}) with n_ctx "
+        f"{entry.n_ctx}: nothing to load or evict",
+        "would_evict": [],
+    }
+
+
+def _reload(
+    entry: Entry, name: str, n_ctx: int, need: int, action: str, out: dict[str, Any]
+) -> dict[str, Any]:
+    """A loaded model asked for a larger context is reloaded: say what that frees and costs."""
+    others = out["would_evict"]
+    freed = entry.accounted_bytes
+    why = (
+        f"reload {name} with n_ctx {n_ctx} (loaded with {entry.n_ctx}): frees "
+        f"{format_bytes(freed)}, needs {format_bytes(need)}"
+    )
+    if entry.load_seconds is not None:
+        why += f", last load took {entry.load_seconds:.2f} s"
+    if others:
+        why += f"; also evicts {', '.join(others)}"
+    if action == "wait":
+        why += f"; waits: {out['plan_reason']}"
+    return {
+        "plan": "reload" if action != "wait" else "wait",
+        "plan_reason": why,
+        "reload": {
+            "from_n_ctx": entry.n_ctx,
+            "to_n_ctx": n_ctx,
+            "frees_bytes": freed,
+            "needs_bytes": need,
+            "last_load_seconds": entry.load_seconds,
+        },
+    }
