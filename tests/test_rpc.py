@@ -144,9 +144,9 @@ LOAD_LOG = [
 
 def test_buffer_log_lines_become_device_shares() -> None:
     pytest.importorskip("llama_cpp")
-    from modeld.runner import rpcdevices
+    from modeld import ggmlrpc
 
-    found = rpcdevices.shares(LOAD_LOG)
+    found = ggmlrpc.shares(LOAD_LOG)
     mib = 1024 * 1024
     assert found["layers"] == {"offloaded": 3, "total": 3}
     assert found["buffers"]["127.0.0.1:50052"] == {

@@ -66,15 +66,15 @@ def rpc_worker(
             hint="choose another --port, or stop what uses it",
             details={"endpoint": f"{host}:{port}", "problem": "listen"},
         ) from exc
-    from modeld.runner import rpcdevices
+    from modeld import ggmlrpc
 
-    rpcdevices.require()
+    ggmlrpc.require()
     n_threads = threads or max(1, int(probe.cpu_threads()))
     failure: list[BaseException] = []
 
     def serve() -> None:
         try:
-            rpcdevices.serve(f"{host}:{port}", device, n_threads, cache)
+            ggmlrpc.serve(f"{host}:{port}", device, n_threads, cache)
         except BaseException as exc:
             failure.append(exc)
 

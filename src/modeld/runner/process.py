@@ -33,12 +33,12 @@ import llama_cpp.llama
 import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from modeld import memory, probe
+from modeld import ggmlrpc, memory, probe
 from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, llamalog, prompting, rank, rpcdevices, specs
+from modeld.runner import chat, llamalog, prompting, rank, specs
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
@@ -85,7 +85,7 @@ class Runner(RunnerServer):
         version = str(getattr(llama_cpp, "__version__", "?"))
         return rp.hello(
             os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version,
-            rpc_supported=rpcdevices.supported(),
+            rpc_supported=ggmlrpc.supported(),
         )  # fmt: skip
 
     def _register_rpc(self, spec: specs.LoadSpec) -> bool:
@@ -101,7 +101,7 @@ class Runner(RunnerServer):
             return True
         try:
             self.rpc = spec.rpc  # even a partial registration stays: this process is tainted
-            rpcdevices.register(spec.rpc)
+            ggmlrpc.register(spec.rpc)
         except RpcWorkerError as exc:
             log.warning("rpc workers: %s", exc)
             self.send(rp.load_failed(exc.code, exc.message, exc.hint, exc.details))
@@ -208,7 +208,7 @@ class Runner(RunnerServer):
                 mode=spec.mode,
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
-                **(rpcdevices.load_report(load_log) if spec.rpc else {}),
+                **(ggmlrpc.load_report(load_log) if spec.rpc else {}),
             )
         )
         log.info(

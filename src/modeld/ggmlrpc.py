@@ -1,4 +1,5 @@
-"""llama.cpp's RPC backend through llama-cpp-python's own library handle (runner and worker).
+"""llama.cpp's RPC backend through llama-cpp-python's own library handle: shared by the runner
+(registering workers, reading where a load went) and ``modeld rpc-worker`` (serving).
 
 llama-cpp-python does not pass ``rpc_servers`` any more (a silent no-op since 0.3.7), so the
 runner registers its workers itself, before ``Llama(...)``: ``ggml_backend_rpc_add_server`` of
