@@ -352,3 +352,28 @@ def test_a_load_on_workers_without_the_backend_is_a_clear_error(
     assert "-DGGML_RPC=ON" in info.value.hint
     assert c.stats()["rpc_supported"] is False
     assert c.generate(str(tiny_model), "local is fine", max_tokens=2).text() is not None
+
+
+@needs_rpc
+def test_a_worker_that_stops_answering_is_a_typed_error_within_the_stall_bound(
+    daemon_factory: Factory, long_model: Path, workers: Callable[..., Worker]
+) -> None:
+    d = daemon_factory("--runner-stall", "3")
+    c = d.client()
+    w = workers()
+    c.load(str(long_model), n_ctx=8192, rpc=[w.endpoint])
+    gen = c.generate(str(long_model), "a", max_tokens=8000, temperature=0.0)
+    try:
+        with pytest.raises(RpcWorkerError) as info:
+            for i, _piece in enumerate(gen):
+                if i == 3:  # the host hangs: the connection stays open, nothing answers
+                    w.proc.send_signal(signal.SIGSTOP)
+                    t0 = time.monotonic()
+        assert time.monotonic() - t0 < 15
+    finally:
+        w.proc.kill()
+    assert info.value.details["problem"] == "stalled"
+    assert f"rpc worker {w.endpoint} stopped answering" in info.value.message
+    assert d.proc.poll() is None
+    until(lambda: not c.stats()["rpc_leases"], 20, "leases released")
+    assert c.generate(str(long_model), "locally", max_tokens=2).text() is not None

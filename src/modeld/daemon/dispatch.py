@@ -286,9 +286,16 @@ class Dispatch:
                 f"runner {runner.id} (pid {runner.pid}) stopped answering for "
                 f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
             )
+        if slot.rpc_stalled_s is not None:
+            self._worker_lost(slot, runner, list(slot.rpc), "stalled", (
+                f"rpc worker {', '.join(slot.rpc)} stopped answering: {slot.name} made no "
+                f"progress for {slot.rpc_stalled_s:.0f} s and its runner was killed"))
+            return []
         lost = lost_workers(slot.rpc) if slot.rpc and runner.stalled_s is None else []
         if lost:
-            self._worker_lost(slot, runner, lost, why)
+            self._worker_lost(slot, runner, lost, "lost",
+                              f"rpc worker {', '.join(lost)} lost: {slot.name}'s runner ended "
+                              f"({why})")  # fmt: skip
             return []
         if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
             self.load_failed(
@@ -333,16 +340,19 @@ class Dispatch:
         slot.queue.clear()
         return requeue
 
-    def _worker_lost(self, slot: Slot, runner: RunnerHandle, lost: list[str], why: str) -> None:
-        """The runner of a model on RPC workers died and ``lost`` of them no longer accept a
-        connection: its load or its requests (queued ones too: they would load on the same
-        workers) fail with ``rpc_worker`` naming them; the model is dropped (no cool-down: the
-        file is fine) and loads again on the next request."""
+    def _worker_lost(
+        self, slot: Slot, runner: RunnerHandle, lost: list[str], problem: str, message: str
+    ) -> None:
+        """The runner of a model on RPC workers ended because of them: ``lost`` no longer
+        accept a connection, or (``stalled``) stopped answering. Its load or its requests
+        (queued ones too: they would load on the same workers) fail with ``rpc_worker`` naming
+        them; the model is dropped (no cool-down: the file is fine) and loads again on the next
+        request."""
         err = RpcWorkerError(
-            f"rpc worker {', '.join(lost)} lost: {slot.name}'s runner ended ({why})",
+            message,
             hint="restart the worker (modeld rpc-worker) and retry; the model loads again on "
             "the next request",
-            details={"endpoint": lost[0], "endpoints": lost, "problem": "lost",
+            details={"endpoint": lost[0], "endpoints": lost, "problem": problem,
                      "exit_code": runner.exit_code},
         )  # fmt: skip
         log.warning("%s", err.message)

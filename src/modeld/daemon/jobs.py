@@ -81,6 +81,9 @@ class Slot:
     rpc: tuple[str, ...] = ()  # its llama.cpp RPC workers, leased to its runner
     devices: list[DeviceShare] = field(default_factory=list)  # from the runner's ``loaded``
     layers_offloaded: str | None = None
+    progress_at: float = 0.0  # last message from its runner (the scheduler's clock)
+    busy_since: float | None = None  # when its runner last started having requests
+    rpc_stalled_s: float | None = None  # killed: no progress while its workers held it
 
 
 @dataclass(eq=False)

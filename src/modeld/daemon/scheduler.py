@@ -283,6 +283,8 @@ class Scheduler:
                 self.pool.adopt(runner)  # ... and this runner takes the spare's place
             return
         slot = self.dispatch.slot_of(runner.id)
+        if slot is not None:
+            slot.progress_at = self._clock()
         if slot is None:
             if mtype not in ("memory", "error"):
                 log.debug("ignoring %s from runner %s without a model", mtype, runner.id)
@@ -380,6 +382,7 @@ class Scheduler:
         """Periodic work: stalled and dead runners, keep-alive, retirements, waits, load
         timeouts."""
         self.sup.kill_stalled(self.settings.runner_stall_s)
+        self._kill_stalled_rpc()
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
@@ -409,6 +412,27 @@ class Scheduler:
         self.admission.time_out(now)
         self._retry()
         self.ensure_spare()
+
+    def _kill_stalled_rpc(self) -> None:
+        """A runner on RPC workers whose requests made no progress for ``runner_stall_s``: a
+        worker stopped answering without closing its connection (its host hung, or it was
+        stopped), and llama.cpp waits for it forever while the runner's heartbeat goes on.
+        Its process group is killed; its requests fail with ``rpc_worker`` (dispatch)."""
+        now = self._clock()
+        for slot in self.slots.values():
+            if not slot.active:
+                slot.busy_since = None
+                continue
+            if slot.busy_since is None:
+                slot.busy_since = now
+            if not slot.rpc or slot.rpc_stalled_s is not None:
+                continue
+            silent = now - max(slot.progress_at, slot.busy_since)
+            if silent > self.settings.runner_stall_s:
+                slot.rpc_stalled_s = silent
+                log.error("%s made no progress on rpc workers %s for %.1f s: killing runner %s",
+                          slot.name, ",".join(slot.rpc), silent, slot.runner_id)  # fmt: skip
+                self.sup.kill(slot.runner_id)
 
     def expire(self) -> None:
         """Evict the idle models whose keep-alive ran out."""

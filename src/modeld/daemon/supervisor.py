@@ -200,6 +200,12 @@ class Supervisor:
                 killed.append(runner)
         return killed
 
+    def kill(self, runner_id: str) -> None:
+        """SIGKILL a runner's process group now (its exit comes back from :meth:`reap`)."""
+        runner = self.runners.get(runner_id)
+        if runner is not None:
+            self._kill(runner)
+
     def _kill(self, runner: RunnerHandle) -> None:
         """SIGKILL the runner's process group (it leads one: ``start_new_session``); a stopped
         process dies of SIGKILL too."""
