@@ -377,3 +377,33 @@ def test_a_worker_that_stops_answering_is_a_typed_error_within_the_stall_bound(
     assert d.proc.poll() is None
     until(lambda: not c.stats()["rpc_leases"], 20, "leases released")
     assert c.generate(str(long_model), "locally", max_tokens=2).text() is not None
+
+
+@needs_rpc
+def test_cli_load_run_and_ps_with_workers(
+    daemon_factory: Factory, tiny_model: Path, workers: Callable[..., Worker]
+) -> None:
+    import json
+
+    d = daemon_factory()
+    w = workers()
+
+    def modeld(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "modeld", *args], env=d.env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    bad = modeld("load", str(tiny_model), "--rpc", "nope")
+    assert bad.returncode == 2 and "HOST:PORT" in bad.stderr
+    loaded = modeld("load", str(tiny_model), "--rpc", w.endpoint, "--json")
+    assert loaded.returncode == 0, loaded.stderr
+    assert json.loads(loaded.stdout)["model"]["rpc"] == [w.endpoint]
+    ps = modeld("ps")
+    assert f"RPC0 {w.endpoint}: weights" in ps.stdout, ps.stdout
+    ran = modeld("run", str(tiny_model), "hello", "--rpc", w.endpoint, "--max-tokens", "3")
+    assert ran.returncode == 0, ran.stderr
+    stats = json.loads(modeld("stats", "--json").stdout)
+    assert stats["rpc_supported"] is True and stats["rpc_leases"] == {w.endpoint: tiny_model.stem}
+    w.proc.kill()
+    w.proc.wait(5)
+    gone = modeld("load", str(tiny_model), "--rpc", f"127.0.0.1:{_free_port()}")
+    assert gone.returncode == 14 and "unreachable" in gone.stderr
