@@ -416,9 +416,14 @@ def _rpc(doc: dict[str, Any]) -> list[str]:
     peer = doc.get("llama_server_rpc")
     if peer:
         rate = peer.get("tokens_per_s", {})
+        mine = peer.get("modeld_tokens_per_s", {})
         rows.append(f"| llama-server --rpc, 2 workers | {_f(peer.get('load_wall_s'), 2)} (to "
                     f"/health) | {peer.get('load_lo_bytes', 0) / MiB:.0f} MiB | {_f(_med(rate), 1)}"
-                    f" ({_f(rate.get('min'), 1)}-{_f(rate.get('max'), 1)}) | | |")
+                    f" ({_f(rate.get('min'), 1)}-{_f(rate.get('max'), 1)}) | "
+                    f"{_f(_med(peer.get('lo_bytes_per_token', {})), 0)} (HTTP included) | |")
+        rows.append(f"| modeld, 2 workers, interleaved with it | | | {_f(_med(mine), 1)} "
+                    f"({_f(mine.get('min'), 1)}-{_f(mine.get('max'), 1)}) | "
+                    f"{_f(_med(peer.get('modeld_lo_bytes_per_token', {})), 0)} | |")
     rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
     return rows
 
