@@ -323,6 +323,9 @@ def test_config_names_a_models_workers_for_every_api(
     )
     d = daemon_factory(root=root, env={"MODELD_HTTP": f"127.0.0.1:{port}"})
     c = d.client()
+    planned = c.show("far")  # planned for the workers: their share is not local memory
+    assert planned["rpc"] == [w.endpoint] and planned["estimate"]["vram"] > 0
+    assert planned["estimate"]["weights"] < tiny_model.stat().st_size
     # the HTTP API (Ollama's) loads it on the worker through the alias ...
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("POST", "/api/generate", json.dumps({

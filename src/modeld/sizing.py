@@ -113,12 +113,20 @@ def _estimate(
 
 
 def breakdown(
-    info: ModelInfo, n_ctx: int, mode: str, settings: Settings | None = None, parallel: int = 1
+    info: ModelInfo,
+    n_ctx: int,
+    mode: str,
+    settings: Settings | None = None,
+    parallel: int = 1,
+    offload: bool = False,
 ) -> dict[str, object]:
     """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
-    without ``settings`` the prompt cache is counted at its default size."""
+    without ``settings`` the prompt cache is counted at its default size. ``offload``: on
+    RPC workers (their share is ``vram``)."""
     cache = prompt_cache_bytes(mode, settings)
-    return estimate_n(info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache).to_dict()
+    return estimate_n(
+        info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache, offload=offload
+    ).to_dict()
 
 
 def _choose(
