@@ -46,7 +46,7 @@ fi
 if [ "$need_build" = 1 ]; then
     wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)
     if [ -z "$wheel" ]; then
-        echo "setup: building llama-cpp-python $LLAMA_VERSION ($CMAKE_ARGS; 3-8 minutes the first" \
+        echo "setup: building llama-cpp-python $LLAMA_VERSION ($CMAKE_ARGS; 3-15 minutes the first" \
             "time, then cached in $WHEELS)" >&2
         mkdir -p "$WHEELS"
         "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS" \
