@@ -25,7 +25,7 @@ from plot import cumulative_loads_svg
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns", "chaos",
-         "parallel", "pull")  # fmt: skip
+         "parallel", "pull", "rpc", "cluster")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -373,6 +373,27 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _cluster(doc: dict[str, Any]) -> list[str]:
+    """Placement against round-robin through the same cluster ingress."""
+    a, b = doc.get("placement") or {}, doc.get("round-robin") or {}
+
+    def ratio(key: str) -> str:
+        x, y = a.get(key), b.get(key)
+        return _f(x / y if x is not None and y else None, 2)
+
+    out = ["| | placement | round-robin | placement / round-robin |", "|---|---:|---:|---:|"]
+    out.append(f"| cold loads (all rounds) | {a.get('cold_loads')} | {b.get('cold_loads')} | "
+               f"{ratio('cold_loads')} |")
+    for key, label in (("p50_s", "p50 latency"), ("p95_s", "p95 latency")):
+        out.append(f"| {label} (all rounds) | {_f(a.get(key), 2)} s | "
+                   f"{_f(b.get(key), 2)} s | {ratio(key)} |")
+    out.append(f"| requests/s (all rounds) | {_f(a.get('rps'), 2)} | {_f(b.get('rps'), 2)} "
+               f"| {ratio('rps')} |")
+    out.append(f"| requests / errors | {a.get('requests')} / {a.get('n_errors')} | "
+               f"{b.get('requests')} / {b.get('n_errors')} | |")
+    return out
+
+
 def _pull(doc: dict[str, Any]) -> list[str]:
     def row(label: str, a: str, b: str, ratio: Any) -> str:
         return (f"| {label} | {_f(_med(doc[a]), 0)} ({_f(doc[a].get('min'), 0)}-"
@@ -403,10 +424,36 @@ def _agent(doc: dict[str, Any]) -> list[str]:
     ]
 
 
+def _rpc(doc: dict[str, Any]) -> list[str]:
+    rows = ["| configuration | load (s) | bytes over lo at load | decode tokens/s, median "
+            "(min-max) | lo bytes per token, median | layers on workers |",
+            "|---|---:|---:|---:|---:|---|"]
+    for label, r in doc.get("configs", {}).items():
+        rate = r.get("tokens_per_s", {})
+        rows.append(f"| {label} | {_f(r.get('load_s'), 2)} | {r.get('load_lo_bytes', 0) / MiB:.0f}"
+                    f" MiB | {_f(_med(rate), 1)} ({_f(rate.get('min'), 1)}-"
+                    f"{_f(rate.get('max'), 1)}) | {_f(_med(r.get('lo_bytes_per_token', {})), 0)} | "
+                    f"{r.get('layers_offloaded') or '-'} |")
+    peer = doc.get("llama_server_rpc")
+    if peer:
+        rate = peer.get("tokens_per_s", {})
+        mine = peer.get("modeld_tokens_per_s", {})
+        rows.append(f"| llama-server --rpc, 2 workers | {_f(peer.get('load_wall_s'), 2)} (to "
+                    f"/health) | {peer.get('load_lo_bytes', 0) / MiB:.0f} MiB | {_f(_med(rate), 1)}"
+                    f" ({_f(rate.get('min'), 1)}-{_f(rate.get('max'), 1)}) | "
+                    f"{_f(_med(peer.get('lo_bytes_per_token', {})), 0)} (HTTP included) | |")
+        rows.append(f"| modeld, 2 workers, interleaved with it | | | {_f(_med(mine), 1)} "
+                    f"({_f(mine.get('min'), 1)}-{_f(mine.get('max'), 1)}) | "
+                    f"{_f(_med(peer.get('modeld_lo_bytes_per_token', {})), 0)} | |")
+    rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
+    return rows
+
+
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
-           "agent_turns": _agent, "parallel": _parallel, "pull": _pull}
+           "agent_turns": _agent, "parallel": _parallel, "pull": _pull, "rpc": _rpc,
+           "cluster": _cluster}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -8,7 +8,7 @@
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
 http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py),
-pull (modeld pull against curl from a loopback fake hub).
+pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages).
 """
 
@@ -28,7 +28,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel", "pull")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel", "pull",
+       "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -116,6 +117,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_pull
 
         _record(ctx, "pull", b_pull.pull_bench)
+    if "rpc" in names:  # its own daemon and `modeld rpc-worker` processes on loopback
+        import b_rpc
+
+        _record(ctx, "rpc", b_rpc.rpc_bench)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ctx.log(f"modeld benchmarks: {harness.machine()['cpu']}, threads {ctx.threads}, "
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
-    if args.smoke and not args.only:  # the peer build takes minutes: only when named
-        names = [n for n in names if n != "parallel"]
+    if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
+        names = [n for n in names if n not in ("parallel", "rpc")]
     run(ctx, names, trace_n)
     if not args.no_report:
         import report

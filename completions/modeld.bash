@@ -49,8 +49,8 @@ _modeld_spec() {
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --help -h"
-            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --rpc --help -h"
+            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc"
             positional=(model none)
             ;;
         "embed")
@@ -66,8 +66,8 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --help -h"
-            value_opts="--ctx --keep-alive --parallel"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --help -h"
+            value_opts="--ctx --keep-alive --parallel --rpc"
             positional=(model)
             ;;
         "unload")
@@ -115,6 +115,16 @@ _modeld_spec() {
             value_opts="--model -m"
             positional=(none none)
             _modeld_variadic=1
+            ;;
+        "rpc-worker")
+            opts="--host --port --device --threads --cache --allow-insecure-network --help -h"
+            value_opts="--host --port --device --threads --cache"
+            positional=()
+            ;;
+        "cluster")
+            opts="--http --address --nodes --policy --json --help -h"
+            value_opts="--http --address --nodes --policy"
+            positional=(none)
             ;;
         *) return 1 ;;
     esac
@@ -169,7 +179,7 @@ _modeld() {
     if [[ $cur == -* ]]; then
         COMPREPLY=($(compgen -W "$opts" -- "$cur"))
     elif [[ -z $cmd ]]; then
-        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config launch" -- "$cur"))
+        COMPREPLY=($(compgen -W "serve stop run embed rerank load unload ps stats show list pull rm config launch rpc-worker cluster" -- "$cur"))
     else
         hint=""
         if ((${#positional[@]})); then

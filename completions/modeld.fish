@@ -56,13 +56,13 @@ function __modeld_value_opts --description 'options of a command that take a val
             printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel
         case 'stop'
         case 'run'
-            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format
+            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc
         case 'embed'
             printf '%s\n' --keep-alive
         case 'rerank'
             printf '%s\n' --top-n --keep-alive
         case 'load'
-            printf '%s\n' --ctx --keep-alive --parallel
+            printf '%s\n' --ctx --keep-alive --parallel --rpc
         case 'unload'
         case 'ps'
         case 'stats'
@@ -74,6 +74,10 @@ function __modeld_value_opts --description 'options of a command that take a val
         case 'config'
         case 'launch'
             printf '%s\n' --model -m
+        case 'rpc-worker'
+            printf '%s\n' --host --port --device --threads --cache
+        case 'cluster'
+            printf '%s\n' --http --address --nodes --policy
     end
 end
 
@@ -93,6 +97,8 @@ complete -c modeld -n '__fish_use_subcommand' -a pull -d 'Download a GGUF model 
 complete -c modeld -n '__fish_use_subcommand' -a rm -d 'Delete a model (all its shards) from the models directory.'
 complete -c modeld -n '__fish_use_subcommand' -a config -d 'The effective settings and where each one came from.'
 complete -c modeld -n '__fish_use_subcommand' -a launch -d 'Point Claude Code or Codex at this daemon: print the environment, or run the agent.'
+complete -c modeld -n '__fish_use_subcommand' -a rpc-worker -d 'Serve this machine\'s memory to a model loaded elsewhere with --rpc (llama.cpp RPC).'
+complete -c modeld -n '__fish_use_subcommand' -a cluster -d 'Several daemons behind one HTTP front door on Ray Serve (needs modeld[ray]).'
 complete -c modeld -n '__fish_use_subcommand' -l version -d 'Show the version.'
 complete -c modeld -n '__fish_use_subcommand' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is serve' -l socket -x -d 'ZeroMQ endpoint to bind (ipc://… or tcp://…).'
@@ -124,6 +130,7 @@ complete -c modeld -n '__modeld_is run' -l think -l no-think -d 'The model\'s th
 complete -c modeld -n '__modeld_is run' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is run' -l verbose -s v -d 'Timings on stderr.'
 complete -c modeld -n '__modeld_is run' -l no-pull -d 'Never pull a missing hf.co/… model (MODELD_NO_PULL=1).'
+complete -c modeld -n '__modeld_is run' -l rpc -x -d 'llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them (modeld rpc-worker; docs/rpc.md).'
 complete -c modeld -n '__modeld_is run' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is run 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is embed' -l keep-alive -x -a '5m 30m 1h 0 -1' -d 'How long to keep the model loaded: "5m", seconds, 0, -1.'
@@ -142,6 +149,7 @@ complete -c modeld -n '__modeld_is load' -l rerank -d 'Load in rerank mode (the 
 complete -c modeld -n '__modeld_is load' -l parallel -x -d 'Requests it decodes together (default: the setting, or auto).'
 complete -c modeld -n '__modeld_is load' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is load' -l no-pull -d 'Never pull a missing hf.co/… model (MODELD_NO_PULL=1).'
+complete -c modeld -n '__modeld_is load' -l rpc -x -d 'llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them (modeld rpc-worker; docs/rpc.md).'
 complete -c modeld -n '__modeld_is load' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is load 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is unload' -l all -d 'Unload every model.'
@@ -174,3 +182,16 @@ complete -c modeld -n '__modeld_is config' -l help -s h -d 'Show this message an
 complete -c modeld -n '__modeld_is launch' -l model -s m -x -a '(__modeld_models)' -d 'The model the agent uses.'
 complete -c modeld -n '__modeld_is launch' -l exec -d 'Run the agent with this environment.'
 complete -c modeld -n '__modeld_is launch' -l help -s h -d 'Show this message and exit.'
+complete -c modeld -n '__modeld_is rpc-worker' -l host -x -d 'Address to listen on; beyond loopback needs --allow-insecure-network.'
+complete -c modeld -n '__modeld_is rpc-worker' -l port -x -d 'TCP port to listen on.'
+complete -c modeld -n '__modeld_is rpc-worker' -l device -x -d 'ggml device to lend: CPU, or a GPU such as CUDA0.'
+complete -c modeld -n '__modeld_is rpc-worker' -l threads -x -d 'CPU threads for its work (default: all usable).'
+complete -c modeld -n '__modeld_is rpc-worker' -l cache -x -d 'Directory caching large tensors across loads (none by default).'
+complete -c modeld -n '__modeld_is rpc-worker' -l allow-insecure-network -d 'Listen beyond loopback (no authentication, no encryption: trusted LANs only).'
+complete -c modeld -n '__modeld_is rpc-worker' -l help -s h -d 'Show this message and exit.'
+complete -c modeld -n '__modeld_is cluster' -l http -x -d 'The cluster\'s HTTP front door "HOST:PORT" (default 127.0.0.1:8000).'
+complete -c modeld -n '__modeld_is cluster' -l address -x -d 'serve: the Ray cluster to join (default: auto).'
+complete -c modeld -n '__modeld_is cluster' -l nodes -x -d 'serve: machines to expect (default: those offering resource modeld).'
+complete -c modeld -n '__modeld_is cluster' -l policy -x -d 'serve: placement (default; where the model is warm) or round-robin.'
+complete -c modeld -n '__modeld_is cluster' -l json -d 'Print one JSON document (for scripts).'
+complete -c modeld -n '__modeld_is cluster' -l help -s h -d 'Show this message and exit.'

@@ -9,22 +9,52 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${MODELD_VENV:-.venv}"
 extras="default-model"
-[ "${1:-}" = "--test" ] && extras="test"
+[ "${1:-}" = "--test" ] && extras="test,ray"  # ray: the cluster tests (tests/test_cluster.py)
 
 if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip wheel
 
-# CPU flags that work here (see scripts/cpuflags.sh; the default native build crashes on this CPU class).
+# CPU flags that work here (see scripts/cpuflags.sh; the default native build crashes on this CPU class),
+# plus llama.cpp's RPC backend (-DGGML_RPC=ON: `modeld rpc-worker` and per-model `rpc` workers;
+# docs/rpc.md). A CMAKE_ARGS of your own is kept; it gets -DGGML_RPC=ON unless it names GGML_RPC.
 if [ -z "${CMAKE_ARGS:-}" ]; then
     CMAKE_ARGS="$(scripts/cpuflags.sh)"
-    export CMAKE_ARGS
 fi
+if [[ "$CMAKE_ARGS" != *GGML_RPC* ]]; then
+    CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=ON"
+fi
+export CMAKE_ARGS
+want_rpc=0
+[[ " $CMAKE_ARGS " == *" -DGGML_RPC=ON "* ]] && want_rpc=1
 
+# pip's own wheel cache is keyed by the sdist, not by CMAKE_ARGS (it would hand back a build
+# with other flags), so the built wheel is kept in a folder named after the flags.
+LLAMA_VERSION="0.3.36"
+flags_key=$(printf '%s %s' "$LLAMA_VERSION" "$CMAKE_ARGS" | sha256sum | cut -c1-16)
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/modeld/wheels/$flags_key"
+
+need_build=0
 if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
-    echo "setup: building llama-cpp-python (about 8 minutes the first time; pip caches the wheel)" >&2
-    "$VENV/bin/python" -m pip install --quiet "llama-cpp-python==0.3.36"
+    need_build=1
+elif [ "$want_rpc" = 1 ] && ! "$VENV/bin/python" -c \
+        "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_rpc() else 1)" >/dev/null 2>&1; then
+    echo "setup: the installed llama-cpp-python lacks the RPC backend; reinstalling it with -DGGML_RPC=ON" >&2
+    need_build=1
+fi
+if [ "$need_build" = 1 ]; then
+    wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -1 || true)
+    if [ -z "$wheel" ]; then
+        echo "setup: building llama-cpp-python $LLAMA_VERSION ($CMAKE_ARGS; 3-15 minutes the first" \
+            "time, then cached in $WHEELS)" >&2
+        mkdir -p "$WHEELS"
+        "$VENV/bin/python" -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS" \
+            "llama-cpp-python==$LLAMA_VERSION"
+        wheel=$(ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl | head -1)
+    fi
+    "$VENV/bin/python" -m pip install --quiet --force-reinstall --no-deps "$wheel"
+    "$VENV/bin/python" -m pip install --quiet "$wheel"
 fi
 "$VENV/bin/python" -m pip install --quiet -e ".[$extras]"
 # An editable install copies no data files: put the man page and completions under the venv's

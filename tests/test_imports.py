@@ -31,8 +31,10 @@ PURE_MODULES = [
     "modeld.runner.microbatch",
     "modeld.runner.promptcache",
     "modeld.runner.promptfile",
+    "modeld.cluster.placement",
+    "modeld.cluster.asgi",
 ]
-NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml")
+NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml", "ray")
 
 
 @pytest.mark.parametrize("module", PURE_MODULES)

@@ -45,19 +45,24 @@ def test_runner_lifecycle_messages_have_the_declared_keys() -> None:
     process passes all of them; older callers none)."""
     mem = {"rss": 9 * MiB, "anon": 4 * MiB, "file": 5 * MiB, "gpu": MiB}
     foot = {"rss": 8 * MiB, "anon": 3 * MiB, "file": 5 * MiB}
-    hello = rp.hello(123, mem, runner_id="r1", llama_cpp_version="0.3")
+    hello = rp.hello(123, mem, runner_id="r1", llama_cpp_version="0.3", rpc_supported=True)
     keys_match(dict(hello), replies.RunnerHello)
-    assert set(hello) == replies.RunnerHello.__required_keys__ | {"runner_id", "llama_cpp_version"}
+    assert set(hello) == replies.RunnerHello.__required_keys__ | {
+        "runner_id", "llama_cpp_version", "rpc_supported"}  # fmt: skip
     keys_match(dict(hello["baseline"]), replies.RunnerMemory)
     keys_match(dict(rp.hello(123, foot)), replies.RunnerHello)
     common: dict[str, Any] = dict(n_ctx=512, n_ctx_train=2048, load_s=0.5, warmup_s=0.1,
                                   chat_format="gemma", memory=mem, footprint=foot)  # fmt: skip
+    device = {"device": "RPC0", "endpoint": "127.0.0.1:50052", "model_bytes": 1,
+              "kv_bytes": 2, "compute_bytes": 3, "free_bytes": 4, "total_bytes": 5}  # fmt: skip
     full = rp.loaded(**common, parallel=2, greedy_batch_invariant=False, mode="generate",
-                     architecture="gemma3", has_chat_template=True)  # fmt: skip
+                     architecture="gemma3", has_chat_template=True, devices=[device],
+                     layers_offloaded="3/3")  # fmt: skip
     typed = replies.RunnerLoaded
     assert set(full) == typed.__required_keys__ | typed.__optional_keys__  # every key, once
-    assert list(full)[-5:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
-                               "has_chat_template"]  # fmt: skip
+    assert list(full)[-7:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
+                               "has_chat_template", "devices", "layers_offloaded"]  # fmt: skip
+    keys_match(dict(full["devices"][0]), replies.DeviceShare)
     keys_match(dict(full["memory"]), replies.RunnerMemory)
     keys_match(dict(full["footprint"]), replies.RunnerMemory)
     keys_match(dict(rp.loaded(**common)), replies.RunnerLoaded)

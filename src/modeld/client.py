@@ -11,7 +11,7 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, cast
 
@@ -321,13 +321,15 @@ class Client:
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
         parallel: int | None = None,
+        rpc: Sequence[str] | None = None,
     ) -> PsRow | UnloadedRow:
         """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
         the model is made for (rerank for a reranker, else generate). ``parallel``: the
-        requests it decodes together (None: the daemon's setting, else automatic)."""
+        requests it decodes together (None: the daemon's setting, else automatic). ``rpc``:
+        llama.cpp RPC workers ("HOST:PORT") that get every layer (None: the config's)."""
         reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,
-            parallel=parallel,
+            parallel=parallel, rpc=None if rpc is None else list(rpc),
         )
         row = reply.get("model")
         return cast(PsRow | UnloadedRow, row if isinstance(row, dict) else reply)
@@ -339,8 +341,12 @@ class Client:
         return self._call("unload", model=model, all=all, mode=mode)
 
     def ps(self) -> list[PsRow]:
-        models = cast(PsReply, self._call("ps")).get("models", [])
+        models = self.ps_reply().get("models", [])
         return list(models) if isinstance(models, list) else []
+
+    def ps_reply(self) -> PsReply:
+        """The whole ``ps`` reply: the rows and the budget, bytes used and model slots."""
+        return cast(PsReply, self._call("ps"))
 
     def stats(self) -> dict[str, Any]:
         return self._call("stats")

@@ -33,6 +33,7 @@ from modeld.settingvalues import (
     parse_optional_int,
     parse_origins,
     parse_path,
+    parse_rpc,
     parse_socket,
 )
 
@@ -134,6 +135,10 @@ class Settings:
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_aliases,
         help='Model names for paths: a table name = "path" (NAME=PATH,... as a flag).'))
+    rpc: dict[str, tuple[str, ...]] = field(default_factory=dict, metadata=_spec(
+        env=None, parse=parse_rpc,
+        help='llama.cpp RPC workers per model name: a table name = ["HOST:PORT", ...]; every'
+        " request for that name loads it with its layers on them (docs/rpc.md)."))
     log_dir: Path = field(default_factory=paths.log_dir, metadata=_spec(
         env="MODELD_LOG_DIR", parse=parse_path,
         help="Directory for the daemon log and one log per runner."))

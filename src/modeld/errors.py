@@ -28,6 +28,7 @@ class ErrorCode(StrEnum):
     NETWORK = "network"
     DISK_FULL = "disk_full"
     VERIFICATION_FAILED = "verification_failed"
+    RPC_WORKER = "rpc_worker"
 
 
 class ExitCode(IntEnum):
@@ -47,6 +48,7 @@ class ExitCode(IntEnum):
     NETWORK = 11
     DISK_FULL = 12
     VERIFICATION_FAILED = 13
+    RPC_WORKER = 14
     INTERRUPTED = 130
 
 
@@ -162,6 +164,15 @@ class VerificationError(ModeldError):
     exit_code = ExitCode.VERIFICATION_FAILED
 
 
+class RpcWorkerError(ModeldError):
+    """A llama.cpp RPC worker cannot be used: unreachable, busy (leased to another model or
+    serving another client), another protocol version, or lost mid-request. ``details``
+    names the ``endpoint`` and the ``problem``."""
+
+    code = ErrorCode.RPC_WORKER
+    exit_code = ExitCode.RPC_WORKER
+
+
 _BY_CODE: dict[str, type[ModeldError]] = {
     cls.code.value: cls
     for cls in (
@@ -180,6 +191,7 @@ _BY_CODE: dict[str, type[ModeldError]] = {
         NetworkError,
         DiskFullError,
         VerificationError,
+        RpcWorkerError,
     )
 }
 

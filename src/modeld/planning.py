@@ -42,8 +42,12 @@ def show_data(
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
         out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
         return out
+    workers = settings.rpc.get(name)  # the config puts this name on llama.cpp RPC workers
+    if workers:
+        out["rpc"] = list(workers)
     try:
-        size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings)
+        size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings,
+                               offload=bool(workers))  # fmt: skip
     except ModeldError as exc:
         out["fits"] = False
         out["error"] = exc.to_dict()
@@ -57,7 +61,8 @@ def show_data(
         parallel_reason=size.parallel_reason,
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
-        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel),
+        estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel,
+                                  offload=bool(workers)),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,

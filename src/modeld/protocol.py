@@ -260,6 +260,7 @@ class LoadRequest:
     keep_alive: str | int | float | None = None
     pinned: bool = False
     parallel: int | None = None  # sequences decoded together (None: the daemon's setting)
+    rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
 
 
 @dataclass(frozen=True)
@@ -356,6 +357,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.keep_alive(),
             b.flag("pinned"),
             b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
+            b.rpc(),
         )
     if t == "unload":
         everything = b.flag("all")
@@ -382,6 +384,21 @@ class _Body:
     def __init__(self, msg: Message) -> None:
         self.msg = msg
         self.body = msg.body
+
+    def rpc(self) -> tuple[str, ...] | None:
+        """``rpc``: the model's llama.cpp RPC workers, a list of "HOST:PORT" (or a
+        comma-separated string); absent or null: none asked."""
+        from modeld.rpc import parse_endpoints
+
+        value = self.body.get("rpc")
+        if value is None:
+            return None
+        if not isinstance(value, str | list):
+            raise self.fail("'rpc' must be a list of \"HOST:PORT\" strings")
+        try:
+            return parse_endpoints(value)
+        except InvalidRequestError as exc:
+            raise self.fail(exc.message) from exc
 
     def fail(self, text: str) -> ProtocolError:
         return ProtocolError(

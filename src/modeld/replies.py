@@ -90,6 +90,19 @@ class RerankDone(TypedDict):
 DoneBody = GenerateDone | EmbedDone | RerankDone
 
 
+class DeviceShare(TypedDict):
+    """What one ggml device holds of a model (``ps``/``show`` of a model with RPC workers):
+    llama.cpp's reported buffers, and the device's memory when it was loaded."""
+
+    device: str  # "CPU", "RPC0", "RPC1", ...
+    endpoint: str | None  # the worker of an RPC device
+    model_bytes: int  # weights
+    kv_bytes: int  # KV cache
+    compute_bytes: int
+    free_bytes: int | None  # the device's free memory after the load (None: unknown)
+    total_bytes: int | None
+
+
 class PsRow(TypedDict):
     """One ``ps`` row: a loading, ready or unloading model, or one waiting for room."""
 
@@ -117,6 +130,9 @@ class PsRow(TypedDict):
     load_seconds: float | None
     retiring: str | None  # why it goes once idle (file_changed, explicit)
     last_unload_reason: str | None
+    rpc: NotRequired[list[str]]  # its llama.cpp RPC workers (only for such a model)
+    devices: NotRequired[list[DeviceShare]]  # what each device holds (only with rpc)
+    layers_offloaded: NotRequired[str]  # "13/13" (only with rpc)
 
 
 class UnloadedRow(TypedDict):
@@ -155,6 +171,7 @@ class RunnerHello(TypedDict):
     baseline: RunnerMemory
     runner_id: NotRequired[str]
     llama_cpp_version: NotRequired[str]
+    rpc_supported: NotRequired[bool]  # built with llama.cpp's RPC backend (-DGGML_RPC=ON)
 
 
 class RunnerLoaded(TypedDict):
@@ -173,6 +190,8 @@ class RunnerLoaded(TypedDict):
     mode: NotRequired[str]
     architecture: NotRequired[str]
     has_chat_template: NotRequired[bool]
+    devices: NotRequired[list[DeviceShare]]  # with rpc workers: what each device holds
+    layers_offloaded: NotRequired[str]  # with rpc workers: "N/M" as llama.cpp logged
 
 
 class RunnerMemoryReply(TypedDict):

@@ -29,6 +29,7 @@ from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.protocol import ProtocolError
 from modeld.replies import (
+    DeviceShare,
     RerankResult,
     RunnerEmbedDone,
     RunnerError,
@@ -78,6 +79,7 @@ def hello(
     *,
     runner_id: str | None = None,
     llama_cpp_version: str | None = None,
+    rpc_supported: bool | None = None,
 ) -> RunnerHello:
     """First message of a runner: who it is and its memory before any model is loaded."""
     msg: RunnerHello = {"type": "hello", "pid": pid, "baseline": _memory(baseline)}
@@ -85,6 +87,8 @@ def hello(
         msg["runner_id"] = runner_id
     if llama_cpp_version is not None:
         msg["llama_cpp_version"] = llama_cpp_version
+    if rpc_supported is not None:
+        msg["rpc_supported"] = rpc_supported
     return msg
 
 
@@ -101,6 +105,7 @@ def load(
     warm_up: bool = True,
     prompt_cache_dir: str | None = None,
     parallel: int = 1,
+    rpc: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -110,6 +115,7 @@ def load(
     ``warm_up``: run a short evaluation before replying; skipped when a request is about to
     run anyway (it pays the same first-use costs, so a warm-up would only delay it).
     ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
+    ``rpc``: llama.cpp RPC workers ("HOST:PORT") to register and offload every layer to.
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -128,6 +134,8 @@ def load(
         msg["parallel"] = parallel
     if chat_format is not None:
         msg["chat_format"] = chat_format
+    if rpc:
+        msg["rpc"] = list(rpc)
     return msg
 
 
@@ -145,6 +153,8 @@ def loaded(
     mode: str | None = None,
     architecture: str | None = None,
     has_chat_template: bool | None = None,
+    devices: Sequence[Mapping[str, Any]] | None = None,
+    layers_offloaded: str | None = None,
 ) -> RunnerLoaded:
     """A successful load: the real context, timings and the measured memory footprint; the
     optional facts (None: left out) follow in this order."""
@@ -168,12 +178,23 @@ def loaded(
         msg["architecture"] = architecture
     if has_chat_template is not None:
         msg["has_chat_template"] = has_chat_template
+    if devices is not None:
+        msg["devices"] = [cast(DeviceShare, dict(d)) for d in devices]
+    if layers_offloaded is not None:
+        msg["layers_offloaded"] = layers_offloaded
     return msg
 
 
-def load_failed(code: str | ErrorCode, message: str, hint: str = "") -> dict[str, Any]:
+def load_failed(
+    code: str | ErrorCode, message: str, hint: str = "", details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """A failed load; the runner stays alive and may be sent another ``load``."""
-    return {"type": "load_failed", "code": _code(code), "message": message, "hint": hint}
+    msg: dict[str, Any] = {
+        "type": "load_failed", "code": _code(code), "message": message, "hint": hint,
+    }  # fmt: skip
+    if details:
+        msg["details"] = dict(details)
+    return msg
 
 
 def generate(

@@ -134,6 +134,25 @@ def parse_aliases(value: object) -> dict[str, str]:
     return out
 
 
+def parse_rpc(value: object) -> dict[str, tuple[str, ...]]:
+    """``[rpc]`` table: a model name (alias, models-dir name) -> its llama.cpp RPC workers,
+    a list of "HOST:PORT" or one comma-separated string."""
+    from modeld.errors import InvalidRequestError
+    from modeld.rpc import parse_endpoints
+
+    if not isinstance(value, Mapping):
+        raise ValueError('rpc must be a table of name = ["HOST:PORT", ...]')
+    out: dict[str, tuple[str, ...]] = {}
+    for name, workers in value.items():
+        if not isinstance(workers, str | list) or not str(name).strip():
+            raise ValueError(f"rpc entry {name!r} must be a list of \"HOST:PORT\" strings")
+        try:
+            out[str(name).strip()] = parse_endpoints(workers)
+        except InvalidRequestError as exc:
+            raise ValueError(f"rpc entry {name!r}: {exc.message}") from exc
+    return out
+
+
 def parse_log_level(value: object) -> str:
     text = str(value).strip().lower()
     if text == "warn":

@@ -74,28 +74,59 @@ def prompt_cache_bytes(mode: str, settings: Settings | None) -> int:
 
 
 def estimate_n(
-    info: ModelInfo, n_ctx: int, *, mode: str = "generate", parallel: int = 1, prompt_cache: int = 0
+    info: ModelInfo,
+    n_ctx: int,
+    *,
+    mode: str = "generate",
+    parallel: int = 1,
+    prompt_cache: int = 0,
+    offload: bool = False,
 ) -> MemoryEstimate:
     """The estimate of ``parallel`` sequences of ``n_ctx`` cells each (one context of
-    ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it)."""
+    ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it).
+    ``offload``: every layer on other devices (RPC workers): their weights and KV cache move
+    to ``vram``, out of the local ``total``, except the input embedding, which llama.cpp keeps
+    on the CPU (read into memory: the runner loads without mmap then)."""
+    import dataclasses
+
     from modeld import memory
 
     kind = memory.mode_of(mode)
     n = max(1, parallel)
-    return memory.estimate(info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache)
+    layers = info.block_count + 1 if offload else 0
+    est = memory.estimate(
+        info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers
+    )
+    if not offload:
+        return est
+    local = sum(t.n_bytes for t in info.tensors if t.name == "token_embd.weight")
+    return dataclasses.replace(
+        est, weights=est.weights + local, weights_anon=est.weights_anon + local,
+        vram=max(0, est.vram - local),
+    )  # fmt: skip
 
 
-def _estimate(info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1) -> int:
-    return int(estimate_n(info, n_ctx, mode=mode, parallel=parallel).total)
+def _estimate(
+    info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1, offload: bool = False
+) -> int:
+    return int(estimate_n(info, n_ctx, mode=mode, parallel=parallel, offload=offload).total)
 
 
 def breakdown(
-    info: ModelInfo, n_ctx: int, mode: str, settings: Settings | None = None, parallel: int = 1
+    info: ModelInfo,
+    n_ctx: int,
+    mode: str,
+    settings: Settings | None = None,
+    parallel: int = 1,
+    offload: bool = False,
 ) -> dict[str, object]:
     """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
-    without ``settings`` the prompt cache is counted at its default size."""
+    without ``settings`` the prompt cache is counted at its default size. ``offload``: on
+    RPC workers (their share is ``vram``)."""
     cache = prompt_cache_bytes(mode, settings)
-    return estimate_n(info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache).to_dict()
+    return estimate_n(
+        info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache, offload=offload
+    ).to_dict()
 
 
 def _choose(
@@ -105,8 +136,11 @@ def _choose(
     requested: int | None,
     settings: Settings,
     parallel: int = 1,
+    offload: bool = False,
 ) -> tuple[int, int, str]:
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
+    import functools
+
     from modeld import ctx
 
     choice = ctx.choose_context(
@@ -115,7 +149,7 @@ def _choose(
         floor=settings.ctx_floor,
         ceiling=settings.ctx_ceiling,
         requested=requested,
-        estimate_fn=estimate_n,
+        estimate_fn=functools.partial(estimate_n, offload=offload) if offload else estimate_n,
         mode=memory.mode_of(mode),
         parallel=parallel,
     )
@@ -144,15 +178,16 @@ def _fitting_parallel(
     requested: int | None,
     settings: Settings,
     want: int,
+    offload: bool = False,
 ) -> tuple[int, int, int, str]:
     """(N, n_ctx, estimate, ctx reason) for the largest N <= ``want`` whose N contexts fit
     ``budget``; InsufficientMemoryError (of N = 1) when not even one does."""
     for n in range(want, 1, -1):
         try:
-            return (n, *_choose(info, mode, budget, requested, settings, n))
+            return (n, *_choose(info, mode, budget, requested, settings, n, offload))
         except InsufficientMemoryError:
             continue
-    return (1, *_choose(info, mode, budget, requested, settings, 1))
+    return (1, *_choose(info, mode, budget, requested, settings, 1, offload))
 
 
 def check_mode(info: ModelInfo, mode: str, path: str) -> None:
@@ -180,6 +215,7 @@ def size_for(
     requested: int | None,
     settings: Settings,
     parallel: int | None = None,
+    offload: bool = False,
 ) -> Sizing:
     """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
@@ -187,6 +223,7 @@ def size_for(
     but would fit once busy models finish, the smallest is returned (the cache plan then says
     "wait"). Raises InsufficientMemoryError when it can never fit. ``parallel``: the load's
     own value (None: the setting, else automatic); lowered until its contexts fit.
+    ``offload``: the layers go to RPC workers; only what stays local is charged here.
     """
     check_mode(info, mode, key.path)
     extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
@@ -194,13 +231,15 @@ def size_for(
     want, source = parallel_wanted(mode, parallel, settings)
     try:
         n, n_ctx, est, reason = _fitting_parallel(
-            info, mode, available, requested, settings, want
+            info, mode, available, requested, settings, want, offload
         )
     except InsufficientMemoryError:
         pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
         whole = cache.budget_bytes - pinned - extra
         try:
-            n, n_ctx, est, reason = _fitting_parallel(info, mode, whole, requested, settings, want)
+            n, n_ctx, est, reason = _fitting_parallel(
+                info, mode, whole, requested, settings, want, offload
+            )
         except InsufficientMemoryError as exc:
             exc.details.setdefault("budget_bytes", cache.budget_bytes)
             exc.details.setdefault("runner_baseline_bytes", baseline)
@@ -210,7 +249,7 @@ def size_for(
             )
             raise
         small = round_up(requested) if requested else min(n_ctx, round_up(settings.ctx_floor))
-        n_ctx, est = small, _estimate(info, small, mode, n)
+        n_ctx, est = small, _estimate(info, small, mode, n, offload)
         reason = f"smallest context while waiting for busy models ({reason})"
     why = source if n == want else (
         f"{source} asked for {want}; {n} contexts of {n_ctx} tokens are what fit in memory"
@@ -226,13 +265,16 @@ def max_context(
     baseline: int,
     settings: Settings,
     parallel: int = 1,
+    offload: bool = False,
 ) -> int:
     """The largest n_ctx (per sequence of ``parallel``) ``key`` could ever get in this budget
     (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
     budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
-    found = largest_fitting(lambda n: _estimate(info, n, mode, parallel) <= budget, STEP, limit)
+    found = largest_fitting(
+        lambda n: _estimate(info, n, mode, parallel, offload) <= budget, STEP, limit
+    )
     return found or 0
 
 
@@ -246,6 +288,7 @@ def context_for_prompt(
     prompt_tokens: int,
     max_tokens: int,
     parallel: int = 1,
+    offload: bool = False,
 ) -> int:
     """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
     answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit."""
@@ -256,7 +299,7 @@ def context_for_prompt(
             hint="shorten the prompt",
             details={"prompt_tokens": prompt_tokens, "n_ctx_train": train},
         )
-    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel)
+    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel, offload)
     if fits < prompt_tokens + 1:
         raise ContextExceededError(
             f"the prompt has {prompt_tokens} tokens but at most {fits} fit in the memory "

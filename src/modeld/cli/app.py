@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from modeld import __version__
+from modeld.cli.clustercmd import cluster
 from modeld.cli.launch import launch
+from modeld.cli.rpccmd import rpc_worker
 
 if TYPE_CHECKING:
     from modeld.client import Client
@@ -42,6 +44,14 @@ KeepAliveOpt = Annotated[
     typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
 ]
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        help="llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them "
+        "(modeld rpc-worker; docs/rpc.md).",
+    ),
+]
 NoPullOpt = Annotated[
     bool,
     typer.Option("--no-pull", help="Never pull a missing hf.co/… model (MODELD_NO_PULL=1)."),
@@ -98,6 +108,12 @@ def _client(settings: Settings | None = None, *, autostart: bool = False) -> Cli
     client = Client(settings.socket, timeout=None)
     client.ping()
     return client
+
+
+def _endpoints(text: str) -> tuple[str, ...]:
+    from modeld.rpc import parse_endpoints
+
+    return parse_endpoints(text)
 
 
 def _model_ref(model: str | None) -> str | None:
@@ -208,6 +224,7 @@ def run(
     json_out: JsonOpt = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
     no_pull: NoPullOpt = False,
+    rpc: RpcOpt = None,
 ) -> None:
     """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
     from modeld.cli.pullcmd import ensure_pulled
@@ -230,6 +247,7 @@ def run(
         verbose=verbose,
         format=format,
         think=think,
+        rpc=rpc,
     )
     run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
 
@@ -324,6 +342,7 @@ def load(
     ] = None,
     json_out: JsonOpt = False,
     no_pull: NoPullOpt = False,
+    rpc: RpcOpt = None,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
     from modeld.cli import render, views
@@ -340,6 +359,7 @@ def load(
             keep_alive=keep_alive,
             pinned=pin,
             parallel=parallel,
+            rpc=None if rpc is None else _endpoints(rpc),
         )
     if json_out:
         render.emit_json("load", {"model": row})
@@ -475,6 +495,10 @@ app.command(context_settings={"ignore_unknown_options": True})(launch)
 
 
 # ---------------------------------------------------------------------- entry point
+
+
+app.command("rpc-worker")(rpc_worker)  # defined in cli/rpccmd.py (this module's size)
+app.command("cluster")(cluster)  # defined in cli/clustercmd.py (likewise)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -136,8 +136,29 @@ def text(
         name = row[0]
         lines.append(_line((name[: widths[0]], *row[1:]), widths))
         lines.extend(name[i : i + widths[0]] for i in range(widths[0], len(name), widths[0]))
+    lines += [line for m in models if (line := devices_line(m))]
     if verbose:
         for m in models:
             lines += ["", f"{m.get('name')} ({m.get('mode')}):"]
             lines += [f"  {label}: {value}" for label, value in details(m)]
     return "\n".join(lines) + "\n"
+
+
+def devices_line(model: dict[str, object]) -> str:
+    """For a model on RPC workers: where llama.cpp put it (weights + KV per device)."""
+    devices = model.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return ""
+    parts = []
+    for d in devices:
+        if not isinstance(d, dict):
+            continue
+        where = f"{d.get('device')} {d.get('endpoint')}" if d.get("endpoint") else d.get("device")
+        parts.append(f"{where}: weights {_mib(d.get('model_bytes'))}, KV {_mib(d.get('kv_bytes'))}")
+    layers = model.get("layers_offloaded")
+    tail = f" (layers on workers {layers})" if layers else ""
+    return f"{model.get('name')} on rpc workers{tail}: " + "; ".join(parts)
+
+
+def _mib(value: object) -> str:
+    return f"{int(value) / 2**20:.1f} MiB" if isinstance(value, int) else "?"

@@ -39,6 +39,7 @@ class RunOptions:
     verbose: bool = False
     format: str | None = None  # "json" or the path of a JSON Schema file
     think: bool | None = None
+    rpc: str | None = None  # llama.cpp RPC workers to load the model with first
 
     def output_format(self) -> str | dict[str, Any] | None:
         """``--format``: "json", or the JSON Schema read from the file it names."""
@@ -122,6 +123,17 @@ def stdin_text() -> str:
     return decode_utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
 
 
+def _load_on_workers(client: Client, model: str | None, opts: RunOptions) -> Client:
+    """``--rpc``: load the model on those llama.cpp RPC workers first (one loaded otherwise
+    reloads there)."""
+    if opts.rpc is not None:
+        from modeld.rpc import parse_endpoints
+
+        client.load(model, n_ctx=opts.n_ctx, keep_alive=opts.keep_alive,
+                    rpc=parse_endpoints(opts.rpc))  # fmt: skip
+    return client
+
+
 def run_command(
     settings: Settings,
     first: str | None,
@@ -143,12 +155,12 @@ def run_command(
         prompt = piped
     if prompt is None:
         if sys.stdin is not None and sys.stdin.isatty() and not opts.json_out:
-            chat_loop(connect(), model, opts)
+            chat_loop(_load_on_workers(connect(), model, opts), model, opts)
             return
         raise InvalidRequestError(
             "no prompt given", hint='pass one as an argument or on stdin: echo "hi" | modeld run'
         )
-    client = connect()
+    client = _load_on_workers(connect(), model, opts)
     messages = _messages(opts.system, [("user", prompt)])
     gen = _start(client, model, prompt, messages, opts)
     try:

@@ -18,8 +18,15 @@ from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Waiting
+from modeld.daemon.leases import RpcLeases
 from modeld.daemon.pool import BASELINE_WAIT_S, RunnerPool
-from modeld.errors import ContextExceededError, ModeldError, RequestTimeoutError, format_bytes
+from modeld.errors import (
+    ContextExceededError,
+    ModeldError,
+    RequestTimeoutError,
+    RpcWorkerError,
+    format_bytes,
+)
 from modeld.modelinfo import ModelInfo
 
 log = logging.getLogger("modeld.daemon")
@@ -49,6 +56,7 @@ class Admission:
         self._clock = clock
         self.waiting: dict[ModelKey, Waiting] = {}
         self.infos: dict[ModelKey, ModelInfo] = {}
+        self.leases = RpcLeases()
 
     def model_info(self, key: ModelKey) -> ModelInfo:
         if key not in self.infos:
@@ -82,13 +90,16 @@ class Admission:
         :class:`StartLoad`), or make them wait, or fail them."""
         if not self._sized_with_measured_baseline(key, name, jobs, waiting):
             return
+        if not self._workers_free(key, name, jobs, waiting):
+            return
         requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
         asked = next((j.parallel for j in jobs if j.parallel is not None), None)
+        rpc = rpc_of(jobs)
         try:
             info = self.model_info(key)
             size = sizing.size_for(
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
-                asked,
+                asked, offload=bool(rpc),
             )  # fmt: skip
         except ModeldError as exc:
             self.fail(key, jobs, exc)
@@ -154,6 +165,37 @@ class Admission:
                     BASELINE_WAIT_S, name, format_bytes(self.pool.baseline),
                 )  # fmt: skip
         return True
+
+    def _workers_free(
+        self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
+    ) -> bool:
+        """Whether the RPC workers ``jobs`` ask for are free. A worker leased to a loaded model
+        fails the jobs at once (a worker serves one model; the other is not evicted for it); one
+        still held by a runner on its way out (an unload, a reload) makes them wait for its exit,
+        bounded by ``queue_timeout_s``."""
+        held = self.leases.held(rpc_of(jobs) or ())
+        if not held:
+            return True
+        for lease in held:
+            slot = self.dispatch.slot_of(lease.runner_id)
+            if slot is not None and slot.key != key:
+                self.fail(key, jobs, RpcWorkerError(
+                    f"rpc worker {lease.endpoint} is in use by {lease.model} (runner "
+                    f"{lease.runner_id}); a worker serves one model at a time",
+                    hint=f"unload it first (modeld unload {lease.model}), or give {name} "
+                    "other workers (modeld rpc-worker --port N on another port)",
+                    details={"endpoint": lease.endpoint, "problem": "leased",
+                             "leased_to": lease.model},
+                ))  # fmt: skip
+                return False
+        if waiting is None:
+            waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)
+            self.waiting[key] = waiting
+        waiting.reason = (
+            f"waiting for runner {held[0].runner_id} to exit and free rpc worker {held[0].endpoint}"
+        )
+        log.info("%s %s", name, waiting.reason)
+        return False
 
     def _moved_on(self, victim: ModelKey, jobs: list[Job]) -> bool:
         """True when the client that used ``victim`` last is the one now asking for another
@@ -274,3 +316,8 @@ class Admission:
         if room >= oldest.need_bytes and slots_free >= 1:
             for victim in drain:
                 victim.draining = True
+
+
+def rpc_of(jobs: list[Job]) -> tuple[str, ...] | None:
+    """The RPC workers a load is for: the first job's that names any."""
+    return next((j.rpc for j in jobs if j.rpc), None)

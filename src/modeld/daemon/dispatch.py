@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 from modeld import ctx, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
@@ -23,9 +23,12 @@ from modeld.errors import (
     ContextExceededError,
     InvalidModelError,
     ModeldError,
+    RpcWorkerError,
     RunnerCrashedError,
     format_bytes,
 )
+from modeld.replies import DeviceShare
+from modeld.rpc import lost_workers
 
 log = logging.getLogger("modeld.daemon")
 
@@ -103,6 +106,8 @@ class Dispatch:
         if job.n_ctx is not None and ctx.cap_at_training(
                 job.n_ctx, slot.info.context_length) > n_ctx:
             return True  # a larger context (never past training: that one would loop)
+        if job.kind == "load" and job.rpc is not None and job.rpc != slot.rpc:
+            return True  # other RPC workers (or the first ones) than it was loaded with
         return (
             job.kind == "load"
             and job.parallel is not None
@@ -155,14 +160,21 @@ class Dispatch:
         parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
         slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
         slot.batch_invariant = msg.get("greedy_batch_invariant") is True
+        devices = msg.get("devices")
+        if isinstance(devices, list):
+            slot.devices = [cast(DeviceShare, d) for d in devices if isinstance(d, dict)]
+        layers = msg.get("layers_offloaded")
+        slot.layers_offloaded = layers if isinstance(layers, str) else None
         load_s = now - slot.load_started
         self.cache.load_succeeded(
             slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
         )
         log.info(
-            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)",
+            "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)%s",
             slot.name, load_s, entry.n_ctx, slot.parallel, format_bytes(measured or 0),
             format_bytes(entry.estimate_bytes),
+            "".join(f", {d.get('device')} {format_bytes(int(d.get('model_bytes') or 0))}"
+                    for d in slot.devices),
         )  # fmt: skip
         return True
 
@@ -274,6 +286,17 @@ class Dispatch:
                 f"runner {runner.id} (pid {runner.pid}) stopped answering for "
                 f"{runner.stalled_s:.0f} s (stopped, or stuck) and was killed"
             )
+        if slot.rpc_stalled_s is not None:
+            self._worker_lost(slot, runner, list(slot.rpc), "stalled", (
+                f"rpc worker {', '.join(slot.rpc)} stopped answering: {slot.name} made no "
+                f"progress for {slot.rpc_stalled_s:.0f} s and its runner was killed"))
+            return []
+        lost = lost_workers(slot.rpc) if slot.rpc and runner.stalled_s is None else []
+        if lost:
+            self._worker_lost(slot, runner, lost, "lost",
+                              f"rpc worker {', '.join(lost)} lost: {slot.name}'s runner ended "
+                              f"({why})")  # fmt: skip
+            return []
         if entry is not None and entry.state is EntryState.LOADING and runner.stalled_s:
             self.load_failed(
                 slot,
@@ -316,6 +339,35 @@ class Dispatch:
         requeue = list(slot.queue)
         slot.queue.clear()
         return requeue
+
+    def _worker_lost(
+        self, slot: Slot, runner: RunnerHandle, lost: list[str], problem: str, message: str
+    ) -> None:
+        """The runner of a model on RPC workers ended because of them: ``lost`` no longer
+        accept a connection, or (``stalled``) stopped answering. Its load or its requests
+        (queued ones too: they would load on the same workers) fail with ``rpc_worker`` naming
+        them; the model is dropped (no cool-down: the file is fine) and loads again on the next
+        request."""
+        err = RpcWorkerError(
+            message,
+            hint="restart the worker (modeld rpc-worker) and retry; the model loads again on "
+            "the next request",
+            details={"endpoint": lost[0], "endpoints": lost, "problem": problem,
+                     "exit_code": runner.exit_code},
+        )  # fmt: skip
+        log.warning("%s", err.message)
+        entry = self.cache.get(slot.key)
+        if entry is not None and entry.state is EntryState.LOADING:
+            self.load_failed(slot, err)
+            self.cache.clear_failure(slot.key)
+            return
+        self.slots.pop(slot.key, None)
+        if entry is not None:
+            self.cache.remove(slot.key, EvictionReason.CRASH)
+        for job in [*slot.active.values(), *slot.queue]:
+            self.finish(job, err)
+        slot.active.clear()
+        slot.queue.clear()
 
     # ------------------------------------------------------------------ lookups
 

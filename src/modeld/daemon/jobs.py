@@ -21,6 +21,7 @@ from modeld.daemon.supervisor import RunnerHandle
 from modeld.messages import forces_call
 from modeld.modelinfo import ModelInfo
 from modeld.replies import (
+    DeviceShare,
     DoneBody,
     EmbedDone,
     GenerateDone,
@@ -52,6 +53,7 @@ class Job:
     cancel_sent: bool = False
     client_gone: bool = False
     parallel: int | None = None  # a load's own ``parallel`` (None: the setting)
+    rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
@@ -76,6 +78,12 @@ class Slot:
     runner_pid: int | None = None
     draining: bool = False  # yielding to an older waiting load: new requests wait, not queue
     last_client: bytes | None = None  # who sent its latest request (see SWAP_GRACE_S)
+    rpc: tuple[str, ...] = ()  # its llama.cpp RPC workers, leased to its runner
+    devices: list[DeviceShare] = field(default_factory=list)  # from the runner's ``loaded``
+    layers_offloaded: str | None = None
+    progress_at: float = 0.0  # last message from its runner (the scheduler's clock)
+    busy_since: float | None = None  # when its runner last started having requests
+    rpc_stalled_s: float | None = None  # killed: no progress while its workers held it
 
 
 @dataclass(eq=False)
@@ -244,6 +252,11 @@ def ps_rows(
             "retiring": slot.retire.value if slot and slot.retire else None,
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
+        if slot is not None and slot.rpc:
+            rows[-1]["rpc"] = list(slot.rpc)
+            rows[-1]["devices"] = list(slot.devices)
+            if slot.layers_offloaded:
+                rows[-1]["layers_offloaded"] = slot.layers_offloaded
     for w in waiting.values():  # a model waiting for room: nothing of it is loaded yet
         rows.append({
             "name": w.name, "path": w.key.path, "mode": w.key.mode, "state": "waiting",

@@ -51,6 +51,7 @@ class RunnerPool:
         self.spare: str | None = None
         self.baseline = DEFAULT_RUNNER_BASELINE
         self.baseline_measured = False  # set by the first hello that carries an RSS
+        self.rpc_supported: bool | None = None  # the last hello: llama.cpp RPC backend built in
         self.recycling: set[str] = set()  # runners unloading their model to become the spare
         self.stopping = False
         self._spare_failures = 0
@@ -109,20 +110,23 @@ class RunnerPool:
 
     def on_hello(self, runner: RunnerHandle) -> None:
         """A runner is ready: its RSS with nothing loaded is the baseline loads are sized with."""
+        if runner.rpc_supported is not None:
+            self.rpc_supported = runner.rpc_supported
         rss = runner.baseline.get("rss")
         if isinstance(rss, int) and rss > 0:
             self.baseline = rss
             self.baseline_measured = True
         log.info("runner %s is ready: baseline %s", runner.id, format_bytes(self.baseline))
 
-    def retire(self, runner_id: str) -> None:
+    def retire(self, runner_id: str, reusable: bool = True) -> None:
         """Stop the runner of an evicted model, or have it close the model so it can be reused:
         each model switch then hands the freed process on as the next spare instead of starting
         one (about half a second of CPU for Python and llama_cpp; bench trace). Its memory
         stays charged until it reports what it still holds (:meth:`on_unloaded`) or exits."""
         runner = self.sup.runners.get(runner_id)
         if (
-            self.settings.spare_runner
+            reusable
+            and self.settings.spare_runner
             and not self.recycling
             and not self.stopping
             and runner is not None

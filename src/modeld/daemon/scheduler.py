@@ -21,7 +21,7 @@ from typing import Any
 from modeld import paths, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon.admission import Admission
+from modeld.daemon.admission import Admission, rpc_of
 from modeld.daemon.decisions import AnswerLoad, Decision, Evict, Pump, Reload, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Send, Slot, Waiting, ps_rows
@@ -29,6 +29,7 @@ from modeld.daemon.pool import RunnerPool
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
+    ErrorCode,
     RequestTimeoutError,
     ShuttingDownError,
     error_from_dict,
@@ -174,6 +175,9 @@ class Scheduler:
         """Admission said yes: a runner loads the model and its jobs queue on its new slot."""
         key, name, jobs, info, size = load.key, load.name, load.jobs, load.info, load.size
         runner = self.pool.take()
+        rpc = rpc_of(jobs) or ()
+        if rpc:
+            self.admission.leases.take(rpc, runner.id, name)
         keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
         self.cache.begin_load(
             key, size.need_bytes, size.n_ctx, size.reason, runner.id,
@@ -185,20 +189,21 @@ class Scheduler:
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
+        slot.rpc = rpc
         self.slots[key] = slot
         for job in jobs:
             self.dispatch.enqueue(slot, job)
         log.info(
-            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s",
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s%s",
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
-            format_bytes(size.need_bytes),
+            format_bytes(size.need_bytes), f", rpc workers {','.join(rpc)}" if rpc else "",
         )  # fmt: skip
         msg = runnerwire.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
             seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
-            prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel,
+            prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 
@@ -219,7 +224,8 @@ class Scheduler:
             self.cache.begin_unload(key, reason)
         if slot is not None:
             log.info("unloading %s (%s)", slot.name, reason.value)
-            self.pool.retire(slot.runner_id)
+            # a runner that registered RPC workers cannot drop them: it exits, never reused
+            self.pool.retire(slot.runner_id, reusable=not slot.rpc)
 
     def _rebalance(self) -> None:
         plan = self.cache.rebalance()
@@ -277,6 +283,8 @@ class Scheduler:
                 self.pool.adopt(runner)  # ... and this runner takes the spare's place
             return
         slot = self.dispatch.slot_of(runner.id)
+        if slot is not None:
+            slot.progress_at = self._clock()
         if slot is None:
             if mtype not in ("memory", "error"):
                 log.debug("ignoring %s from runner %s without a model", mtype, runner.id)
@@ -284,7 +292,10 @@ class Scheduler:
         if mtype == "loaded":
             self._on_loaded(slot, runner, msg)
         elif mtype == "load_failed":
-            self.dispatch.load_failed(slot, error_from_dict(msg))
+            err = error_from_dict(msg)
+            self.dispatch.load_failed(slot, err)
+            if err.code is ErrorCode.RPC_WORKER:
+                self.cache.clear_failure(slot.key)  # a worker's fault, not the file's
         elif mtype in ("chunk", "done", "error"):
             rid = msg.get("rid")
             job = slot.active.get(rid) if isinstance(rid, str) else None
@@ -332,6 +343,9 @@ class Scheduler:
         if slot is not None:
             for job in self.dispatch.runner_lost(slot, runner):
                 self._route(job)
+        freed = self.admission.leases.release(runner.id)
+        if freed:
+            log.info("rpc workers %s are free again (runner %s exited)", ",".join(freed), runner.id)
         self._retry()
 
     # ------------------------------------------------------------------ client events
@@ -368,6 +382,7 @@ class Scheduler:
         """Periodic work: stalled and dead runners, keep-alive, retirements, waits, load
         timeouts."""
         self.sup.kill_stalled(self.settings.runner_stall_s)
+        self._kill_stalled_rpc()
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
@@ -398,6 +413,27 @@ class Scheduler:
         self._retry()
         self.ensure_spare()
 
+    def _kill_stalled_rpc(self) -> None:
+        """A runner on RPC workers whose requests made no progress for ``runner_stall_s``: a
+        worker stopped answering without closing its connection (its host hung, or it was
+        stopped), and llama.cpp waits for it forever while the runner's heartbeat goes on.
+        Its process group is killed; its requests fail with ``rpc_worker`` (dispatch)."""
+        now = self._clock()
+        for slot in self.slots.values():
+            if not slot.active:
+                slot.busy_since = None
+                continue
+            if slot.busy_since is None:
+                slot.busy_since = now
+            if not slot.rpc or slot.rpc_stalled_s is not None:
+                continue
+            silent = now - max(slot.progress_at, slot.busy_since)
+            if silent > self.settings.runner_stall_s:
+                slot.rpc_stalled_s = silent
+                log.error("%s made no progress on rpc workers %s for %.1f s: killing runner %s",
+                          slot.name, ",".join(slot.rpc), silent, slot.runner_id)  # fmt: skip
+                self.sup.kill(slot.runner_id)
+
     def expire(self) -> None:
         """Evict the idle models whose keep-alive ran out."""
         for entry in self.cache.expired():
@@ -423,6 +459,9 @@ class Scheduler:
         stats.update(
             runner_baseline_bytes=self.baseline,
             spare_runner=self.spare is not None,
+            # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
+            rpc_supported=self.pool.rpc_supported,
+            rpc_leases={lease.endpoint: lease.model for lease in self.admission.leases.all()},
             in_flight=len(self.jobs),
             waiting=self.admission.queued(),
         )

@@ -232,13 +232,16 @@ class Service:
     ) -> Job:
         if not isinstance(req, protocol.LoadRequest):
             key, name = self._key(req.model, req.mode)
-            return request_job(client, rid, req, key, name, self.settings)
+            job = request_job(client, rid, req, key, name, self.settings)
+            job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
+            return job
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         self.sched.forget_failure(key)  # asked for explicitly: try again now
         keep_alive = keep_alive_of(req.keep_alive, self.settings)
         return Job(client=client, rid=rid, kind="load", key=key, name=name,
                    keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
-                   parallel=req.parallel)  # fmt: skip
+                   parallel=req.parallel,
+                   rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         keys = list(self.sched.loaded()) if req.all else self._loaded_keys(req.model, req.mode)

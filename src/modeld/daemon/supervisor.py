@@ -44,6 +44,7 @@ class RunnerHandle:
     started_at: float
     ready: bool = False  # hello received
     baseline: dict[str, int] = field(default_factory=dict)
+    rpc_supported: bool | None = None  # its hello: built with llama.cpp's RPC backend
     pending: list[dict[str, Any]] = field(default_factory=list)  # sent once hello arrives
     stopping_since: float | None = None
     exit_code: int | None = None
@@ -139,6 +140,8 @@ class Supervisor:
             baseline = msg.get("baseline")
             if isinstance(baseline, dict):
                 runner.baseline = {k: int(v) for k, v in baseline.items() if isinstance(v, int)}
+            rpc_ok = msg.get("rpc_supported")
+            runner.rpc_supported = rpc_ok if isinstance(rpc_ok, bool) else None
             pending, runner.pending = runner.pending, []
             for queued in pending:
                 self.send(ident, queued)
@@ -196,6 +199,12 @@ class Supervisor:
                 self._kill(runner)
                 killed.append(runner)
         return killed
+
+    def kill(self, runner_id: str) -> None:
+        """SIGKILL a runner's process group now (its exit comes back from :meth:`reap`)."""
+        runner = self.runners.get(runner_id)
+        if runner is not None:
+            self._kill(runner)
 
     def _kill(self, runner: RunnerHandle) -> None:
         """SIGKILL the runner's process group (it leads one: ``start_new_session``); a stopped

@@ -47,6 +47,7 @@ EXIT_MEANINGS = {
     "NETWORK": "The hub could not be reached or kept failing, or HF_HUB_OFFLINE is set.",
     "DISK_FULL": "Not enough free disk for the download (checked first, or hit while writing).",
     "VERIFICATION_FAILED": "The downloaded file's SHA-256 is not the hub's; it was deleted.",
+    "RPC_WORKER": "An RPC worker of the model is unreachable, busy, of another version, or lost.",
     "INTERRUPTED": "Interrupted (Ctrl-C).",
 }
 

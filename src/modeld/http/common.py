@@ -28,6 +28,7 @@ STATUS: dict[str, int] = {
     ErrorCode.TIMEOUT: 503,  # no room within queue_timeout, or the queue is full
     ErrorCode.DAEMON_UNAVAILABLE: 503,
     ErrorCode.RUNNER_CRASHED: 500,
+    ErrorCode.RPC_WORKER: 502,  # an RPC worker (an upstream server) failed or is busy
     ErrorCode.CANCELLED: 499,
     ErrorCode.PROTOCOL_MISMATCH: 500,
     ErrorCode.INTERNAL: 500,

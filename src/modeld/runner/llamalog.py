@@ -18,7 +18,7 @@ import llama_cpp.llama
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last message
 _LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 llama_logger = logging.getLogger("llama.cpp")
-_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG}
+_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG, "capture": None}
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -31,6 +31,20 @@ def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> 
         line, _log_state["buf"] = _log_state["buf"].split("\n", 1)
         if line.strip():
             llama_logger.log(_log_state["level"], "%s", line)
+            if _log_state["capture"] is not None:
+                _log_state["capture"].append(line)
+
+
+def capture_start() -> None:
+    """Keep llama.cpp's log lines from now on (a load's device buffers are read from them)."""
+    _log_state["capture"] = []
+
+
+def capture_stop() -> list[str]:
+    """The lines kept since :func:`capture_start` (and stop keeping them)."""
+    lines: list[str] = _log_state["capture"] or []
+    _log_state["capture"] = None
+    return lines
 
 
 class _NoSuppress:

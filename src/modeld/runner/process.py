@@ -33,12 +33,12 @@ import llama_cpp.llama
 import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from modeld import memory, probe
+from modeld import ggmlrpc, memory, probe
 from modeld import runnerwire as rp
-from modeld.errors import ErrorCode, InvalidRequestError
+from modeld.errors import ErrorCode, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, microbatch, prompting, rank, specs
+from modeld.runner import chat, llamalog, microbatch, prompting, rank, specs
 from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
@@ -79,12 +79,34 @@ class Runner(RunnerServer):
         self.template: str | None = None
         self.bos_text = ""
         self.eos_text = ""
+        self.rpc: tuple[str, ...] | None = None  # workers registered (for good) in this process
 
     def hello(self) -> RunnerHello:
         version = str(getattr(llama_cpp, "__version__", "?"))
         return rp.hello(
-            os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version
-        )
+            os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version,
+            rpc_supported=ggmlrpc.supported(),
+        )  # fmt: skip
+
+    def _register_rpc(self, spec: specs.LoadSpec) -> bool:
+        """Register the load's RPC workers (probed first: an unreachable or busy one is a
+        ``load_failed`` naming it, never an abort). False when the load must not go on."""
+        if self.rpc is not None and self.rpc != spec.rpc:
+            self.send(rp.load_failed(
+                ErrorCode.INTERNAL, f"this runner already registered rpc workers "
+                f"{','.join(self.rpc)}; it cannot load with others", "retry the load",
+            ))  # fmt: skip
+            return False
+        if not spec.rpc or self.rpc is not None:
+            return True
+        try:
+            self.rpc = spec.rpc  # even a partial registration stays: this process is tainted
+            ggmlrpc.register(spec.rpc)
+        except RpcWorkerError as exc:
+            log.warning("rpc workers: %s", exc)
+            self.send(rp.load_failed(exc.code, exc.message, exc.hint, exc.details))
+            return False
+        return True
 
     # ---------------------------------------------------------------- load
 
@@ -102,7 +124,10 @@ class Runner(RunnerServer):
                 )
             )
             return
+        if not self._register_rpc(spec):
+            return
         t0 = time.perf_counter()
+        llamalog.capture_start()
         try:
             llm = _open_llama(spec, min(spec.n_batch, spec.n_ctx))
             pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
@@ -123,6 +148,8 @@ class Runner(RunnerServer):
                 )
             )
             return
+        finally:
+            load_log = llamalog.capture_stop()
         load_s = time.perf_counter() - t0
         if (spec.mode == "rerank") != rank.is_reranker(llm):
             llm.close()
@@ -172,9 +199,10 @@ class Runner(RunnerServer):
             rp.loaded(
                 n_ctx=llm.n_ctx() // parallel,
                 parallel=parallel,
-                # one sequence, or decode calls of fixed shapes (runner/microbatch.py; tested:
-                # tests/test_batch_invariance.py): batching never changes a greedy token
-                greedy_batch_invariant=True,
+                # one sequence, or decode calls of fixed shapes (runner/microbatch.py; tested
+                # on this CPU backend: tests/test_batch_invariance.py): batching never changes
+                # a greedy token. Not claimed for RPC workers' backends (untested there).
+                greedy_batch_invariant=parallel == 1 or not spec.rpc,
                 n_ctx_train=llm._model.n_ctx_train(),
                 load_s=load_s,
                 warmup_s=warmup_s,
@@ -184,6 +212,7 @@ class Runner(RunnerServer):
                 mode=spec.mode,
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
+                **(ggmlrpc.load_report(load_log) if spec.rpc else {}),
             )
         )
         log.info(
@@ -372,6 +401,11 @@ def _open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             logits_all=False,
             embedding=spec.mode != "generate",
             verbose=False,
+            # with RPC workers every layer goes to them (0 would keep all local, silently)
+            n_gpu_layers=-1 if spec.rpc else 0,
+            # and the weights are read, not mapped: mapped pages sent to a worker would stay
+            # resident here as file-backed memory the daemon charges
+            use_mmap=not spec.rpc,
         )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from modeld import options
 from modeld.config import PROMPT_CACHE_MIB
+from modeld.errors import InvalidRequestError
 from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
 from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
@@ -31,6 +32,7 @@ class LoadSpec:
     warm_up: bool = True
     prompt_cache_dir: str | None = None
     parallel: int = 1  # sequences decoded together (generate mode)
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC workers to offload every layer to
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,21 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         warm_up=warm_up,
         prompt_cache_dir=cache_dir,
         parallel=_int(msg, "parallel", 1, MAX_PARALLEL, 1),
+        rpc=_rpc(msg.get("rpc")),
     )
+
+
+def _rpc(value: object) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise ProtocolError("load: 'rpc' must be a list of \"HOST:PORT\" strings")
+    from modeld.rpc import parse_endpoints
+
+    try:
+        return parse_endpoints(value)
+    except InvalidRequestError as exc:
+        raise ProtocolError(f"load: {exc.message}") from exc
 
 
 def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:

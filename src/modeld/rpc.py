@@ -1,0 +1,174 @@
+"""llama.cpp RPC workers: endpoint syntax, the loopback rule and a handshake probe (stdlib only).
+
+A worker (``modeld rpc-worker``, or upstream's ``ggml-rpc-server``) exposes its memory over TCP;
+a runner loaded with ``rpc`` endpoints places layers and KV cache on them (docs/rpc.md). llama.cpp
+aborts its process when an endpoint cannot be reached, and blocks forever when a worker is busy
+with another client (a worker serves one connection at a time), so a runner probes each endpoint
+with :func:`probe` before it registers any: the first message of llama.cpp's protocol (``HELLO``,
+command 14) is sent and the worker's version read back, within a timeout.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from modeld.errors import InvalidRequestError, ModeldError, RpcWorkerError
+
+#: llama.cpp's RPC protocol version this build speaks (``ggml-rpc.h`` of llama-cpp-python
+#: 0.3.36): a worker must answer the same major and no newer minor.
+PROTO_MAJOR = 7
+PROTO_MINOR = 0
+_CMD_HELLO = 14
+_CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h)
+#: Most workers one model may use.
+MAX_ENDPOINTS = 16
+#: Seconds a probe waits to connect, and then for the worker's answer.
+PROBE_TIMEOUT_S = 3.0
+#: upstream's warning (tools/rpc/README.md, SECURITY.md), printed by a worker beyond loopback.
+INSECURE_WARNING = (
+    "WARNING: the llama.cpp RPC server has no authentication and no encryption, and runs any "
+    "graph and buffer write it is sent: never run it on an open network or in a sensitive "
+    "environment. Reach it through an SSH or WireGuard tunnel to a worker bound to 127.0.0.1."
+)
+
+
+def worker_error(endpoint: str, message: str, hint: str, problem: str) -> RpcWorkerError:
+    """The typed error about one worker (``details``: its endpoint and the problem)."""
+    return RpcWorkerError(message, hint=hint, details={"endpoint": endpoint, "problem": problem})
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What a worker said to ``HELLO``."""
+
+    major: int
+    minor: int
+    patch: int
+
+    @property
+    def version(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch}"
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv4 or a name; llama.cpp splits at the first colon) → (host, port)."""
+    host, sep, port_text = text.strip().partition(":")
+    if not sep or not host or ":" in port_text or not port_text.isdigit():
+        raise InvalidRequestError(
+            f"rpc endpoint {text!r} is not HOST:PORT",
+            hint="give workers as HOST:PORT, e.g. 127.0.0.1:50052 (IPv6 is not supported by "
+            "llama.cpp's RPC client)",
+        )
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise InvalidRequestError(f"rpc endpoint {text!r}: port must be 1-65535")
+    return host, port
+
+
+def parse_endpoints(value: str | Iterable[str]) -> tuple[str, ...]:
+    """A comma-separated string or a list of ``HOST:PORT`` → normalised, distinct endpoints."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise InvalidRequestError("'rpc' must be a list of \"HOST:PORT\" strings")
+        if not item.strip():
+            continue
+        host, port = parse_endpoint(item)
+        ep = f"{host}:{port}"
+        if ep in out:
+            raise InvalidRequestError(f"rpc endpoint {ep} is given twice")
+        out.append(ep)
+    if not out:
+        raise InvalidRequestError("'rpc' names no worker", hint="give HOST:PORT[,HOST:PORT...]")
+    if len(out) > MAX_ENDPOINTS:
+        raise InvalidRequestError(f"at most {MAX_ENDPOINTS} rpc workers per model")
+    return tuple(out)
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = sock.recv(n - len(data))
+        if not part:
+            raise ConnectionResetError("closed by the worker")
+        data += part
+    return data
+
+
+def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
+    """Connect to ``endpoint``, say ``HELLO`` and read its version; raise RpcWorkerError naming
+    the endpoint when it is unreachable, busy (no answer in ``timeout_s``: serving another
+    client) or speaks another protocol version. The connection is closed again, so the worker
+    goes back to waiting for its next client."""
+    host, port = parse_endpoint(endpoint)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except OSError as exc:
+        raise worker_error(
+            endpoint, f"rpc worker {endpoint} is unreachable: {exc.strerror or exc}",
+            "start it there with 'modeld rpc-worker --port PORT' (or check the address and "
+            "any tunnel to it)", "unreachable",
+        ) from exc  # fmt: skip
+    try:
+        sock.settimeout(timeout_s)
+        request = struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS) + bytes(_CONN_CAPS)
+        sock.sendall(request)
+        size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+        if size != 4 + _CONN_CAPS:
+            raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
+        major, minor, patch = _recv_exact(sock, size)[:3]
+    except TimeoutError as exc:
+        raise worker_error(
+            endpoint, f"rpc worker {endpoint} did not answer within {timeout_s:g} s: it is busy "
+            "with another client (a worker serves one at a time) or stuck",
+            "free it (unload the model using it, or stop the other client), or start another "
+            "worker", "busy",
+        ) from exc  # fmt: skip
+    except OSError as exc:  # closed on us: a worker of another protocol version drops HELLO
+        raise _mismatch(endpoint, f"the connection was closed ({exc})") from exc
+    finally:
+        sock.close()
+    hello = Hello(major, minor, patch)
+    if major != PROTO_MAJOR or minor > PROTO_MINOR:
+        raise _mismatch(endpoint, f"protocol {hello.version}")
+    return hello
+
+
+def _mismatch(endpoint: str, what: str) -> RpcWorkerError:
+    return worker_error(
+        endpoint, f"rpc worker {endpoint} speaks another RPC protocol version ({what}; this "
+        f"build speaks {PROTO_MAJOR}.{PROTO_MINOR}.x)",
+        "run the same llama-cpp-python version on both sides (modeld's setup.sh pins it)",
+        "version",
+    )  # fmt: skip
+
+
+def reachable(endpoint: str, timeout_s: float = 0.5) -> bool:
+    """Whether a TCP connection to ``endpoint`` opens (used after a runner died, to say which
+    worker was lost; a busy or live worker accepts into its backlog)."""
+    try:
+        host, port = parse_endpoint(endpoint)
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except (OSError, ModeldError):
+        return False
+
+
+def lost_workers(endpoints: Iterable[str]) -> list[str]:
+    """The endpoints that refuse (or time out) a TCP connection now."""
+    return [ep for ep in endpoints if not reachable(ep)]
