@@ -446,7 +446,8 @@ def _max_rows(n_seq: int) -> int:
 def _repacked_weights(allowed: bool) -> Iterator[None]:
     """Load without llama.cpp's repacked weights unless ``allowed``: their kernels compute a
     micro-batch's rows four at a time and the rest one by one, so a sequence decoded beside
-    others would get other logits (runner/microbatch.py). Costs 3-5% of the decode rate
+    others would get other logits (runner/microbatch.py). Measured cost: 3-5% of the wall-clock
+    decode rate with 2 threads (issue 26), none in CPU time per token with 1 thread
     (docs/benchmarks.md). The high-level ``Llama`` has no such argument: as
     :func:`_sequences`, its source of default model parameters answers for it meanwhile."""
     if allowed:
