@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import http.client
 import io
@@ -30,7 +31,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from modeld.errors import (
     CancelledError,
@@ -44,6 +45,7 @@ from modeld.errors import (
 )
 
 CHUNK = 1 << 20
+WRITE_BACK = 32 << 20  # bytes written between two write-back starts (see _write_back)
 SINK_QUEUE = 6  # chunks waiting to be written and hashed
 RING = SINK_QUEUE + 3  # receive buffers: queued, being written, being filled, spare
 READ_TIMEOUT_S = 60.0
@@ -125,6 +127,7 @@ class _Sink:
         self._queue.put(data)
 
     def _run(self) -> None:
+        flushed = self.done  # written back to disk, or on its way (see _write_back)
         while (data := self._queue.get()) is not None:
             if self._error is not None:
                 continue  # failed: drop the rest, the receiver hears of it on its next put
@@ -132,6 +135,9 @@ class _Sink:
                 _write(self.f, data, self.t)
                 self.h.update(data)
                 self.done += len(data)
+                if self.done - flushed >= WRITE_BACK:
+                    _write_back(self.f, flushed, self.done)
+                    flushed = self.done
             except BaseException as exc:  # handed to the receiving thread (a full disk)
                 self._error = exc
 
@@ -354,6 +360,33 @@ def _receive(t: Transfer, resp: http.client.HTTPResponse, sink: _Sink, report: P
             last = now
             report("downloading", received, t.size)
             _check_cancel(cancel)
+
+
+def _write_back(f: io.BufferedRandom, start: int, end: int) -> None:
+    """Start writing ``[start, end)`` of ``f`` to disk now, without waiting for it, so the
+    fsync before the rename has little left to do: it cost 0.35–2.5 s per GiB at the end (0.78
+    of curl's rate, which does not fsync). Linux's ``sync_file_range(SYNC_FILE_RANGE_WRITE)``
+    keeps the pages cached (the model is loaded from them next; ``posix_fadvise`` DONTNEED,
+    which also starts write-back, dropped 44 % of them). Elsewhere: nothing, the fsync does it."""
+    f.flush()
+    call = _sync_file_range()
+    if call is not None:
+        call(f.fileno(), start, end - start, 2)  # SYNC_FILE_RANGE_WRITE; a failure: fsync's
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], fn)
 
 
 def _range_starts_at(resp: http.client.HTTPResponse, offset: int) -> bool:
