@@ -194,11 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                   threads=os.cpu_count() or 2)
     started, load0 = time.monotonic(), harness.loadavg()
     data = cluster_bench(ctx, a.clients, per_client, a.temperature)
-    path = write_result(ctx, "cluster", data, started, load0)
-    for t in data["targets"]:
-        print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {t['value']} ({t['op']} "
-              f"{t['limit']})")
-    print(path)
+    harness.print_targets(data, write_result(ctx, "cluster", data, started, load0))
     return 0
 
 

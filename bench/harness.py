@@ -399,6 +399,14 @@ class Context:
     log: Callable[[str], None] = print
 
 
+def print_targets(data: dict[str, Any], path: Path) -> None:
+    """What a standalone benchmark (chaos.py, b_cluster.py) prints at its end."""
+    for t in data["targets"]:
+        print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {t['value']} ({t['op']} "
+              f"{t['limit']})")
+    print(path)
+
+
 def write_result(ctx: Context, name: str, data: dict[str, Any], started: float,
                  load_start: list[float]) -> Path:
     """Write ``<out>/<name>.json`` with the machine, load averages and timestamps."""
