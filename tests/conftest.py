@@ -20,6 +20,16 @@ import ggufgen
 
 MODELS_DIR = Path(__file__).parent / ".models"
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Started from a shell's background job (``cmd &`` without job control), pytest inherits
+    SIGINT ignored, and so would every process the tests start: the Ctrl-C tests would then
+    see a CLI that cannot be interrupted. Restore Python's handler (children get the default)."""
+    import signal as _signal
+
+    if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
 # --- Generated GGUF models ----------------------------------------------------------------
 # Shapes live in ggufgen (TINY, GQA, ...) so tests can assert against what was built.
 

@@ -139,11 +139,12 @@ def test_insufficient_memory_is_reported_alike(tiny_model: Path) -> None:
 
 
 def test_queue_full_is_reported_alike(tiny_model: Path, default_model: Path) -> None:
-    """max_queue 1, one request running (its runner stopped so it stays running), one queued:
-    the next is refused at once with timeout (exit 8), the same on both paths."""
+    """max_queue 1, parallel 1, one request running (its runner stopped so it stays running),
+    one queued: the next is refused at once with timeout (exit 8), the same on both paths."""
     env = CliEnv.create()
     # runner_stall_s: the stopped runner must not be taken for a stalled one meanwhile
-    (env.root / "config.toml").write_text("max_queue = 1\nrunner_stall_s = 3600\n")
+    # parallel 1: the second request queues (greedy requests share decode steps otherwise)
+    (env.root / "config.toml").write_text("max_queue = 1\nrunner_stall_s = 3600\nparallel = 1\n")
     running: list[subprocess.Popen[bytes]] = []
     try:
         env.serve()

@@ -61,7 +61,8 @@ def test_max_queue_refuses_at_once_and_keeps_serving(
 ) -> None:
     d = daemon_factory(env={"MODELD_MAX_QUEUE": "1"})
     watcher = d.client()
-    watcher.load(str(long_model), n_ctx=8192)
+    # one sequence at a time, so the second request queues (greedy ones share decode steps)
+    watcher.load(str(long_model), n_ctx=8192, parallel=1)
     busy = d.client().generate(str(long_model), "a", max_tokens=8000, temperature=0)
     stream = iter(busy)
     assert next(stream)
