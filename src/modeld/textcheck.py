@@ -10,8 +10,6 @@ errors.
 
 from __future__ import annotations
 
-from modeld.errors import InvalidRequestError
-
 #: Nesting deeper than this is not walked further (json's own recursion limit stops worse).
 MAX_DEPTH = 64
 
@@ -55,6 +53,8 @@ def check_text(value: object, what: str = "") -> None:
         return
     field, text = found
     field = field.encode("utf-8", "backslashreplace").decode("utf-8")  # a bad key, shown safely
+    from modeld.errors import InvalidRequestError  # on the error path only: the fast CLI path
+
     raise InvalidRequestError(
         f"{field!r} is not valid Unicode text: it holds {_first_bad(text)} (a lone UTF-16 "
         "surrogate, which has no UTF-8 form)",
@@ -85,6 +85,8 @@ def decode_utf8(data: bytes, what: str) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        from modeld.errors import InvalidRequestError  # on the error path only
+
         raise InvalidRequestError(
             f"{what} is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
             hint="convert it first, e.g. iconv -f latin1 -t utf-8",

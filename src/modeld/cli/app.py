@@ -262,7 +262,7 @@ def embed(
 ) -> None:
     """Print embeddings as JSON (one vector per input text)."""
     from modeld.cli import render
-    from modeld.cli.runcmd import stdin_text
+    from modeld.cli.stdin import stdin_text
     from modeld.errors import InvalidRequestError
 
     inputs = list(text or [])
@@ -293,7 +293,7 @@ def rerank(
 ) -> None:
     """Score how well each document answers the query (a cross-encoder reranker)."""
     from modeld.cli import render, views
-    from modeld.cli.runcmd import stdin_text
+    from modeld.cli.stdin import stdin_text
     from modeld.errors import InvalidRequestError
 
     docs = list(documents or [])

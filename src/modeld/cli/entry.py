@@ -201,7 +201,7 @@ def _run(args: list[str]) -> None:
     pos, o = _parse(args, _RUN_OPTS)
     if len(pos) != 2:
         raise _Fallthrough  # one argument may be a model or a prompt: the full CLI decides
-    from modeld.cli.runcmd import read_stdin_prompt
+    from modeld.cli.stdin import read_stdin_prompt
     from modeld.textcheck import from_argv
 
     model = _model_ref(pos[0])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from modeld.cli import render
+from modeld.cli.stdin import read_stdin_prompt
 from modeld.errors import InvalidRequestError, ModelNotFoundError
 
 if TYPE_CHECKING:
@@ -104,23 +105,6 @@ def _could_be_a_name(word: str) -> bool:
     import re
 
     return re.fullmatch(r"[\w.+-]+(:[\w.+-]+)?", word) is not None
-
-
-def read_stdin_prompt() -> str | None:
-    """The piped stdin text, or None when stdin is a terminal or empty."""
-    if sys.stdin is None or sys.stdin.closed or sys.stdin.isatty():
-        return None
-    data = stdin_text()
-    return data if data.strip() else None
-
-
-def stdin_text() -> str:
-    """All of stdin as text; bytes that are not UTF-8 (a latin-1 file) are a clear
-    invalid-request error naming the offset, not a traceback or mojibake sent to a model."""
-    from modeld.textcheck import decode_utf8
-
-    raw = getattr(sys.stdin, "buffer", None)
-    return decode_utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()
 
 
 def _load_on_workers(client: Client, model: str | None, opts: RunOptions) -> Client:
