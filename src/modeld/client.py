@@ -186,7 +186,7 @@ class Client:
             if sock.poll(min(wait, 500), zmq.POLLIN):
                 data = protocol.reply_object(sock.recv_multipart())
                 heard = time.monotonic()
-                if ping_id is not None and ReplyStream(ping_id).feed(data) is not None:
+                if isinstance(data, dict) and ping_id is not None and data.get("id") == ping_id:
                     ping_id = None
                 elif (reply := replies.feed(data)) is not None:
                     return reply
