@@ -58,8 +58,8 @@ Request = Callable[[str, int], tuple[str, int]]  # (prompt, max_tokens) -> (text
 class ModeldSide:
     """Requests to a modeld daemon, one client (DEALER socket) per calling thread."""
 
-    def __init__(self, d: Any, model: Path) -> None:
-        self.d, self.model = d, str(model)
+    def __init__(self, d: Any, model: Path, temperature: float = 0.0) -> None:
+        self.d, self.model, self.temperature = d, str(model), temperature
         self._local = threading.local()
 
     def _client(self) -> Any:
@@ -70,7 +70,7 @@ class ModeldSide:
 
     def stream(self, text: str, max_tokens: int) -> Any:
         return self._client().generate(self.model, text, raw=True, max_tokens=max_tokens,
-                                       temperature=0.0, seed=0)
+                                       temperature=self.temperature, seed=0)
 
     def request(self, text: str, max_tokens: int) -> tuple[str, int]:
         gen = self.stream(text, max_tokens)
@@ -88,8 +88,9 @@ class ModeldSide:
 class RouterSide:
     """Requests to llama-server's OpenAI ``/v1/completions``."""
 
-    def __init__(self, r: Any, model: Path) -> None:
+    def __init__(self, r: Any, model: Path, temperature: float = 0.0) -> None:
         self.url, self.model = r.url + "/v1/completions", model.stem
+        self.temperature = temperature
 
     def _post(self, body: dict[str, Any]) -> Any:
         req = urllib.request.Request(self.url, json.dumps(body).encode(),
@@ -98,7 +99,7 @@ class RouterSide:
 
     def request(self, text: str, max_tokens: int) -> tuple[str, int]:
         with self._post({"model": self.model, "prompt": text, "max_tokens": max_tokens,
-                         "temperature": 0.0, "seed": 0}) as r:
+                         "temperature": self.temperature, "seed": 0}) as r:
             doc = json.load(r)
         return doc["choices"][0]["text"], int(doc["usage"]["completion_tokens"])
 
@@ -136,7 +137,7 @@ def _clients(side: Any, n: int, refs: dict[str, str], first: int) -> dict[str, A
             with lock:
                 lat.append(time.perf_counter() - t)
                 tokens[0] += k
-                if not text or text != refs[p]:
+                if not text or (p in refs and text != refs[p]):
                     bad.append(p)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
@@ -327,3 +328,53 @@ def _wait_idle(d: Any, model: Path, timeout: float = 120.0) -> None:
         if row is None or (row["in_flight"] == 0 and row["queued"] == 0):
             return
         time.sleep(0.1)
+
+
+#: The sampled benchmark's temperature (top-k 40, top-p 0.95 on both sides: their defaults).
+SAMPLED_TEMPERATURE = 0.7
+
+
+def parallel_sampled_bench(ctx: Context, clients: tuple[int, ...] = (8,),
+                           rounds: int | None = None) -> dict[str, Any]:
+    """N clients x 3 sampled requests (temperature 0.7, seed 0) on modeld ``--parallel N``
+    beside the router ``--parallel N``, interleaved: the aggregate tokens/s and latencies.
+    Sampled replies have no reference: only an empty reply counts as a mismatch."""
+    import peer
+
+    rounds = rounds or min(ctx.rounds, 3)
+    model = ctx.model
+    out: dict[str, Any] = {"title": "Parallel sampled decoding: modeld beside llama-server",
+                           "model": model.name, "max_tokens": MAX_TOKENS,
+                           "what": (parallel_sampled_bench.__doc__ or "").strip(),
+                           "per_client": PER_CLIENT, "rounds": rounds, "threads": ctx.threads,
+                           "temperature": SAMPLED_TEMPERATURE, "by_n": {}}  # fmt: skip
+    targets: list[dict[str, Any]] = []
+    for n in clients:
+        with (daemon("--parallel", str(n)) as d,
+              peer.router([model], parallel=n, threads=ctx.threads, n_ctx=8192 * n) as r):
+            sides: dict[str, Any] = {"modeld": ModeldSide(d, model, SAMPLED_TEMPERATURE),
+                                     "router": RouterSide(r, model, SAMPLED_TEMPERATURE)}
+            d.client().load(str(model), parallel=n)
+            for s in sides.values():  # warm: the same requests once
+                s.request(prompt(0), MAX_TOKENS)
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+            for k in range(rounds):
+                for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
+                    runs[name].append(_clients(sides[name], n, {}, 0))
+            res: dict[str, Any] = {}
+            for name, rs in runs.items():
+                res[name] = {
+                    "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
+                    "p50_s": statistics.median(x["p50_s"] for x in rs if x["p50_s"]),
+                    "empty": sum(x["mismatch"] for x in rs),
+                    "errors": [e for x in rs for e in x["errors"]][:5],
+                    "requests": sum(x["requests"] for x in rs),
+                    "rounds_tokens_per_s": [round(x["tokens_per_s"], 1) for x in rs],
+                }
+            m, p = res["modeld"], res["router"]
+            res["ratio_tokens_per_s"] = m["tokens_per_s"] / p["tokens_per_s"]
+            targets.append(target(f"{n} sampled clients: aggregate tok/s vs router",
+                                  res["ratio_tokens_per_s"], 1.0, ">="))
+            out["by_n"][str(n)] = res
+    out["targets"] = targets
+    return out

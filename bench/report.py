@@ -25,7 +25,7 @@ from plot import cumulative_loads_svg
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns", "chaos",
-         "parallel", "pull", "rpc", "cluster")  # fmt: skip
+         "parallel", "parallel_sampled", "pull", "rpc", "cluster")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -373,6 +373,17 @@ def _parallel(doc: dict[str, Any]) -> list[str]:
     return out
 
 
+def _sampled(doc: dict[str, Any]) -> list[str]:
+    out = ["| | modeld | llama-server router | modeld / router |", "|---|---:|---:|---:|"]
+    for n, res in (doc.get("by_n") or {}).items():
+        m, r = res["modeld"], res["router"]
+        out.append(f"| {n} clients, temperature {doc.get('temperature')}, aggregate tokens/s "
+                   f"(rounds: {m.get('rounds_tokens_per_s')} / {r.get('rounds_tokens_per_s')}) | "
+                   f"{_f(m['tokens_per_s'], 1)} | {_f(r['tokens_per_s'], 1)} | "
+                   f"{_f(res['ratio_tokens_per_s'], 2)} |")
+    return out
+
+
 def _cluster(doc: dict[str, Any]) -> list[str]:
     """Placement against round-robin through the same cluster ingress."""
     a, b = doc.get("placement") or {}, doc.get("round-robin") or {}
@@ -452,8 +463,8 @@ def _rpc(doc: dict[str, Any]) -> list[str]:
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
-           "agent_turns": _agent, "parallel": _parallel, "pull": _pull, "rpc": _rpc,
-           "cluster": _cluster}
+           "agent_turns": _agent, "parallel": _parallel, "parallel_sampled": _sampled,
+           "pull": _pull, "rpc": _rpc, "cluster": _cluster}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

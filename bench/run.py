@@ -7,7 +7,8 @@
 
 scripts/bench.sh sets up the environment and calls this. Benchmarks: cold_load, warm_call,
 streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace (its own),
-http_api and parallel (their own daemons, and llama.cpp's llama-server router from bench/peer.py),
+http_api, parallel and parallel_sampled (their own daemons, and llama.cpp's llama-server router
+from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages).
 """
@@ -28,8 +29,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel", "pull",
-       "rpc")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel",
+       "parallel_sampled", "pull", "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -113,6 +114,8 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
     if "parallel" in names:  # its own daemons beside llama-server (bench/peer.py builds it)
         _record(ctx, "parallel", b_parallel.parallel_bench)
+    if "parallel_sampled" in names:  # the same, temperature 0.7, 8 clients
+        _record(ctx, "parallel_sampled", b_parallel.parallel_sampled_bench)
     if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
         import b_pull
 
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
     if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
-        names = [n for n in names if n not in ("parallel", "rpc")]
+        names = [n for n in names if n not in ("parallel", "parallel_sampled", "rpc")]
     run(ctx, names, trace_n)
     if not args.no_report:
         import report

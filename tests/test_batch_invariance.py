@@ -95,14 +95,15 @@ def _solo(h: Harness, prompts: list[str], max_tokens: int | list[int]) -> list[R
 
 
 def _together(h: Harness, prompts: list[str], max_tokens: list[int], tag: str,
-              batched: int = 2) -> list[Reply]:
+              batched: int = 2, at_most: int | None = None) -> list[Reply]:
     """All of ``prompts`` sent at once; their replies, checked to have shared decode calls of
-    ``batched`` sequences at least."""
+    ``batched`` sequences at least (and ``at_most``, when given)."""
     rids = [f"{tag}-{i}" for i in range(len(prompts))]
     for rid, p, n in zip(rids, prompts, max_tokens, strict=True):
         h.send(rp.generate(rid, **_greedy(p, n)))
     got = _collect(h, rids)
-    assert max(got[r][1]["timings"]["batched_max"] for r in rids) >= batched
+    most = max(got[r][1]["timings"]["batched_max"] for r in rids)
+    assert most >= batched and (at_most is None or most <= at_most), most
     return [got[r][0] for r in rids]
 
 
@@ -137,8 +138,13 @@ def test_default_model_greedy_replies_equal_solo_at_2_4_7_8(
     for n in (2, 4, 7, 8):
         # the long prompts are in every group: 512+ KV cells beside short ones
         group = sorted([2, 5, *(i for i in range(8) if i not in (2, 5))][:n])
-        got = _together(runner, [prompts[i] for i in group], [24] * n, f"n{n}")
+        # 8 in one call: the runner turned ggml-cpu's tiled matmul off (runner/llamaopen.py)
+        got = _together(runner, [prompts[i] for i in group], [24] * n, f"n{n}",
+                        batched=8 if n == 8 else 2)
         assert got == [solo[i] for i in group], n
+    runner.send(rp.unload())  # that process would evaluate another model's prompts slower
+    reply = runner.recv()
+    assert reply["type"] == "unloaded" and reply["reusable"] is False
 
 
 def test_default_model_joining_leaving_and_cache_hits(runner: Harness, default_model: Path) -> None:
@@ -226,28 +232,35 @@ def test_daemon_batches_default_greedy_requests_with_solo_replies(
 
 
 def test_seven_rows_a_call_unless_the_tiled_matmul_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    from modeld.runner import process
+    from modeld.runner import llamaopen
 
     monkeypatch.delenv("GGML_CPU_TILED_MM", raising=False)
-    assert process._max_rows(8) == microbatch.MAX_ROWS == 7
-    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")  # ggml-cpu's own switch, read once per process
-    assert process._max_rows(8) == 8
-    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
-    assert process._max_rows(8) == 7
+    assert llamaopen.tiled_matmul_on()
+    assert llamaopen.max_rows(8) == microbatch.MAX_ROWS == 7
+    # ggml-cpu's own reading of its switch: atoi(value) != 0
+    for value, on in (("0", False), ("", False), (" 00", False), ("off", False), ("1", True),
+                      (" +2x", True), ("-1", True)):  # fmt: skip
+        monkeypatch.setenv("GGML_CPU_TILED_MM", value)
+        assert llamaopen.tiled_matmul_on() is on, value
+        assert llamaopen.max_rows(8) == (7 if on else 8), value
 
 
-def test_default_model_eight_in_one_call_without_the_tiled_matmul(
+def test_default_model_four_and_four_with_the_tiled_matmul_kept_on(
     default_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``GGML_CPU_TILED_MM=0`` in the runner's environment: 8 sequences in one decode call
-    (the dot products at 8 rows too), replies still equal to solo ones."""
-    monkeypatch.setenv("GGML_CPU_TILED_MM", "0")
-    h = Harness("inv-tiled-off")
+    """``GGML_CPU_TILED_MM=1`` in the runner's environment keeps ggml-cpu's tiled matmul on
+    (it is taken for 8 rows or more): 8 sequences decode in two calls of 4 and the replies
+    still equal solo ones. The runner may then be reused for another model."""
+    monkeypatch.setenv("GGML_CPU_TILED_MM", "1")
+    h = Harness("inv-tiled-on")
     try:
         h.loaded(default_model, n_ctx=1024, parallel=8, n_threads=2, prompt_cache_mib=0)
         prompts = gemma_prompts()
         solo = _solo(h, prompts, 16)
-        got = _together(h, prompts, [16] * 8, "n8", batched=8)
+        got = _together(h, prompts, [16] * 8, "n8", batched=4, at_most=microbatch.MAX_ROWS)
         assert got == solo
+        h.send(rp.unload())
+        reply = h.recv()
+        assert reply["type"] == "unloaded" and "reusable" not in reply
     finally:
         h.close()

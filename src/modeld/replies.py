@@ -200,6 +200,7 @@ class RunnerMemoryReply(TypedDict):
     type: Literal["memory", "unloaded"]
     memory: RunnerMemory
     footprint: RunnerMemory
+    reusable: NotRequired[bool]  # unloaded: false when the process should be stopped
 
 
 class RunnerGenerateDone(TypedDict):

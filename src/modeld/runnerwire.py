@@ -273,9 +273,15 @@ def unload() -> dict[str, Any]:
     return {"type": "unload"}
 
 
-def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int]) -> RunnerMemoryReply:
-    """After ``unload``: what the process holds now, and above its baseline (``footprint``)."""
-    return {"type": "unloaded", "memory": _memory(memory), "footprint": _memory(footprint)}
+def unloaded(memory: Mapping[str, int], footprint: Mapping[str, int], *,
+             reusable: bool = True) -> RunnerMemoryReply:
+    """After ``unload``: what the process holds now, and above its baseline (``footprint``);
+    ``reusable`` false: the process should not load another model (runner/llamaopen.py)."""
+    reply: RunnerMemoryReply = {"type": "unloaded", "memory": _memory(memory),
+                                "footprint": _memory(footprint)}  # fmt: skip
+    if not reusable:
+        reply["reusable"] = False
+    return reply
 
 
 def memory_request() -> dict[str, Any]:

@@ -147,13 +147,17 @@ class RunnerPool:
         if (
             isinstance(held, int)
             and held <= RECYCLE_SLACK_BYTES
+            and msg.get("reusable") is not False  # e.g. it turned a CPU kernel off for good
             and not self.stopping
             and runner.stopping_since is None
         ):
             self.cache.unload_finished(runner.id)
             return True
-        log.info("runner %s kept %s after unloading; stopping it", runner.id,
-                 format_bytes(held) if isinstance(held, int) else "an unknown amount")
+        if msg.get("reusable") is False:
+            log.info("runner %s asks not to be reused; stopping it", runner.id)
+        else:
+            log.info("runner %s kept %s after unloading; stopping it", runner.id,
+                     format_bytes(held) if isinstance(held, int) else "an unknown amount")
         self.sup.stop(runner.id)
         return False
 

@@ -278,8 +278,8 @@ class BatchEngine:
                            key=lambda s: s.seq)
         if not streaming:
             return
-        if not self.invariant:
-            self._decode_tokens(streaming)
+        if not self.invariant or not any(s.spec.sampling.greedy for s in streaming):
+            self._decode_tokens(streaming)  # no greedy row to keep invariant: one call
             return
         by_seq = {s.seq: s for s in streaming}
         for call in microbatch.decode_calls(list(by_seq), self.max_rows):

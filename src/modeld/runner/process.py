@@ -15,7 +15,6 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gc
 import logging
@@ -23,7 +22,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,8 @@ from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, llamalog, microbatch, prompting, rank, specs
-from modeld.runner.batch import RANDOM_SEED, BatchEngine, context_exceeded
+from modeld.runner import chat, llamalog, llamaopen, prompting, rank, specs
+from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
 from modeld.runner.promptcache import SnapshotStore
@@ -129,14 +128,14 @@ class Runner(RunnerServer):
         t0 = time.perf_counter()
         llamalog.capture_start()
         try:
-            llm = _open_llama(spec, min(spec.n_batch, spec.n_ctx))
+            llm = llamaopen.open_llama(spec, min(spec.n_batch, spec.n_ctx))
             pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
             if spec.mode != "generate" and pooled and llm.n_batch < spec.n_ctx:
                 # A pooling (embedding) model embeds an input in one batch, and non-causal
                 # encoders need it in one ubatch: reopen with batch = context. Decoders keep
                 # small batches (see _embed_one).
                 llm.close()
-                llm = _open_llama(spec, spec.n_ctx)
+                llm = llamaopen.open_llama(spec, spec.n_ctx)
         except (ValueError, RuntimeError, OSError) as exc:
             log.warning("load of %s failed: %s", spec.path, exc)
             self.send(
@@ -181,9 +180,9 @@ class Runner(RunnerServer):
             states = [PromptState(llm, 0, seq=i, store=store) for i in range(n_seq)]
             self.state = states[0]
             # several sequences: decoded in calls of fixed shapes, so greedy replies do not
-            # depend on the batch (loaded without repacked weights: _open_llama)
+            # depend on the batch (loaded without repacked weights: llamaopen.py)
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
-                                      max_rows=_max_rows(n_seq))
+                                      max_rows=llamaopen.max_rows(n_seq))
             self.engine.chat_qa = self.chat_format == chat.QA
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
@@ -380,91 +379,9 @@ class Runner(RunnerServer):
             gc.collect()  # 15-25 ms, so only when needed: the daemon's next load waits on this
             probe.malloc_trim()
             memory = probe.own_memory(gpu=True)
-        self.send(rp.unloaded(memory, _minus(memory, self.baseline)))
-
-
-def _open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
-    """The one place a Llama is created: flash attention on, SWA caches at window size, and
-    ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
-    n_seq = spec.parallel if spec.mode == "generate" else 1
-    with _sequences(n_seq), _repacked_weights(n_seq <= 1):
-        return llama_cpp.Llama(
-            model_path=spec.path,
-            n_ctx=spec.n_ctx * n_seq,
-            n_batch=n_batch,
-            n_ubatch=n_batch if spec.mode != "generate" else min(512, n_batch),
-            n_threads=spec.n_threads,
-            n_threads_batch=spec.n_threads,
-            seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
-            flash_attn=True,
-            swa_full=False,
-            logits_all=False,
-            embedding=spec.mode != "generate",
-            verbose=False,
-            # with RPC workers every layer goes to them (0 would keep all local, silently)
-            n_gpu_layers=-1 if spec.rpc else 0,
-            # and the weights are read, not mapped: mapped pages sent to a worker would stay
-            # resident here as file-backed memory the daemon charges
-            use_mmap=not spec.rpc,
-        )
-
-
-@contextlib.contextmanager
-def _sequences(n_seq: int) -> Iterator[None]:
-    """Make the context ``Llama`` creates hold ``n_seq`` sequences, each in its own KV stream
-    of ``n_ctx / n_seq`` cells (llama-server's layout without ``--kv-unified``: a sequence
-    attends only to its own cells). ``Llama`` has no such argument, and its context is created
-    in its constructor, so its source of default context parameters answers for it meanwhile."""
-    if n_seq <= 1:
-        yield
-        return
-    default = llama_cpp.llama_cpp.llama_context_default_params
-
-    def with_sequences() -> llama_cpp.llama_context_params:
-        params: llama_cpp.llama_context_params = default()
-        params.n_seq_max, params.kv_unified = n_seq, False
-        return params
-
-    llama_cpp.llama_cpp.llama_context_default_params = with_sequences
-    try:
-        yield
-    finally:
-        llama_cpp.llama_cpp.llama_context_default_params = default
-
-
-def _max_rows(n_seq: int) -> int:
-    """Sequences one decode call holds at most: fewer than ggml-cpu's tiled matmul takes (8
-    rows), unless this process's environment turns that kernel off (``GGML_CPU_TILED_MM=0``,
-    read by ggml-cpu once per process: prompts then lose 22%, decode steps of 8 or more
-    sequences stay whole: docs/benchmarks.md)."""
-    if os.environ.get("GGML_CPU_TILED_MM", "").strip() == "0":
-        return max(1, n_seq)
-    return microbatch.MAX_ROWS
-
-
-@contextlib.contextmanager
-def _repacked_weights(allowed: bool) -> Iterator[None]:
-    """Load without llama.cpp's repacked weights unless ``allowed``: their kernels compute a
-    micro-batch's rows four at a time and the rest one by one, so a sequence decoded beside
-    others would get other logits (runner/microbatch.py). Measured cost: 3-5% of the wall-clock
-    decode rate with 2 threads (issue 26), none in CPU time per token with 1 thread
-    (docs/benchmarks.md). The high-level ``Llama`` has no such argument: as
-    :func:`_sequences`, its source of default model parameters answers for it meanwhile."""
-    if allowed:
-        yield
-        return
-    default = llama_cpp.llama_cpp.llama_model_default_params
-
-    def without() -> llama_cpp.llama_model_params:
-        params: llama_cpp.llama_model_params = default()
-        params.use_extra_bufts = False
-        return params
-
-    llama_cpp.llama_cpp.llama_model_default_params = without
-    try:
-        yield
-    finally:
-        llama_cpp.llama_cpp.llama_model_default_params = default
+        # a process that turned ggml's tiled matmul off for good asks to be stopped, not reused
+        self.send(rp.unloaded(memory, _minus(memory, self.baseline),
+                              reusable=not llamaopen.turned_off_here()))
 
 
 def render_template(

@@ -1,0 +1,141 @@
+"""How the runner opens a ``llama_cpp.Llama``: the shape of its context and the CPU kernels
+that decide whether a greedy reply depends on the batch (issue 26, runner/microbatch.py).
+
+ggml-cpu takes its tiled K-quant matmul (Q4_K, Q6_K, ...) for micro-batches of 8 rows or
+more and the per-row dot products below: a row's logits differ between the two (they add the
+256-element blocks' partial sums up in another order; both quantize the activations alike).
+So a decode call that keeps greedy replies invariant holds at most 7 sequences — unless the
+tiled matmul is off, then any number (bench/invariance.py: 8 sequences in one call 158 tok/s
+against 110 in two calls of 4; prompts 10-22% slower). ggml reads its switch
+(``GGML_CPU_TILED_MM``) once per process, at its first graph computation, so a runner sets it
+before opening its first model, and only for a model that decodes more than 7 sequences.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import llama_cpp
+
+from modeld.runner import microbatch, specs
+from modeld.runner.batch import RANDOM_SEED
+
+#: ggml-cpu's switch of its tiled K-quant matmul: on unless set to a number that is 0.
+TILED_ENV = "GGML_CPU_TILED_MM"
+
+
+class _Process:
+    """What this process did with the switch: it is ours to set until the first model opens."""
+
+    opened = False
+    turned_off = False  # set by this runner (not inherited): the process suits parallel > 7
+
+
+def tiled_matmul_on() -> bool:
+    """Whether ggml-cpu takes its tiled matmul in this process (its own reading: atoi)."""
+    value = os.environ.get(TILED_ENV)
+    if value is None:
+        return True
+    digits = value.lstrip(" \t\n\r\f\v")
+    sign = digits[:1] if digits[:1] in "+-" else ""
+    digits = digits[len(sign):]
+    end = len(digits) - len(digits.lstrip("0123456789"))
+    return bool(end) and int(digits[:end]) != 0
+
+
+def turned_off_here() -> bool:
+    """This runner turned the tiled matmul off for its first model: a model loaded later
+    would evaluate prompts 10-22% slower, so the process is not worth reusing."""
+    return _Process.turned_off
+
+
+def _choose_tiled(n_seq: int) -> None:
+    """Turn the tiled matmul off before the process's first model when that model decodes
+    more than :data:`microbatch.MAX_ROWS` sequences (unless the environment already says)."""
+    if not _Process.opened and n_seq > microbatch.MAX_ROWS and TILED_ENV not in os.environ:
+        os.environ[TILED_ENV] = "0"
+        _Process.turned_off = True
+    _Process.opened = True
+
+
+def max_rows(n_seq: int) -> int:
+    """Sequences one decode call holds at most: fewer than the tiled matmul takes (8 rows)
+    while it is on in this process, else all of them."""
+    return microbatch.MAX_ROWS if tiled_matmul_on() else max(1, n_seq)
+
+
+def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
+    """The one place a Llama is created: flash attention on, SWA caches at window size, and
+    ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
+    n_seq = spec.parallel if spec.mode == "generate" else 1
+    _choose_tiled(n_seq)
+    with _sequences(n_seq), _repacked_weights(n_seq <= 1):
+        return llama_cpp.Llama(
+            model_path=spec.path,
+            n_ctx=spec.n_ctx * n_seq,
+            n_batch=n_batch,
+            n_ubatch=n_batch if spec.mode != "generate" else min(512, n_batch),
+            n_threads=spec.n_threads,
+            n_threads_batch=spec.n_threads,
+            seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
+            flash_attn=True,
+            swa_full=False,
+            logits_all=False,
+            embedding=spec.mode != "generate",
+            verbose=False,
+            # with RPC workers every layer goes to them (0 would keep all local, silently)
+            n_gpu_layers=-1 if spec.rpc else 0,
+            # and the weights are read, not mapped: mapped pages sent to a worker would stay
+            # resident here as file-backed memory the daemon charges
+            use_mmap=not spec.rpc,
+        )
+
+
+@contextlib.contextmanager
+def _sequences(n_seq: int) -> Iterator[None]:
+    """Make the context ``Llama`` creates hold ``n_seq`` sequences, each in its own KV stream
+    of ``n_ctx / n_seq`` cells (llama-server's layout without ``--kv-unified``: a sequence
+    attends only to its own cells). ``Llama`` has no such argument, and its context is created
+    in its constructor, so its source of default context parameters answers for it meanwhile."""
+    if n_seq <= 1:
+        yield
+        return
+    default = llama_cpp.llama_cpp.llama_context_default_params
+
+    def with_sequences() -> llama_cpp.llama_context_params:
+        params: llama_cpp.llama_context_params = default()
+        params.n_seq_max, params.kv_unified = n_seq, False
+        return params
+
+    llama_cpp.llama_cpp.llama_context_default_params = with_sequences
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_context_default_params = default
+
+
+@contextlib.contextmanager
+def _repacked_weights(allowed: bool) -> Iterator[None]:
+    """Load without llama.cpp's repacked weights unless ``allowed``: their kernels compute a
+    micro-batch's rows four at a time and the rest one by one, so a sequence decoded beside
+    others would get other logits (runner/microbatch.py). Measured cost: 3-5% of the wall-clock
+    decode rate with 2 threads (issue 26), none in CPU time per token with 1 thread
+    (docs/benchmarks.md). The high-level ``Llama`` has no such argument: as
+    :func:`_sequences`, its source of default model parameters answers for it meanwhile."""
+    if allowed:
+        yield
+        return
+    default = llama_cpp.llama_cpp.llama_model_default_params
+
+    def without() -> llama_cpp.llama_model_params:
+        params: llama_cpp.llama_model_params = default()
+        params.use_extra_bufts = False
+        return params
+
+    llama_cpp.llama_cpp.llama_model_default_params = without
+    try:
+        yield
+    finally:
+        llama_cpp.llama_cpp.llama_model_default_params = default
