@@ -222,8 +222,9 @@ def _refs(side: Any, n: int) -> dict[str, str]:
 def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
                    rounds: int | None = None,
                    daemon_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """``daemon_env``: added to modeld's environment only (e.g. ``GGML_CPU_TILED_MM=0``: its
-    runners then decode 8+ sequences in one call, runner/process.py ``_max_rows``)."""
+    """``daemon_env``: added to modeld's environment only (e.g. ``GGML_CPU_TILED_MM=1``: its
+    runners then keep ggml-cpu's tiled matmul and decode 8 sequences in two calls,
+    runner/llamaopen.py)."""
     import peer
 
     rounds = rounds or min(ctx.rounds, 3)

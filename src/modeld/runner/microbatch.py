@@ -7,8 +7,10 @@ call in three ways (measured: bench/invariance.py, docs/benchmarks.md):
   by one kernel and the rest by another, so a row's result depends on its place in the batch.
   The runner loads without them (``use_extra_bufts`` false) when it decodes several sequences;
 - ggml-cpu's tiled K-quant matmul, taken for micro-batches of 8 rows or more (fewer use the
-  per-row dot products): the decode tokens of a step go in calls of at most :data:`MAX_ROWS`
-  rows (prompts, evaluated alone in pieces of the same size either way, keep the tiled path);
+  per-row dot products, which add the same products up in another order): the decode tokens
+  of a step go in calls of at most :data:`MAX_ROWS` rows while it is on (prompts, evaluated
+  alone in pieces of the same size either way, keep the tiled path); a runner decoding 8
+  sequences or more turns it off instead (runner/llamaopen.py) and makes one call;
 - flash attention over one query row of one KV stream with 512 cells or more splits the cells
   among the threads and adds the parts up in another order: a sequence alone in its
   micro-batch gets a second query row (its next position, dropped after the call), so it is
@@ -27,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 #: Rows of one decode micro-batch at most: ggml-cpu's tiled matmul starts at 8 (unless the
-#: runner's environment turns it off: ``GGML_CPU_TILED_MM=0``, then any number).
+#: process has it off: ``GGML_CPU_TILED_MM=0``, set by the runner for ``parallel`` 8 or more,
+#: then any number: runner/llamaopen.py).
 MAX_ROWS = 7
 #: A sequence alone in its micro-batch holding this many positions or more gets the second
 #: query row (half of the 256 cells below which attention is never split: a margin).
