@@ -181,7 +181,7 @@ NOTES: dict[str, str] = {
         "constrained reply is not slower than the free one: when the chain's pick breaks the "
         "grammar, the runner checks the grammar on the tokens within 8 logits of the best "
         "(a handful) instead of Gemma's 262k-token vocabulary, and only falls back to the whole "
-        "vocabulary when none of them is allowed (`runner/generation.Grammar.pick`); the greedy "
+        "vocabulary when none of them is allowed (`runner/sampling.Grammar.pick`); the greedy "
         "pick is the same as masking everything. A first version that masked the whole "
         "vocabulary on every rejected pick gave 4.4 tokens/s against 17.3 for free text in one "
         "development run under load (not a benchmark). "

@@ -14,8 +14,9 @@ import llama_cpp
 import numpy as np
 
 from modeld.options import Sampling
-from modeld.runner.generation import DecodeBatch, Prepared, PromptState, make_sampler
+from modeld.runner.generation import DecodeBatch, Prepared, PromptState
 from modeld.runner.promptplan import ALIGN
+from modeld.runner.sampling import make_sampler
 
 TEXT = (
     "The history of the river valley is long and full of stories about farmers, traders and "

@@ -4,7 +4,7 @@ Each option is a field of :class:`Sampling` whose metadata says its bounds and t
 Ollama and OpenAI APIs give it. Everything else derives from this class: the daemon's protocol
 parser and the runner's spec (:func:`parse`), the runner message (:meth:`Sampling.to_wire`) and
 the HTTP mappings (:func:`api_fields`). Adding an option: a field here, its use in the runner's
-sampler (``runner/generation.make_sampler``), and a CLI flag if it deserves one.
+sampler (``runner/sampling.make_sampler``), and a CLI flag if it deserves one.
 
 Pure: no native imports, unit-tested on its own.
 """

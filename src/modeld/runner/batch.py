@@ -30,9 +30,10 @@ from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
 from modeld.replies import ToolCallDone
 from modeld.runner import microbatch, specs
-from modeld.runner.generation import DecodeBatch, Grammar, PromptState, make_sampler, plain_greedy
+from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
+from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
 from modeld.runner.textstream import TextStream
 
 log = logging.getLogger("modeld.runner")
@@ -378,8 +379,9 @@ class BatchEngine:
 
     @staticmethod
     def _sample(stream: Stream, index: int = -1) -> int:
-        return stream.state.sample(stream.sampler, index, greedy=plain_greedy(stream.spec.sampling),
-                                   grammar=stream.grammar)  # fmt: skip
+        sampling = stream.spec.sampling
+        return stream.state.sample(stream.sampler, index, greedy=plain_greedy(sampling),
+                                   grammar=stream.grammar, top_k=shortlist_top_k(sampling))
 
     def _sampled(self, stream: Stream, token: int) -> None:
         """Handle one new token of ``stream``: end of generation, text, stop strings, limits."""
