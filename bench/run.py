@@ -30,7 +30,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel",
-       "parallel_sampled", "pull", "rpc")
+       "parallel_sampled", "tree_memory", "pull", "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -116,6 +116,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         _record(ctx, "parallel", b_parallel.parallel_bench)
     if "parallel_sampled" in names:  # the same, temperature 0.7, 8 clients
         _record(ctx, "parallel_sampled", b_parallel.parallel_sampled_bench)
+    if "tree_memory" in names:  # its own daemon beside llama-server (bench/peer.py builds it)
+        import b_tree
+
+        _record(ctx, "tree_memory", b_tree.tree_memory_bench)
     if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
         import b_pull
 
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
     if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
-        names = [n for n in names if n not in ("parallel", "parallel_sampled", "rpc")]
+        skip = ("parallel", "parallel_sampled", "tree_memory", "rpc")
+        names = [n for n in names if n not in skip]
     run(ctx, names, trace_n)
     if not args.no_report:
         import report
