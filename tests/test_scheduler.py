@@ -253,6 +253,17 @@ def test_a_runner_that_keeps_memory_after_unloading_is_stopped(tiny_model: Path)
     assert h.sup.stopped == ["r1"] and h.sched.spare is None
 
 
+def test_a_runner_that_asks_not_to_be_reused_is_stopped(tiny_model: Path) -> None:
+    """A runner that turned ggml-cpu's tiled matmul off for its process (parallel 8+:
+    runner/llamaopen.py) gave its memory back but says it should not load another model."""
+    h = make(spare_runner=True)
+    job = h.serve_one(tiny_model)
+    h.sched.unload([job.key])
+    h.runner_says("r1", {"type": "unloaded", "memory": {"rss": 45 * MiB},
+                         "footprint": {"rss": 5 * MiB}, "reusable": False})  # fmt: skip
+    assert h.sup.stopped == ["r1"] and h.sched.spare is None
+
+
 def test_a_client_that_moves_on_to_another_model_swaps_at_once(
     tiny_model: Path, second_model: Path
 ) -> None:
