@@ -338,7 +338,7 @@ NOTES: dict[str, str] = {
         "need no invariance, so a step of sampled sequences is one decode call; before issue 26's "
         "second part they were cut to 7 rows a call like greedy ones (8 -> 4 + 4: 107.7 against "
         "the router's 123.3 tokens/s, 0.87, idle). Each pick with top-k and neutral penalties "
-        "goes through a shortlist of the tokens within 3 (6, 12) of the best logit instead of "
+        "goes through a shortlist of the tokens within 8 (14, 24) of the best logit instead of "
         "all 262,144 of Gemma's (runner/sampling.py: 0.10 instead of 0.26 ms a pick, the same "
         "token: tests/test_sampling.py compares it with llama.cpp's full chain over 5 settings). "
         "Profiled (cProfile, a real runner, 8 requests x 3 rounds): llama_decode 82% of the "

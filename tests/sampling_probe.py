@@ -23,7 +23,7 @@ SETTINGS = (
     dict(temperature=0.7, seed=1),  # modeld's defaults otherwise: top-k 40, top-p 0.95
     dict(temperature=1.5, top_k=100, top_p=1.0, seed=2),
     dict(temperature=0.9, top_k=8, min_p=0.05, seed=3),
-    dict(temperature=1.0, top_k=400, top_p=0.99, seed=4),
+    dict(temperature=1.0, top_k=200, top_p=0.99, seed=4),
     dict(temperature=2.0, top_k=40, seed=5),
 )
 STEPS = 40

@@ -25,9 +25,10 @@ _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 #: e^-8 and e^-24 of the best token's probability at temperature 1.
 SHORTLIST_MARGINS = (8.0, 24.0)
 SHORTLIST = 4096
-#: The margins below the best logit tried for a top-k shortlist (Gemma: a few hundred tokens
-#: within 3, thousands within 8).
-TOP_K_MARGINS = (3.0, 6.0, 12.0)
+#: The margins below the best logit tried for a top-k shortlist, widest last. Gemma-3-270m,
+#: 90 sampled steps: tokens within 8 of the best median 231 (at least 40 in 91% of the rows),
+#: within 12 median 1,902 (up to 9,981, past SHORTLIST: then the full chain).
+TOP_K_MARGINS = (8.0, 14.0, 24.0)
 
 
 def make_sampler(llm: llama_cpp.Llama, sampling: Sampling) -> llama_cpp._internals.LlamaSampler:
