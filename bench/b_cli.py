@@ -185,11 +185,11 @@ def footprint(ctx: Context, d: Daemon, idle_start: dict[str, int], models: list[
 
 
 def cli_floor(ctx: Context) -> dict[str, Any]:
-    """Issue 26's CLI floor, one daemon with the HTTP front door and the model warm, all four
-    interleaved (A B C D, D C B A): ``python -c pass``, ``modeld ps``, a warm 1-token
-    ``modeld run`` and ``curl`` asking the front door the same (``/api/generate``,
-    ``num_predict`` 1, not streamed): the CLI against the floor of any Python program and
-    against the cheapest client of the same daemon."""
+    """Issue 26's CLI floor, one daemon with the HTTP front door and the default model warm,
+    all four interleaved (A B C D, D C B A): `python -c pass`, `modeld ps`, a warm 1-token
+    `modeld run --max-tokens 1 default "Hi"` and `curl` asking the front door the same
+    (`/api/generate`, `num_predict` 1, not streamed): the CLI against the floor of any Python
+    program and against the cheapest client of the same daemon."""
     import shutil
 
     from harness import daemon, free_port
@@ -224,7 +224,7 @@ def cli_floor(ctx: Context) -> dict[str, Any]:
     med = {k: summary(v)["median"] for k, v in samples.items()}
     out: dict[str, Any] = {
         "title": "CLI floor (issue 26)",
-        "what": cli_floor.__doc__.split("\n\n")[0] if cli_floor.__doc__ else "",
+        "what": " ".join((cli_floor.__doc__ or "").split()),
         "median_s": med,
         "stats_s": {k: summary(v) for k, v in samples.items()},
         "rounds": rounds,

@@ -1,14 +1,13 @@
 """Memory footprint: modeld's process tree beside llama-server's router, two models loaded.
 
-Same run, same models (gemma-3-270m Q4_K_M and a generated f16 llama), the same context per
-sequence (``N_CTX``) and ``parallel`` on both sides: each side serves ``REQUESTS`` greedy and
-as many sampled requests per model, ``parallel`` at a time, then, once idle, every process of
-its tree is read from /proc/<pid>/smaps_rollup. Reported per process and summed: RSS (what
-``ps`` shows; a shared library's pages count once per process that maps them), PSS (shared
-pages divided among the processes that map them: what the tree costs the machine) and
-anonymous memory. modeld's tree: the daemon, its spare runner and one runner per model; the
-router's: the router and one ``llama-server`` child per model. modeld's runners also say what
-their memory is made of (``ps``: measured, estimated); the spare runner is listed on its own.
+Same run, same models (gemma-3-270m Q4_K_M and a generated f16 llama, private copies of the
+files), 4096 cells per sequence and 4 sequences on both sides: each side serves 8 greedy and
+8 sampled requests per model, 4 at a time, then, once idle, every process of its tree is read
+from /proc/PID/smaps_rollup. Reported per process and summed: RSS (what `ps` shows; a shared
+library's pages count once per process that maps it), PSS (shared pages divided among the
+processes that map them: what the tree costs the machine) and anonymous memory. modeld's
+tree: the daemon, its spare runner and one runner per model (and again with `spare_runner`
+false); the router's: the router and one `llama-server` child per model.
 
     .venv/bin/python bench/run.py --only tree_memory
 """
@@ -166,7 +165,7 @@ def tree_memory_bench(ctx: Context) -> dict[str, Any]:
 
 def _bench(ctx: Context, models: list[Path]) -> dict[str, Any]:
     out: dict[str, Any] = {"title": "Memory footprint: modeld's process tree beside the router",
-                           "what": __doc__.split("\n\n")[1].strip(),
+                           "what": " ".join(__doc__.split("\n\n")[1].split()),
                            "models": [m.name for m in models], "n_ctx": N_CTX,
                            "parallel": PARALLEL, "requests_per_model": 2 * REQUESTS}
     out["modeld"] = _modeld(models)
