@@ -402,6 +402,7 @@ def test_cli_load_run_and_ps_with_workers(
     assert json.loads(loaded.stdout)["model"]["rpc"] == [w.endpoint]
     ps = modeld("ps")
     assert f"RPC0 {w.endpoint}: weights" in ps.stdout, ps.stdout
+    assert "(planned with compute " in ps.stdout, ps.stdout
     ran = modeld("run", str(tiny_model), "hello", "--rpc", w.endpoint, "--max-tokens", "3")
     assert ran.returncode == 0, ran.stderr
     stats = json.loads(modeld("stats", "--json").stdout)
