@@ -170,11 +170,14 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
         request = struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS) + bytes(_CONN_CAPS)
         sock.sendall(request)
         size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
-        if size != 4 + _CONN_CAPS:
+        if not 3 <= size <= 4096:
             raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
         major, minor, patch = _recv_exact(sock, size)[:3]
         if major != PROTO_MAJOR or minor > PROTO_MINOR:
-            raise _mismatch(endpoint, f"protocol {major}.{minor}.{patch}")
+            theirs = f"{major}.{minor}.{patch}"
+            raise _mismatch(endpoint, f"protocol {theirs}", theirs)
+        if size != 4 + _CONN_CAPS:
+            raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
         devices = _memory(sock)
     except TimeoutError as exc:
         raise worker_error(
@@ -184,19 +187,43 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
             "worker", "busy",
         ) from exc  # fmt: skip
     except OSError as exc:  # closed on us: a worker of another protocol version drops HELLO
+        sock.close()
+        old = _legacy_version(host, port, timeout_s)
+        if old is not None:
+            raise _mismatch(endpoint, f"protocol {old}", old) from exc
         raise _mismatch(endpoint, f"the connection was closed ({exc})") from exc
     finally:
         sock.close()
     return Hello(major, minor, patch, devices)
 
 
-def _mismatch(endpoint: str, what: str) -> RpcWorkerError:
-    return worker_error(
+def _legacy_version(host: str, port: int, timeout_s: float) -> str | None:
+    """The version of a worker that closed on this build's ``HELLO``, asked the way releases
+    before the connection capabilities did (an empty request, a 3-byte reply: protocol 3.x of
+    ggml-rpc.cpp); None when it does not answer that either."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(struct.pack("<BQ", _CMD_HELLO, 0))
+            if struct.unpack("<Q", _recv_exact(sock, 8))[0] != 3:
+                return None
+            major, minor, patch = _recv_exact(sock, 3)
+            return f"{major}.{minor}.{patch}"
+    except OSError:
+        return None
+
+
+def _mismatch(endpoint: str, what: str, worker_version: str | None = None) -> RpcWorkerError:
+    err = worker_error(
         endpoint, f"rpc worker {endpoint} speaks another RPC protocol version ({what}; this "
         f"build speaks {PROTO_MAJOR}.{PROTO_MINOR}.x)",
         "run the same llama-cpp-python version on both sides (modeld's setup.sh pins it)",
         "version",
     )  # fmt: skip
+    err.details["client_version"] = f"{PROTO_MAJOR}.{PROTO_MINOR}.0"
+    if worker_version is not None:
+        err.details["worker_version"] = worker_version
+    return err
 
 
 def reachable(endpoint: str, timeout_s: float = 0.5) -> bool:
