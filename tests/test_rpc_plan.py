@@ -120,6 +120,7 @@ def test_a_workers_memory_bounds_the_context_and_an_asked_one_that_does_not_fit_
     assert exc.value.details["memory_bytes"] == cap
     row = c.load(str(four_layers), rpc=eps)  # chosen by the daemon (2048): lowered to fit
     assert row["n_ctx"] == 1024, row
+    assert "rpc worker's share fits" in str(row["ctx_reason"]), row
     assert {dev["plan_memory_bytes"] for dev in row["devices"] if dev["endpoint"]} == {cap}
     for dev in row["devices"]:
         if dev["endpoint"]:
