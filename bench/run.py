@@ -28,8 +28,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel", "pull",
-       "rpc")
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel",
+       "tree_memory", "pull", "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -113,6 +113,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n)
     if "parallel" in names:  # its own daemons beside llama-server (bench/peer.py builds it)
         _record(ctx, "parallel", b_parallel.parallel_bench)
+    if "tree_memory" in names:  # its own daemon beside llama-server (bench/peer.py builds it)
+        import b_tree
+
+        _record(ctx, "tree_memory", b_tree.tree_memory_bench)
     if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
         import b_pull
 
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
     if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
-        names = [n for n in names if n not in ("parallel", "rpc")]
+        names = [n for n in names if n not in ("parallel", "tree_memory", "rpc")]
     run(ctx, names, trace_n)
     if not args.no_report:
         import report

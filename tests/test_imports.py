@@ -63,3 +63,16 @@ def test_cli_start_imports_no_llama_numpy_or_zmq(argv: list[str]) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "modeld" in out.stdout
+
+
+def test_runner_loads_libzmq_before_llama_cpp() -> None:
+    """With a CUDA build of llama.cpp loaded first, libzmq's I/O thread dies on its first
+    message (seen on an H200 machine: every runner exited with SIGSEGV at start); the runner's
+    entry point therefore imports zmq first. ``-X importtime`` lists imports in load order."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "modeld.runner", "--help"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    order = [line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines()
+             if line.startswith("import time:")]  # fmt: skip
+    assert "zmq" in order and "llama_cpp" in order, order[-20:]
+    assert order.index("zmq") < order.index("llama_cpp")

@@ -198,19 +198,26 @@ def load_report(load_log: list[str]) -> dict[str, Any]:
     return {"devices": out, "layers_offloaded": offloaded}
 
 
-def serve(endpoint: str, device: str, n_threads: int, cache_dir: str | None) -> None:
-    """Serve ``device`` (``CPU``, ``CUDA0``, ...) at ``endpoint`` until the process ends
-    (blocks inside llama.cpp with the GIL released: run it in a thread)."""
+def device(name: str) -> int:
+    """The ggml device called ``name`` (``CPU``, ``CUDA0``, ...), or a clear error listing the
+    devices this build has (checked before a worker says it is serving)."""
     require()
     _declare()
-    if device.upper() == "CPU":
+    if name.upper() == "CPU":
         dev = _lib.ggml_backend_dev_by_type(_GGML_BACKEND_DEVICE_TYPE_CPU)
     else:
-        dev = _lib.ggml_backend_dev_by_name(device.encode())
+        dev = _lib.ggml_backend_dev_by_name(name.encode())
     if not dev:
         names = ", ".join(d["name"] for d in devices() if not d["name"].startswith("RPC"))
-        raise RpcWorkerError(f"no ggml device {device!r} in this build",
+        raise RpcWorkerError(f"no ggml device {name!r} in this build",
                              hint=f"devices here: {names}", details={"problem": "device"})
+    return int(dev)
+
+
+def serve(endpoint: str, device_name: str, n_threads: int, cache_dir: str | None) -> None:
+    """Serve ``device_name`` (``CPU``, ``CUDA0``, ...) at ``endpoint`` until the process ends
+    (blocks inside llama.cpp with the GIL released: run it in a thread)."""
+    dev = device(device_name)
     start = _START_SERVER(_proc(b"ggml_backend_rpc_start_server"))
     devs = (ctypes.c_void_p * 1)(dev)
     start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads, 1, devs)

@@ -68,7 +68,7 @@ def rpc_worker(
         ) from exc
     from modeld import ggmlrpc
 
-    ggmlrpc.require()
+    ggmlrpc.device(device)  # an unknown device is an error before "serving" is printed
     n_threads = threads or max(1, int(probe.cpu_threads()))
     failure: list[BaseException] = []
 
