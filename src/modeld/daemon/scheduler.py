@@ -204,10 +204,7 @@ class Scheduler:
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
-            # a context chosen here may shrink to fit the workers; an asked one may not
-            rpc_ctx_floor=None if any(j.n_ctx is not None for j in jobs)
-            else min(size.n_ctx, self.settings.ctx_floor),
-            rpc_memory=self.settings.rpc_worker_memory_bytes,
+            **self.admission.rpc_sizing(jobs, size.n_ctx),
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 
