@@ -326,6 +326,8 @@ def test_config_names_a_models_workers_for_every_api(
     planned = c.show("far")  # planned for the workers: their share is not local memory
     assert planned["rpc"] == [w.endpoint] and planned["estimate"]["vram"] > 0
     assert planned["estimate"]["weights"] < tiny_model.stat().st_size
+    (share,) = planned["rpc_shares"]  # the worker's own share: every layer, its KV cache
+    assert share["endpoint"] == w.endpoint and share["layers"] == 3 and share["kv_bytes"] > 0
     # the HTTP API (Ollama's) loads it on the worker through the alias ...
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("POST", "/api/generate", json.dumps({
