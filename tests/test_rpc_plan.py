@@ -83,11 +83,13 @@ def _close(planned: int, measured: int, share: float = 0.0) -> bool:
 def test_the_plan_is_what_llama_cpp_placed_on_one_and_two_workers(
     daemon_factory: Factory, four_layers: Path, workers: Callable[..., Worker]  # noqa: F811
 ) -> None:
-    d = daemon_factory("--parallel", "1")
+    d = daemon_factory()
     c = d.client()
     w1, w2 = workers(), workers()
-    for eps in ([w1.endpoint], [w1.endpoint, w2.endpoint]):
-        row = c.load(str(four_layers), rpc=eps)
+    for eps, parallel in (([w1.endpoint], 1), ([w1.endpoint, w2.endpoint], 1),
+                          ([w1.endpoint, w2.endpoint], 4)):  # fmt: skip
+        row = c.load(str(four_layers), rpc=eps, parallel=parallel)
+        assert row["parallel"] == parallel
         rpc_rows = [dev for dev in row["devices"] if dev["endpoint"]]
         assert [dev["endpoint"] for dev in rpc_rows] == eps
         for dev in rpc_rows:

@@ -119,7 +119,8 @@ def plan(
     acts = ub * 4 * (_ACT_PER_FF * ff + _ACT_PER_EMBD * info.embedding_length)
     logits = ub * 4 * info.vocab_size
     used = len(set(devs))
-    mask = ub * (full + swa) * (_MASK_BYTES_ONE if used == 1 else _MASK_BYTES_SPLIT)
+    # each sequence has a KV stream of its own: a micro-batch attends within one stream
+    mask = ub * (full + swa) // seqs * (_MASK_BYTES_ONE if used == 1 else _MASK_BYTES_SPLIT)
     out = []
     for d, ep in enumerate(endpoints):
         layers = [il for il in range(n + 1) if devs[il] == d]
