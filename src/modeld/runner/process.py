@@ -103,7 +103,8 @@ class Runner(RunnerServer):
             return spec
         try:
             spec, self.rpc_plan = rpcload.prepare(spec)
-            self.rpc = spec.rpc  # registered: this process is tainted for good
+            self.rpc = spec.rpc  # even a partial registration stays: this process is tainted
+            ggmlrpc.register(spec.rpc)
         except (RpcWorkerError, InsufficientMemoryError) as exc:
             log.warning("rpc workers: %s", exc)
             self.send(rp.load_failed(exc.code, exc.message, exc.hint, exc.details))

@@ -17,7 +17,7 @@ log = logging.getLogger("modeld.runner")
 
 
 def prepare(spec: LoadSpec) -> tuple[LoadSpec, list[rpcplan.Share]]:
-    """(the spec to load with, each worker's planned share). Registers the workers last."""
+    """(the spec to load with, each worker's planned share); the caller registers them."""
     hellos = ggmlrpc.probe_all(spec.rpc)
     free = [h.free for h in hellos]
     cap = spec.rpc_memory
@@ -32,7 +32,6 @@ def prepare(spec: LoadSpec) -> tuple[LoadSpec, list[rpcplan.Share]]:
     )  # fmt: skip
     if n_ctx != spec.n_ctx:
         log.info("n_ctx %d -> %d: the largest whose share fits every rpc worker", spec.n_ctx, n_ctx)
-    ggmlrpc.register(spec.rpc)
     return dataclasses.replace(
         spec, n_ctx=n_ctx, tensor_split=tuple(split) if cap is not None else ()
     ), shares
