@@ -398,7 +398,7 @@ def _open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
             n_batch=n_batch,
-            n_ubatch=n_batch if spec.mode != "generate" else min(512, n_batch),
+            n_ubatch=n_batch if spec.mode != "generate" else min(memory.GENERATE_N_UBATCH, n_batch),
             n_threads=spec.n_threads,
             n_threads_batch=spec.n_threads,
             seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
