@@ -182,3 +182,58 @@ def footprint(ctx: Context, d: Daemon, idle_start: dict[str, int], models: list[
                    else 0.0, 1.0, ">="),
         ],
     }
+
+
+def cli_floor(ctx: Context) -> dict[str, Any]:
+    """Issue 26's CLI floor, one daemon with the HTTP front door and the default model warm,
+    all four interleaved (A B C D, D C B A): `python -c pass`, `modeld ps`, a warm 1-token
+    `modeld run --max-tokens 1 default "Hi"` and `curl` asking the front door the same
+    (`/api/generate`, `num_predict` 1, not streamed): the CLI against the floor of any Python
+    program and against the cheapest client of the same daemon."""
+    import shutil
+
+    from harness import daemon, free_port
+
+    curl = shutil.which("curl")
+    port = free_port()
+    # the issue's command names the built-in default model (ctx.model is that file; a smoke run
+    # names a generated one); curl names the file, the same loaded model
+    model = str(ctx.model)
+    cli_model = model if ctx.smoke else "default"
+    with daemon(env={"MODELD_HTTP": f"127.0.0.1:{port}"}) as d:
+        d.client().load(model if ctx.smoke else None)
+        env = dict(d.env)
+        env.pop("COLUMNS", None)
+        modeld = str(BIN / "modeld")
+        body = json.dumps({"model": model, "prompt": "Hi", "stream": False,
+                           "options": {"num_predict": 1}})  # fmt: skip
+        alternatives: dict[str, Any] = {
+            "python -c pass": lambda: run_timed([PY, "-c", "pass"], env=env)[0],
+            "modeld ps": lambda: run_timed([modeld, "ps"], env=env)[0],
+            "modeld run --max-tokens 1": lambda: run_timed(
+                [modeld, "run", "--max-tokens", "1", cli_model, "Hi"], env=env)[0],
+        }
+        if curl:
+            alternatives["curl /api/generate"] = lambda: run_timed(
+                [curl, "-sS", "--fail", "-o", "/dev/null", "-H", "Content-Type: application/json",
+                 "-d", body, f"http://127.0.0.1:{port}/api/generate"], env=env)[0]
+        for alt in alternatives.values():  # warm: page cache, bytecode, the prompt's snapshot
+            alt()
+        rounds = max(ctx.rounds * 2, 20) if not ctx.smoke else 2
+        samples = interleave(alternatives, rounds)
+    med = {k: summary(v)["median"] for k, v in samples.items()}
+    out: dict[str, Any] = {
+        "title": "CLI floor (issue 26)",
+        "what": " ".join((cli_floor.__doc__ or "").split()),
+        "median_s": med,
+        "stats_s": {k: summary(v) for k, v in samples.items()},
+        "rounds": rounds,
+        "ratio_ps_to_python": med["modeld ps"] / med["python -c pass"],
+        "targets": [target("modeld ps / python -c pass (same run)",
+                           med["modeld ps"] / med["python -c pass"], 2.0, "<=")],
+    }
+    if curl:
+        out["ratio_run_to_curl"] = med["modeld run --max-tokens 1"] / med["curl /api/generate"]
+        out["targets"].append(target("warm 1-token modeld run / curl to the front door",
+                                     out["ratio_run_to_curl"], 2.0, "<="))
+    return out

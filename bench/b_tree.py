@@ -1,14 +1,13 @@
 """Memory footprint: modeld's process tree beside llama-server's router, two models loaded.
 
-Same run, same models (gemma-3-270m Q4_K_M and a generated f16 llama), the same context per
-sequence (``N_CTX``) and ``parallel`` on both sides: each side serves ``REQUESTS`` greedy and
-as many sampled requests per model, ``parallel`` at a time, then, once idle, every process of
-its tree is read from /proc/<pid>/smaps_rollup. Reported per process and summed: RSS (what
-``ps`` shows; a shared library's pages count once per process that maps them), PSS (shared
-pages divided among the processes that map them: what the tree costs the machine) and
-anonymous memory. modeld's tree: the daemon, its spare runner and one runner per model; the
-router's: the router and one ``llama-server`` child per model. modeld's runners also say what
-their memory is made of (``ps``: measured, estimated); the spare runner is listed on its own.
+Same run, same models (gemma-3-270m Q4_K_M and a generated f16 llama, private copies of the
+files), 4096 cells per sequence and 4 sequences on both sides: each side serves 8 greedy and
+8 sampled requests per model, 4 at a time, then, once idle, every process of its tree is read
+from /proc/PID/smaps_rollup. Reported per process and summed: RSS (what `ps` shows; a shared
+library's pages count once per process that maps it), PSS (shared pages divided among the
+processes that map them: what the tree costs the machine) and anonymous memory. modeld's
+tree: the daemon, its spare runner and one runner per model (and again with `spare_runner`
+false); the router's: the router and one `llama-server` child per model.
 
     .venv/bin/python bench/run.py --only tree_memory
 """
@@ -16,6 +15,8 @@ their memory is made of (``ps``: measured, estimated); the spare runner is liste
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import threading
 import time
 import urllib.request
@@ -84,8 +85,8 @@ def _wait_quiet(pids: list[int], timeout: float = 30.0) -> None:
         pass
 
 
-def _modeld(models: list[Path]) -> dict[str, Any]:
-    with daemon("--parallel", str(PARALLEL)) as d:
+def _modeld(models: list[Path], spare: bool = True) -> dict[str, Any]:
+    with daemon("--parallel", str(PARALLEL), spare=spare) as d:
         c = d.client()
         for m in models:
             c.load(str(m), n_ctx=N_CTX, parallel=PARALLEL)
@@ -142,17 +143,39 @@ def _router(models: list[Path], threads: int) -> dict[str, Any]:
         return {"processes": procs, "total": _totals(tree)}
 
 
+def _private_copies(models: list[Path], into: Path) -> list[Path]:
+    """Copies of the model files that no other process on this machine maps: PSS divides a
+    file's resident pages among every process mapping it, so another daemon holding the same
+    file would lower either side's figure."""
+    out = []
+    for m in models:
+        dest = into / m.name
+        shutil.copyfile(m, dest)
+        out.append(dest)
+    return out
+
+
 def tree_memory_bench(ctx: Context) -> dict[str, Any]:
-    models = [ctx.model, generated("llama", **SECOND)]
+    tmp = Path(tempfile.mkdtemp(prefix="mdb-tree-", dir="/tmp"))
+    try:
+        return _bench(ctx, _private_copies([ctx.model, generated("llama", **SECOND)], tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bench(ctx: Context, models: list[Path]) -> dict[str, Any]:
     out: dict[str, Any] = {"title": "Memory footprint: modeld's process tree beside the router",
-                           "what": __doc__.split("\n\n")[1].strip(),
+                           "what": " ".join(__doc__.split("\n\n")[1].split()),
                            "models": [m.name for m in models], "n_ctx": N_CTX,
                            "parallel": PARALLEL, "requests_per_model": 2 * REQUESTS}
     out["modeld"] = _modeld(models)
     out["router"] = _router(models, ctx.threads)
+    out["modeld_no_spare"] = _modeld(models, spare=False)
     m, r = out["modeld"]["total"], out["router"]["total"]
     out["ratio_pss"] = m["pss"] / r["pss"]
     out["ratio_rss"] = m["rss"] / r["rss"]
+    out["ratio_pss_no_spare"] = out["modeld_no_spare"]["total"]["pss"] / r["pss"]
+    out["ratio_rss_no_spare"] = out["modeld_no_spare"]["total"]["rss"] / r["rss"]
     out["targets"] = [target("process tree PSS vs router (2 models loaded)", out["ratio_pss"],
                              1.0, "<="),
                       target("process tree RSS vs router (2 models loaded)", out["ratio_rss"],

@@ -30,7 +30,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel",
-       "parallel_sampled", "tree_memory", "pull", "rpc")
+       "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -116,6 +116,8 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         _record(ctx, "parallel", b_parallel.parallel_bench)
     if "parallel_sampled" in names:  # the same, temperature 0.7, 8 clients
         _record(ctx, "parallel_sampled", b_parallel.parallel_sampled_bench)
+    if "cli_floor" in names:  # its own daemon, with the HTTP front door
+        _record(ctx, "cli_floor", b_cli.cli_floor)
     if "tree_memory" in names:  # its own daemon beside llama-server (bench/peer.py builds it)
         import b_tree
 

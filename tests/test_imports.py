@@ -22,6 +22,7 @@ PURE_MODULES = [
     "modeld.runnerwire",
     "modeld.replyflow",
     "modeld.sizing",
+    "modeld.rpcplan",
     "modeld.planning",
     "modeld.runner.specs",
     "modeld.replies",

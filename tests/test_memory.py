@@ -100,7 +100,8 @@ def test_parallel_sequences_have_a_kv_stream_each() -> None:
     assert memory.kv_cells(info, 4 * 4096, n_seq=4) == (16384, 4 * 512 + 512)
     assert memory.kv_cells(info, 4 * 512, n_seq=4, unified=False) == (2048, 2048)  # capped
     generate = memory.estimate(info, 4 * 4096, n_seq=4)
-    assert generate.swa_cells == 4096  # the estimate of generate mode is per stream
+    # the estimate of generate mode is per stream, with the generate runner's micro-batch
+    assert generate.swa_cells == 4 * (512 + memory.GENERATE_N_UBATCH)
 
 
 def test_kv_cells_without_sliding_layers() -> None:
@@ -269,7 +270,8 @@ def test_embed_context_gives_sliding_layers_the_whole_context(gemma: ModelInfo) 
     e = memory.estimate(gemma, 4096, mode="embed")
     assert e.kv_cells == e.swa_cells == 4096
     assert e.kv_cache == memory.kv_cache_bytes(gemma, 4096, swa_full=True) == 72 * MiB
-    assert memory.estimate(gemma, 4096).swa_cells == 1024  # generate mode keeps the window
+    # generate mode keeps the window and a micro-batch
+    assert memory.estimate(gemma, 4096).swa_cells == 512 + memory.GENERATE_N_UBATCH
 
 
 def test_embed_seq_max_follows_the_batch(gemma: ModelInfo) -> None:

@@ -153,3 +153,35 @@ def test_buffer_log_lines_become_device_shares() -> None:
         "model": mib // 4, "kv": mib, "compute": int(2.5 * mib)}  # fmt: skip
     assert found["buffers"]["127.0.0.1:50053"] == {"model": int(0.31 * mib), "kv": mib}
     assert found["buffers"]["CPU"] == {"model": int(0.12 * mib), "compute": mib // 2}
+
+
+@pytest.mark.parametrize(("version", "legacy"), [((8, 0, 0), False), ((7, 1, 0), False),
+                                                  ((3, 0, 0), True)])  # fmt: skip
+def test_probe_names_both_versions_of_a_worker_of_another_release(
+    version: tuple[int, int, int], legacy: bool
+) -> None:
+    from rpcfake import FakeWorker
+
+    fake = FakeWorker(version, legacy=legacy)
+    try:
+        with pytest.raises(RpcWorkerError) as info:
+            rpc.probe(fake.endpoint, timeout_s=2.0)
+    finally:
+        fake.close()
+    theirs = ".".join(map(str, version))
+    assert info.value.details["problem"] == "version"
+    assert info.value.details["worker_version"] == theirs
+    assert info.value.details["client_version"] == "7.0.0"
+    assert f"protocol {theirs}" in info.value.message and "speaks 7.0.x" in info.value.message
+
+
+def test_probe_reads_a_workers_device_memory() -> None:
+    from rpcfake import FakeWorker
+
+    fake = FakeWorker((7, 0, 3), memory=(5 << 30, 6 << 30))
+    try:
+        hello = rpc.probe(fake.endpoint, timeout_s=2.0)
+    finally:
+        fake.close()
+    assert hello.version == "7.0.3"
+    assert hello.devices == (rpc.DeviceMemory(0, 5 << 30, 6 << 30),) and hello.free == 5 << 30

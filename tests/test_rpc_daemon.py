@@ -326,6 +326,8 @@ def test_config_names_a_models_workers_for_every_api(
     planned = c.show("far")  # planned for the workers: their share is not local memory
     assert planned["rpc"] == [w.endpoint] and planned["estimate"]["vram"] > 0
     assert planned["estimate"]["weights"] < tiny_model.stat().st_size
+    (share,) = planned["rpc_shares"]  # the worker's own share: every layer, its KV cache
+    assert share["endpoint"] == w.endpoint and share["layers"] == 3 and share["kv_bytes"] > 0
     # the HTTP API (Ollama's) loads it on the worker through the alias ...
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     conn.request("POST", "/api/generate", json.dumps({
@@ -402,6 +404,7 @@ def test_cli_load_run_and_ps_with_workers(
     assert json.loads(loaded.stdout)["model"]["rpc"] == [w.endpoint]
     ps = modeld("ps")
     assert f"RPC0 {w.endpoint}: weights" in ps.stdout, ps.stdout
+    assert "(planned with compute " in ps.stdout, ps.stdout
     ran = modeld("run", str(tiny_model), "hello", "--rpc", w.endpoint, "--max-tokens", "3")
     assert ran.returncode == 0, ran.stderr
     stats = json.loads(modeld("stats", "--json").stdout)

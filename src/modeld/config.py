@@ -101,6 +101,11 @@ class Settings:
     memory_cap_bytes: int | None = field(default=None, metadata=_spec(
         env="MODELD_MEMORY_CAP", parse=parse_optional_bytes, synonyms=("memory_cap",),
         help="Hard cap on the cache budget, e.g. 8GiB or 512M; none or 0 removes it."))
+    rpc_worker_memory_bytes: int | None = field(default=None, metadata=_spec(
+        env="MODELD_RPC_WORKER_MEMORY", parse=parse_optional_bytes,
+        synonyms=("rpc_worker_memory",),
+        help="Most of each llama.cpp RPC worker's memory a model may plan with, e.g. 4GiB;"
+        " none: the memory it reports free (a CPU worker reports all its RAM)."))
     max_models: int = field(default=3, metadata=_spec(
         env="MODELD_MAX_MODELS", parse=parse_int, check=_at_least(1),
         help="Most models loaded (or loading) at once."))

@@ -94,14 +94,23 @@ def _proc(name: bytes) -> int:
     return int(addr)
 
 
-def register(endpoints: Sequence[str], timeout_s: float = rpc.PROBE_TIMEOUT_S) -> None:
+def probe_all(endpoints: Sequence[str], timeout_s: float = rpc.PROBE_TIMEOUT_S) -> list[rpc.Hello]:
     """Probe every endpoint (so llama.cpp never aborts on an unreachable one or blocks on a
-    busy one), then register each as a backend; its devices become ``RPC0``, ``RPC1``, ...
-    in this order."""
+    busy one): their versions and devices' memory, in order."""
     require()
+    hellos = []
     for ep in endpoints:
         hello = rpc.probe(ep, timeout_s)
-        log.info("rpc worker %s answers (protocol %s)", ep, hello.version)
+        log.info("rpc worker %s answers (protocol %s, %d MiB free)", ep, hello.version,
+                 hello.free >> 20)  # fmt: skip
+        hellos.append(hello)
+    return hellos
+
+
+def register(endpoints: Sequence[str]) -> None:
+    """Register each (probed) endpoint as a backend; its devices become ``RPC0``, ``RPC1``,
+    ... in this order."""
+    require()
     add = _ADD_SERVER(_proc(b"ggml_backend_rpc_add_server"))
     for ep in endpoints:
         reg = add(ep.encode())

@@ -101,6 +101,13 @@ EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the
 #: to bound that buffer. runner/process.py uses this constant, so the estimate cannot drift from it.
 EMBED_CHUNK = 64
 EMBED_N_BATCH = 512  # the runner's n_batch (= n_ubatch) for chunked embedding, capped at n_ctx
+#: Tokens per micro-batch of a generate runner (n_batch is 512 too). Each KV stream's
+#: sliding-window layers keep ``n_swa + n_ubatch`` cells and the compute buffer grows with it:
+#: at 256, gemma-3-270m with 4 sequences of 4096 cells held 23.5 MiB less after a 512-token
+#: prompt, prompts as fast (793 vs 787 tokens/s), but a 777-token prompt then outgrew its
+#: stream's sliding cells (768) and its greedy reply batched beside 6 others differed from the
+#: solo one (tests/test_batch_invariance.py): kept at 512 until that case is understood.
+GENERATE_N_UBATCH = 512
 #: llama.cpp's LLAMA_MAX_SEQ; llama-cpp-python's ``embedding=True`` sets
 #: ``n_seq_max = min(n_batch, this)`` and a unified KV cache
 MAX_PARALLEL_SEQUENCES = 256
@@ -404,7 +411,7 @@ def estimate(
     pooled = embed and not chunked  # one input in one whole-context micro-batch
     default_batch = n_ctx if pooled else min(EMBED_N_BATCH if embed else 512, n_ctx)
     n_batch = n_batch if n_batch is not None else default_batch
-    n_ubatch = n_ubatch if n_ubatch is not None else (n_batch if embed else 512)
+    n_ubatch = n_ubatch if n_ubatch is not None else (n_batch if embed else GENERATE_N_UBATCH)
     n_ubatch = max(1, min(n_ubatch, n_batch, n_ctx))
     if embed:  # llama-cpp-python: n_seq_max = min(n_batch, 256), one unified KV cache
         n_seq = max(n_seq, embed_seq_max(n_batch))

@@ -68,9 +68,27 @@ def show_data(
         plan_reason=plan.reason,
         would_evict=[v.name for v in plan.victims if v != key],
     )
+    if workers:
+        out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
     return out
+
+
+def _rpc_shares(
+    info: ModelInfo, n_ctx: int, parallel: int, workers: tuple[str, ...], settings: Settings
+) -> list[dict[str, Any]]:
+    """Each worker's planned share at ``n_ctx``, split as llama.cpp would between workers of
+    equal memory (their free memory is asked when the model loads; ``memory_bytes`` is the
+    ``rpc_worker_memory`` cap, None without one)."""
+    from modeld import rpcplan
+
+    cap = settings.rpc_worker_memory_bytes
+    mem = [cap if cap is not None else 1 << 62] * len(workers)
+    return [{"endpoint": s.endpoint, "layers": s.layers, "model_bytes": s.model_bytes,
+             "kv_bytes": s.kv_bytes, "compute_bytes": s.compute_bytes, "memory_bytes": cap,
+             "fits": s.fits}
+            for s in rpcplan.plan(info, n_ctx, workers, mem, parallel=parallel)]  # fmt: skip
 
 
 def _already_loaded(

@@ -101,6 +101,12 @@ class DeviceShare(TypedDict):
     compute_bytes: int
     free_bytes: int | None  # the device's free memory after the load (None: unknown)
     total_bytes: int | None
+    # an RPC worker's share as planned before the load (modeld.rpcplan), beside the above
+    planned_layers: NotRequired[int]
+    planned_model_bytes: NotRequired[int]
+    planned_kv_bytes: NotRequired[int]
+    planned_compute_bytes: NotRequired[int]
+    plan_memory_bytes: NotRequired[int]  # the worker's memory it was planned against
 
 
 class PsRow(TypedDict):

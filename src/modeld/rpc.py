@@ -22,7 +22,9 @@ from modeld.errors import InvalidRequestError, ModeldError, RpcWorkerError
 #: 0.3.36): a worker must answer the same major and no newer minor.
 PROTO_MAJOR = 7
 PROTO_MINOR = 0
+_CMD_GET_DEVICE_MEMORY = 11
 _CMD_HELLO = 14
+_CMD_DEVICE_COUNT = 15
 _CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (transport.h)
 #: Most workers one model may use.
 MAX_ENDPOINTS = 16
@@ -42,12 +44,29 @@ def worker_error(endpoint: str, message: str, hint: str, problem: str) -> RpcWor
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """One device of a worker as llama.cpp's ``GET_DEVICE_MEMORY`` reports it (a CPU worker
+    reports its whole physical RAM as free: llama.cpp does not measure free RAM)."""
+
+    index: int
+    free: int
+    total: int
+
+
+@dataclass(frozen=True)
 class Hello:
-    """What a worker said to ``HELLO``."""
+    """What a worker said to ``HELLO``, and its devices' memory (asked on the same connection
+    when the version matches)."""
 
     major: int
     minor: int
     patch: int
+    devices: tuple[DeviceMemory, ...] = ()
+
+    @property
+    def free(self) -> int:
+        """Free bytes over the worker's devices."""
+        return sum(d.free for d in self.devices)
 
     @property
     def version(self) -> str:
@@ -110,11 +129,33 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
+def _ask(sock: socket.socket, cmd: int, payload: bytes, size: int) -> bytes:
+    """One command of llama.cpp's RPC protocol: ``| cmd u8 | size u64 | payload |`` out,
+    ``| size u64 | reply |`` back (ggml-rpc.cpp ``send_rpc_cmd``)."""
+    sock.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
+    got = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+    if got != size:
+        raise ConnectionResetError(f"a reply of {got} bytes to command {cmd}, not {size}")
+    return _recv_exact(sock, size)
+
+
+def _memory(sock: socket.socket) -> tuple[DeviceMemory, ...]:
+    """``DEVICE_COUNT`` then ``GET_DEVICE_MEMORY`` (``device`` u32 → ``free``, ``total`` u64)
+    for each device, as llama.cpp's client asks when it registers a worker."""
+    (count,) = struct.unpack("<I", _ask(sock, _CMD_DEVICE_COUNT, b"", 4))
+    out = []
+    for i in range(min(int(count), 64)):
+        free, total = struct.unpack("<QQ", _ask(sock, _CMD_GET_DEVICE_MEMORY,
+                                                 struct.pack("<I", i), 16))  # fmt: skip
+        out.append(DeviceMemory(i, int(free), int(total)))
+    return tuple(out)
+
+
 def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
-    """Connect to ``endpoint``, say ``HELLO`` and read its version; raise RpcWorkerError naming
-    the endpoint when it is unreachable, busy (no answer in ``timeout_s``: serving another
-    client) or speaks another protocol version. The connection is closed again, so the worker
-    goes back to waiting for its next client."""
+    """Connect to ``endpoint``, say ``HELLO``, read its version and then its devices' memory;
+    raise RpcWorkerError naming the endpoint when it is unreachable, busy (no answer in
+    ``timeout_s``: serving another client) or speaks another protocol version. The connection
+    is closed again, so the worker goes back to waiting for its next client."""
     host, port = parse_endpoint(endpoint)
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
@@ -129,9 +170,15 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
         request = struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS) + bytes(_CONN_CAPS)
         sock.sendall(request)
         size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
-        if size != 4 + _CONN_CAPS:
+        if not 3 <= size <= 4096:
             raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
         major, minor, patch = _recv_exact(sock, size)[:3]
+        if major != PROTO_MAJOR or minor > PROTO_MINOR:
+            theirs = f"{major}.{minor}.{patch}"
+            raise _mismatch(endpoint, f"protocol {theirs}", theirs)
+        if size != 4 + _CONN_CAPS:
+            raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
+        devices = _memory(sock)
     except TimeoutError as exc:
         raise worker_error(
             endpoint, f"rpc worker {endpoint} did not answer within {timeout_s:g} s: it is busy "
@@ -140,22 +187,43 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
             "worker", "busy",
         ) from exc  # fmt: skip
     except OSError as exc:  # closed on us: a worker of another protocol version drops HELLO
+        sock.close()
+        old = _legacy_version(host, port, timeout_s)
+        if old is not None:
+            raise _mismatch(endpoint, f"protocol {old}", old) from exc
         raise _mismatch(endpoint, f"the connection was closed ({exc})") from exc
     finally:
         sock.close()
-    hello = Hello(major, minor, patch)
-    if major != PROTO_MAJOR or minor > PROTO_MINOR:
-        raise _mismatch(endpoint, f"protocol {hello.version}")
-    return hello
+    return Hello(major, minor, patch, devices)
 
 
-def _mismatch(endpoint: str, what: str) -> RpcWorkerError:
-    return worker_error(
+def _legacy_version(host: str, port: int, timeout_s: float) -> str | None:
+    """The version of a worker that closed on this build's ``HELLO``, asked the way releases
+    before the connection capabilities did (an empty request, a 3-byte reply: protocol 3.x of
+    ggml-rpc.cpp); None when it does not answer that either."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            sock.sendall(struct.pack("<BQ", _CMD_HELLO, 0))
+            if struct.unpack("<Q", _recv_exact(sock, 8))[0] != 3:
+                return None
+            major, minor, patch = _recv_exact(sock, 3)
+            return f"{major}.{minor}.{patch}"
+    except OSError:
+        return None
+
+
+def _mismatch(endpoint: str, what: str, worker_version: str | None = None) -> RpcWorkerError:
+    err = worker_error(
         endpoint, f"rpc worker {endpoint} speaks another RPC protocol version ({what}; this "
         f"build speaks {PROTO_MAJOR}.{PROTO_MINOR}.x)",
         "run the same llama-cpp-python version on both sides (modeld's setup.sh pins it)",
         "version",
     )  # fmt: skip
+    err.details["client_version"] = f"{PROTO_MAJOR}.{PROTO_MINOR}.0"
+    if worker_version is not None:
+        err.details["worker_version"] = worker_version
+    return err
 
 
 def reachable(endpoint: str, timeout_s: float = 0.5) -> bool:

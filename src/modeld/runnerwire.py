@@ -106,6 +106,8 @@ def load(
     prompt_cache_dir: str | None = None,
     parallel: int = 1,
     rpc: Sequence[str] = (),
+    rpc_ctx_floor: int | None = None,
+    rpc_memory: int | None = None,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -116,6 +118,9 @@ def load(
     run anyway (it pays the same first-use costs, so a warm-up would only delay it).
     ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
     ``rpc``: llama.cpp RPC workers ("HOST:PORT") to register and offload every layer to.
+    ``rpc_ctx_floor``: the runner may lower ``n_ctx`` down to this so every worker's share
+    fits its memory (None: ``n_ctx`` was asked for; a share that does not fit fails the load).
+    ``rpc_memory``: the most bytes of each worker's memory to plan with (None: its free memory).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -136,6 +141,10 @@ def load(
         msg["chat_format"] = chat_format
     if rpc:
         msg["rpc"] = list(rpc)
+        if rpc_ctx_floor is not None:
+            msg["rpc_ctx_floor"] = rpc_ctx_floor
+        if rpc_memory is not None:
+            msg["rpc_memory"] = rpc_memory
     return msg
 
 

@@ -154,7 +154,13 @@ def devices_line(model: dict[str, object]) -> str:
         if not isinstance(d, dict):
             continue
         where = f"{d.get('device')} {d.get('endpoint')}" if d.get("endpoint") else d.get("device")
-        parts.append(f"{where}: weights {_mib(d.get('model_bytes'))}, KV {_mib(d.get('kv_bytes'))}")
+        part = f"{where}: weights {_mib(d.get('model_bytes'))}, KV {_mib(d.get('kv_bytes'))}"
+        planned = [d.get(k) for k in ("planned_model_bytes", "planned_kv_bytes",
+                                      "planned_compute_bytes")]  # fmt: skip
+        if all(isinstance(v, int) for v in planned):
+            total = sum(int(v) for v in planned if isinstance(v, int))
+            part += f" (planned with compute {_mib(total)} of {_mib(d.get('plan_memory_bytes'))})"
+        parts.append(part)
     layers = model.get("layers_offloaded")
     tail = f" (layers on workers {layers})" if layers else ""
     return f"{model.get('name')} on rpc workers{tail}: " + "; ".join(parts)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import TypedDict
 
 from modeld import sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
@@ -37,6 +38,13 @@ log = logging.getLogger("modeld.daemon")
 SWAP_GRACE_S = 0.25
 
 
+
+
+class RpcSizing(TypedDict):
+    """What a load on RPC workers tells its runner about sizing (runnerwire.load)."""
+
+    rpc_ctx_floor: int | None
+    rpc_memory: int | None
 
 class Admission:
     """The loads waiting for room, by model, and the models' GGUF headers read so far."""
@@ -196,6 +204,14 @@ class Admission:
         )
         log.info("%s %s", name, waiting.reason)
         return False
+
+    def rpc_sizing(self, jobs: list[Job], n_ctx: int) -> RpcSizing:
+        """A load's ``rpc_ctx_floor`` (how far its runner may lower ``n_ctx`` to fit its RPC
+        workers: to ``ctx_floor`` when the context was chosen here, not at all when a job
+        asked for it) and ``rpc_memory`` (the setting's cap on each worker)."""
+        asked = any(j.n_ctx is not None for j in jobs)
+        return RpcSizing(rpc_ctx_floor=None if asked else min(n_ctx, self.settings.ctx_floor),
+                         rpc_memory=self.settings.rpc_worker_memory_bytes)  # fmt: skip
 
     def _moved_on(self, victim: ModelKey, jobs: list[Job]) -> bool:
         """True when the client that used ``victim`` last is the one now asking for another

@@ -166,6 +166,10 @@ class Dispatch:
         layers = msg.get("layers_offloaded")
         slot.layers_offloaded = layers if isinstance(layers, str) else None
         load_s = now - slot.load_started
+        if slot.rpc and isinstance(n_ctx, int) and n_ctx < entry.n_ctx:
+            entry.ctx_reason = (
+                f"lowered from {entry.n_ctx} so every rpc worker's share fits its memory"
+            )
         self.cache.load_succeeded(
             slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
         )

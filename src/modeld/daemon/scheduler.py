@@ -204,6 +204,7 @@ class Scheduler:
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
+            **self.admission.rpc_sizing(jobs, size.n_ctx),
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 

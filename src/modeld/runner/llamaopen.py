@@ -19,6 +19,7 @@ from collections.abc import Iterator
 
 import llama_cpp
 
+from modeld.memory import GENERATE_N_UBATCH
 from modeld.runner import microbatch, specs
 from modeld.runner.batch import RANDOM_SEED
 
@@ -76,7 +77,7 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
             n_batch=n_batch,
-            n_ubatch=n_batch if spec.mode != "generate" else min(512, n_batch),
+            n_ubatch=n_batch if spec.mode != "generate" else min(GENERATE_N_UBATCH, n_batch),
             n_threads=spec.n_threads,
             n_threads_batch=spec.n_threads,
             seed=spec.seed if spec.seed >= 0 else RANDOM_SEED,
@@ -90,6 +91,7 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             # and the weights are read, not mapped: mapped pages sent to a worker would stay
             # resident here as file-backed memory the daemon charges
             use_mmap=not spec.rpc,
+            tensor_split=list(spec.tensor_split) or None,
         )
 
 

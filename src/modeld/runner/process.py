@@ -32,12 +32,12 @@ import llama_cpp.llama
 import zmq
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-from modeld import ggmlrpc, memory, probe
+from modeld import ggmlrpc, memory, probe, rpcplan
 from modeld import runnerwire as rp
-from modeld.errors import ErrorCode, InvalidRequestError, RpcWorkerError
+from modeld.errors import ErrorCode, InsufficientMemoryError, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, llamalog, llamaopen, prompting, rank, specs
+from modeld.runner import chat, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
@@ -79,6 +79,7 @@ class Runner(RunnerServer):
         self.bos_text = ""
         self.eos_text = ""
         self.rpc: tuple[str, ...] | None = None  # workers registered (for good) in this process
+        self.rpc_plan: list[rpcplan.Share] = []  # their planned shares
 
     def hello(self) -> RunnerHello:
         version = str(getattr(llama_cpp, "__version__", "?"))
@@ -87,25 +88,27 @@ class Runner(RunnerServer):
             rpc_supported=ggmlrpc.supported(),
         )  # fmt: skip
 
-    def _register_rpc(self, spec: specs.LoadSpec) -> bool:
+    def _register_rpc(self, spec: specs.LoadSpec) -> specs.LoadSpec | None:
         """Register the load's RPC workers (probed first: an unreachable or busy one is a
-        ``load_failed`` naming it, never an abort). False when the load must not go on."""
+        ``load_failed`` naming it, never an abort; planned: a share that does not fit is one
+        too). The spec to load with (n_ctx lowered to fit the workers); None: do not go on."""
         if self.rpc is not None and self.rpc != spec.rpc:
             self.send(rp.load_failed(
                 ErrorCode.INTERNAL, f"this runner already registered rpc workers "
                 f"{','.join(self.rpc)}; it cannot load with others", "retry the load",
             ))  # fmt: skip
-            return False
+            return None
         if not spec.rpc or self.rpc is not None:
-            return True
+            return spec
         try:
+            spec, self.rpc_plan = rpcload.prepare(spec)
             self.rpc = spec.rpc  # even a partial registration stays: this process is tainted
             ggmlrpc.register(spec.rpc)
-        except RpcWorkerError as exc:
+        except (RpcWorkerError, InsufficientMemoryError) as exc:
             log.warning("rpc workers: %s", exc)
             self.send(rp.load_failed(exc.code, exc.message, exc.hint, exc.details))
-            return False
-        return True
+            return None
+        return spec
 
     # ---------------------------------------------------------------- load
 
@@ -123,8 +126,10 @@ class Runner(RunnerServer):
                 )
             )
             return
-        if not self._register_rpc(spec):
+        planned = self._register_rpc(spec)
+        if planned is None:
             return
+        spec = planned
         t0 = time.perf_counter()
         llamalog.capture_start()
         try:
@@ -211,7 +216,8 @@ class Runner(RunnerServer):
                 mode=spec.mode,
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
-                **(ggmlrpc.load_report(load_log) if spec.rpc else {}),
+                **(rpcload.with_plan(ggmlrpc.load_report(load_log), self.rpc_plan)
+                   if spec.rpc else {}),
             )
         )
         log.info(

@@ -33,6 +33,9 @@ class LoadSpec:
     prompt_cache_dir: str | None = None
     parallel: int = 1  # sequences decoded together (generate mode)
     rpc: tuple[str, ...] = ()  # llama.cpp RPC workers to offload every layer to
+    rpc_ctx_floor: int | None = None  # n_ctx may be lowered to this to fit the workers
+    rpc_memory: int | None = None  # bytes of each worker's memory to plan with (None: free)
+    tensor_split: tuple[float, ...] = ()  # llama.cpp's split weights (empty: by free memory)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         prompt_cache_dir=cache_dir,
         parallel=_int(msg, "parallel", 1, MAX_PARALLEL, 1),
         rpc=_rpc(msg.get("rpc")),
+        rpc_ctx_floor=_int(msg, "rpc_ctx_floor", 256, 1 << 24) if "rpc_ctx_floor" in msg else None,
+        rpc_memory=_int(msg, "rpc_memory", 1, 1 << 62) if "rpc_memory" in msg else None,
     )
 
 
