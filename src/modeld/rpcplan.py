@@ -24,7 +24,7 @@ from modeld import memory
 from modeld.errors import InsufficientMemoryError, format_bytes
 from modeld.modelinfo import ModelInfo
 
-#: micro-batch of a generate-mode runner (process._open_llama: min(512, n_batch))
+#: micro-batch of a generate-mode runner (llamaopen.open_llama: min(512, n_batch))
 N_UBATCH = 512
 #: activation floats per token of a micro-batch: per feed-forward row and per embedding row
 _ACT_PER_FF = 2
