@@ -351,10 +351,9 @@ NOTES: dict[str, str] = {
         "(1.09), the greedy rows of the same run 158.9 against 147.3 (1.08), 0 of 72 replies "
         "differing from solo against the router's 39. The table above is this benchmark's own "
         "run right after (load average 1.0-1.6): parity, rounds 151.2 / 160.8 / 157.1 against "
-        "153.2 / 161.2 / 157.2. What the router still saves: its arriving prompts share the "
-        "decode tokens' weight pass (one KV cache for all slots), where modeld's KV stream per "
-        "sequence makes llama.cpp split them into equal-length micro-batches, so a joining "
-        "prompt costs a second pass in its step."
+        "153.2 / 161.2 / 157.2 (the router, started with an explicit `--parallel`, also keeps "
+        "a KV stream per slot, so a joining prompt costs it a second weight pass too; where "
+        "its last few % come from was not profiled)."
     ),
     "http_api": (
         "Both sides hold the model warm and both cache prompts; the same 1-token request each "
