@@ -268,9 +268,18 @@ def kv_cache_bytes(
     )
     total = 0.0
     for i in range(info.block_count):
-        sliding = i < len(info.sliding_layers) and info.sliding_layers[i] and swa > 0
-        total += _layer_bytes_per_cell(info, i, bk, bv) * (swa if sliding else full)
+        total += layer_kv_bytes(info, i, (full, swa), bk, bv)
     return int(total)
+
+
+def layer_kv_bytes(
+    info: ModelInfo, layer: int, cells: tuple[int, int], bk: float = 2.0, bv: float = 2.0
+) -> float:
+    """The KV cache of one layer, given :func:`kv_cells`' (full, sliding) cells: a sliding-window
+    layer gets the sliding count when there is one (``bk``/``bv``: bytes per K/V element)."""
+    full, swa = cells
+    sliding = layer < len(info.sliding_layers) and info.sliding_layers[layer] and swa > 0
+    return _layer_bytes_per_cell(info, layer, bk, bv) * (swa if sliding else full)
 
 
 def _rows(t: TensorInfo) -> int:

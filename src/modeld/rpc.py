@@ -129,11 +129,16 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return data
 
 
-def _ask(sock: socket.socket, cmd: int, payload: bytes, size: int) -> bytes:
-    """One command of llama.cpp's RPC protocol: ``| cmd u8 | size u64 | payload |`` out,
-    ``| size u64 | reply |`` back (ggml-rpc.cpp ``send_rpc_cmd``)."""
+def _send(sock: socket.socket, cmd: int, payload: bytes) -> int:
+    """One command of llama.cpp's RPC protocol: ``| cmd u8 | size u64 | payload |`` out; the
+    reply's size (``| size u64 | reply |`` back: ggml-rpc.cpp ``send_rpc_cmd``)."""
     sock.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    got = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+    return int(struct.unpack("<Q", _recv_exact(sock, 8))[0])
+
+
+def _ask(sock: socket.socket, cmd: int, payload: bytes, size: int) -> bytes:
+    """:func:`_send`, then its reply, which must be ``size`` bytes."""
+    got = _send(sock, cmd, payload)
     if got != size:
         raise ConnectionResetError(f"a reply of {got} bytes to command {cmd}, not {size}")
     return _recv_exact(sock, size)
@@ -167,9 +172,7 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
         ) from exc  # fmt: skip
     try:
         sock.settimeout(timeout_s)
-        request = struct.pack("<BQ", _CMD_HELLO, _CONN_CAPS) + bytes(_CONN_CAPS)
-        sock.sendall(request)
-        size = struct.unpack("<Q", _recv_exact(sock, 8))[0]
+        size = _send(sock, _CMD_HELLO, bytes(_CONN_CAPS))
         if not 3 <= size <= 4096:
             raise _mismatch(endpoint, f"a HELLO reply of {size} bytes")
         major, minor, patch = _recv_exact(sock, size)[:3]
@@ -204,8 +207,7 @@ def _legacy_version(host: str, port: int, timeout_s: float) -> str | None:
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as sock:
             sock.settimeout(timeout_s)
-            sock.sendall(struct.pack("<BQ", _CMD_HELLO, 0))
-            if struct.unpack("<Q", _recv_exact(sock, 8))[0] != 3:
+            if _send(sock, _CMD_HELLO, b"") != 3:
                 return None
             major, minor, patch = _recv_exact(sock, 3)
             return f"{major}.{minor}.{patch}"

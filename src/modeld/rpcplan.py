@@ -24,8 +24,8 @@ from modeld import memory
 from modeld.errors import InsufficientMemoryError, format_bytes
 from modeld.modelinfo import ModelInfo
 
-#: micro-batch of a generate-mode runner (llamaopen.open_llama: min(512, n_batch))
-N_UBATCH = 512
+#: micro-batch of a generate-mode runner (llamaopen.open_llama: min(this, n_batch))
+N_UBATCH = memory.GENERATE_N_UBATCH
 #: activation floats per token of a micro-batch: per feed-forward row and per embedding row
 _ACT_PER_FF = 2
 _ACT_PER_EMBD = 10
@@ -127,8 +127,7 @@ def plan(
         kv = 0.0
         for il in layers:
             if il < n and memory.has_kv_cache(info):
-                sliding = il < len(info.sliding_layers) and info.sliding_layers[il] and swa > 0
-                kv += memory._layer_bytes_per_cell(info, il, 2.0, 2.0) * (swa if sliding else full)
+                kv += memory.layer_kv_bytes(info, il, (full, swa))
         compute = 0
         if layers and used == 1:  # one graph: the logits reuse the freed activations
             compute = max(acts, logits) + mask

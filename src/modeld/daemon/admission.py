@@ -38,13 +38,12 @@ log = logging.getLogger("modeld.daemon")
 SWAP_GRACE_S = 0.25
 
 
-
-
 class RpcSizing(TypedDict):
     """What a load on RPC workers tells its runner about sizing (runnerwire.load)."""
 
     rpc_ctx_floor: int | None
     rpc_memory: int | None
+
 
 class Admission:
     """The loads waiting for room, by model, and the models' GGUF headers read so far."""

@@ -144,16 +144,17 @@ class RunnerPool:
         self.recycling.discard(runner.id)
         footprint = msg.get("footprint")
         held = footprint.get("rss") if isinstance(footprint, dict) else None
+        reusable = msg.get("reusable") is not False  # false: it turned a CPU kernel off for good
         if (
             isinstance(held, int)
             and held <= RECYCLE_SLACK_BYTES
-            and msg.get("reusable") is not False  # e.g. it turned a CPU kernel off for good
+            and reusable
             and not self.stopping
             and runner.stopping_since is None
         ):
             self.cache.unload_finished(runner.id)
             return True
-        if msg.get("reusable") is False:
+        if not reusable:
             log.info("runner %s asks not to be reused; stopping it", runner.id)
         else:
             log.info("runner %s kept %s after unloading; stopping it", runner.id,

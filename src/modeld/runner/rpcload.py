@@ -25,7 +25,7 @@ def prepare(spec: LoadSpec) -> tuple[LoadSpec, list[rpcplan.Share]]:
     info = sizing.read_info(spec.path)
     parallel = spec.parallel if spec.mode == "generate" else 1
     # with a cap, llama.cpp is told to split by it too (tensor_split), so the plan is its split
-    split = [float(m) for m in memory] if cap is not None else [float(f) for f in free]
+    split = [float(m) for m in memory]
     n_ctx, shares = rpcplan.fit(
         info, os.path.basename(spec.path), spec.n_ctx, spec.rpc_ctx_floor, spec.rpc, memory,
         split, parallel,
