@@ -241,21 +241,9 @@ def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
             d.client().load(str(model), parallel=n)
             row = next(x for x in d.client().ps() if x["path"].endswith(model.name))
             refs = {name: _refs(s, n * PER_CLIENT) for name, s in sides.items()}
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-            for k in range(rounds):
-                for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
-                    runs[name].append(_clients(sides[name], n, refs[name], 0))
             res: dict[str, Any] = {"modeld_parallel": row.get("parallel"),
-                                   "modeld_parallel_reason": row.get("parallel_reason")}
-            for name, rs in runs.items():
-                res[name] = {
-                    "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
-                    "p50_s": statistics.median(x["p50_s"] for x in rs if x["p50_s"]),
-                    "p99_s": statistics.median(x["p99_s"] for x in rs if x["p99_s"]),
-                    "mismatch": sum(x["mismatch"] for x in rs),
-                    "errors": [e for x in rs for e in x["errors"]][:5],
-                    "requests": sum(x["requests"] for x in rs),
-                }
+                                   "modeld_parallel_reason": row.get("parallel_reason"),
+                                   **_rounds(sides, n, refs, rounds)}  # fmt: skip
             m, p = res["modeld"], res["router"]
             res["ratio_tokens_per_s"] = m["tokens_per_s"] / p["tokens_per_s"]
             res["ratio_p50"] = m["p50_s"] / p["p50_s"]
@@ -277,6 +265,25 @@ def parallel_bench(ctx: Context, clients: tuple[int, ...] = (4, 8),
             out["by_n"][str(n)] = res
     out["targets"] = targets
     return out
+
+
+def _rounds(sides: dict[str, Any], n: int, refs: dict[str, dict[str, str]],
+            rounds: int) -> dict[str, dict[str, Any]]:
+    """Each side's ``rounds`` runs of ``n`` clients, interleaved (A B, then B A, ...), summed
+    up; a side without references (sampled replies) counts only empty replies."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
+    for k in range(rounds):
+        for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
+            runs[name].append(_clients(sides[name], n, refs.get(name, {}), 0))
+    return {name: {
+        "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
+        "p50_s": statistics.median(x["p50_s"] for x in rs if x["p50_s"]),
+        "p99_s": statistics.median(x["p99_s"] for x in rs if x["p99_s"]),
+        "mismatch": sum(x["mismatch"] for x in rs),
+        "errors": [e for x in rs for e in x["errors"]][:5],
+        "requests": sum(x["requests"] for x in rs),
+        "rounds_tokens_per_s": [round(x["tokens_per_s"], 1) for x in rs],
+    } for name, rs in runs.items()}  # fmt: skip
 
 
 def _single_and_ttft(d: Any, model: Path, sides: dict[str, Any], rounds: int) -> dict[str, Any]:
@@ -358,20 +365,9 @@ def parallel_sampled_bench(ctx: Context, clients: tuple[int, ...] = (8,),
             d.client().load(str(model), parallel=n)
             for s in sides.values():  # warm: the same requests once
                 s.request(prompt(0), MAX_TOKENS)
-            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in sides}
-            for k in range(rounds):
-                for name in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
-                    runs[name].append(_clients(sides[name], n, {}, 0))
-            res: dict[str, Any] = {}
-            for name, rs in runs.items():
-                res[name] = {
-                    "tokens_per_s": statistics.median(x["tokens_per_s"] for x in rs),
-                    "p50_s": statistics.median(x["p50_s"] for x in rs if x["p50_s"]),
-                    "empty": sum(x["mismatch"] for x in rs),
-                    "errors": [e for x in rs for e in x["errors"]][:5],
-                    "requests": sum(x["requests"] for x in rs),
-                    "rounds_tokens_per_s": [round(x["tokens_per_s"], 1) for x in rs],
-                }
+            res: dict[str, Any] = _rounds(sides, n, {}, rounds)
+            for side in sides:  # no reference for a sampled reply: a mismatch is an empty one
+                res[side]["empty"] = res[side]["mismatch"]
             m, p = res["modeld"], res["router"]
             res["ratio_tokens_per_s"] = m["tokens_per_s"] / p["tokens_per_s"]
             targets.append(target(f"{n} sampled clients: aggregate tok/s vs router",

@@ -44,15 +44,20 @@ def _lo_bytes() -> int:
     return 0
 
 
-def _worker(port: int, threads: int) -> subprocess.Popen[bytes]:
+def _worker(port: int, threads: int, device: str | None = None,
+            log: Path | None = None) -> subprocess.Popen[bytes]:
+    """``modeld rpc-worker`` on ``port`` (``device``: its default, CPU, when None), its output
+    appended to ``log`` or dropped."""
     src = str(Path(__file__).resolve().parent.parent / "src")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (src, os.environ.get("PYTHONPATH")) if p))  # fmt: skip
-    return subprocess.Popen(
-        [sys.executable, "-m", "modeld", "rpc-worker", "--port", str(port),
-         "--threads", str(threads)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    extra = ["--device", device] if device else []
+    with open(log, "ab") if log else open(os.devnull, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "modeld", "rpc-worker", "--port", str(port),
+             "--threads", str(threads), *extra],
+            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
 
 
 def _wait_worker(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:

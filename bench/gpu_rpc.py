@@ -23,22 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import zmq  # noqa: F401  (loaded before llama_cpp: see modeld/runner/__main__.py)
-from b_rpc import MODEL, PROMPT, TOKENS, _wait_worker
-from harness import PY, daemon, free_port, generated, machine
+from b_rpc import MODEL, PROMPT, TOKENS, _wait_worker, _worker
+from harness import daemon, free_port, generated, machine
 
 ROUNDS = 3
-
-
-def _worker(port: int, device: str, threads: int, log: Path) -> subprocess.Popen[bytes]:
-    src = str(Path(__file__).resolve().parent.parent / "src")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (src, os.environ.get("PYTHONPATH")) if p))  # fmt: skip
-    with open(log, "ab") as out:
-        return subprocess.Popen(
-            [PY, "-m", "modeld", "rpc-worker", "--port", str(port), "--device", device,
-             "--threads", str(threads)],
-            env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
 
 
 #: skip NVML and llama_cpp in this process (to tell a crash of theirs from one elsewhere)
@@ -96,7 +84,7 @@ def main(out_path: Path, device: str = "CUDA0") -> int:
     model = generated("llama", **MODEL)
     port = free_port()
     wlog = out_path.with_suffix(".worker.log")
-    worker = _worker(port, device, 4, wlog)
+    worker = _worker(port, 4, device, wlog)
     try:
         _wait_worker(f"127.0.0.1:{port}", worker)
         with daemon("--threads", "4") as d:
