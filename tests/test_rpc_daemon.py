@@ -257,6 +257,25 @@ def test_unreachable_and_busy_endpoints_are_clear_errors(
 
 
 @needs_rpc
+def test_moving_a_loaded_model_onto_unreachable_workers_keeps_it_loaded(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    """A reload onto workers that refuse a connection fails before the model is unloaded:
+    the working local load (its runner, its context) stays and answers."""
+    d = daemon_factory()
+    c = d.client()
+    before = c.load(str(tiny_model))
+    dead = f"127.0.0.1:{_free_port()}"
+    with pytest.raises(RpcWorkerError) as info:
+        c.load(str(tiny_model), rpc=[dead])
+    assert info.value.details == {"endpoint": dead, "problem": "unreachable"}
+    [row] = c.ps()
+    assert row["state"] == "ready" and row["runner_pid"] == before["runner_pid"]
+    assert not row.get("rpc")
+    assert c.generate(str(tiny_model), "still here", max_tokens=2).text() is not None
+
+
+@needs_rpc
 def test_a_model_over_the_daemon_budget_loads_across_two_workers(
     daemon_factory: Factory, big_model: Path, workers: Callable[..., Worker]
 ) -> None:

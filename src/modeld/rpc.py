@@ -165,11 +165,7 @@ def probe(endpoint: str, timeout_s: float = PROBE_TIMEOUT_S) -> Hello:
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
-        raise worker_error(
-            endpoint, f"rpc worker {endpoint} is unreachable: {exc.strerror or exc}",
-            "start it there with 'modeld rpc-worker --port PORT' (or check the address and "
-            "any tunnel to it)", "unreachable",
-        ) from exc  # fmt: skip
+        raise _unreachable(endpoint, exc) from exc
     try:
         sock.settimeout(timeout_s)
         size = _send(sock, _CMD_HELLO, bytes(_CONN_CAPS))
@@ -226,6 +222,25 @@ def _mismatch(endpoint: str, what: str, worker_version: str | None = None) -> Rp
     if worker_version is not None:
         err.details["worker_version"] = worker_version
     return err
+
+
+def _unreachable(endpoint: str, exc: OSError) -> RpcWorkerError:
+    return worker_error(
+        endpoint, f"rpc worker {endpoint} is unreachable: {exc.strerror or exc}",
+        "start it there with 'modeld rpc-worker --port PORT' (or check the address and any "
+        "tunnel to it)", "unreachable",
+    )  # fmt: skip
+
+
+def require_reachable(endpoints: Iterable[str], timeout_s: float = 0.5) -> None:
+    """A TCP connection to each endpoint opens, or the error :func:`probe` gives for it (no
+    HELLO: a worker busy with its one client still accepts into its backlog)."""
+    for endpoint in endpoints:
+        host, port = parse_endpoint(endpoint)
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError as exc:
+            raise _unreachable(endpoint, exc) from exc
 
 
 def reachable(endpoint: str, timeout_s: float = 0.5) -> bool:

@@ -28,7 +28,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.replies import DeviceShare
-from modeld.rpc import lost_workers
+from modeld.rpc import lost_workers, require_reachable
 
 log = logging.getLogger("modeld.daemon")
 
@@ -80,8 +80,14 @@ class Dispatch:
             ):
                 return
             if self.needs_reload(slot, job, entry.n_ctx):
-                if not slot.active:
-                    yield Reload(slot)
+                if slot.active:
+                    return
+                if (err := self._workers_down(slot, job)) is not None:
+                    slot.queue.popleft()
+                    self.cache.dequeue(slot.key)
+                    self.finish(job, err)
+                    continue
+                yield Reload(slot)
                 return
             slot.queue.popleft()
             self.cache.dequeue(slot.key)
@@ -99,6 +105,19 @@ class Dispatch:
             msg = dict(job.payload, rid=job.runner_rid, n_threads=self.threads_for_request())
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
+
+    @staticmethod
+    def _workers_down(slot: Slot, job: Job) -> RpcWorkerError | None:
+        """The error for a load onto other RPC workers when one refuses a connection now: it
+        fails alone, before a reload would unload the working model for a load that cannot
+        start (the runner's own probe would only tell after the unload)."""
+        if not job.rpc or job.rpc == slot.rpc:
+            return None
+        try:
+            require_reachable(job.rpc)
+        except RpcWorkerError as err:
+            return err
+        return None
 
     @staticmethod
     def needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
