@@ -88,15 +88,14 @@ class ForkServer:
         self.alive = True
 
     @classmethod
-    def start(cls) -> ForkServer | None:
-        """Fork the fork server from this process, or None (and why, logged) where it cannot
-        be used; then runners start as ``python -m modeld.runner``."""
+    def start(cls) -> tuple[ForkServer | None, str]:
+        """Fork the fork server from this process, or None where it cannot be used (then
+        runners start as ``python -m modeld.runner``); and a line for the log saying which."""
         why = unusable()
         if why is None and not _become_subreaper():
             why = "prctl(PR_SET_CHILD_SUBREAPER) failed"
         if why is not None:
-            log.info("runner fork server not used: %s", why)
-            return None
+            return None, f"runners start as new processes (fork server not used: {why})"
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         # what both sides imported stays in pages they share: no collection writes to it
@@ -109,8 +108,7 @@ class ForkServer:
             zygote.serve(req_r, rep_w)  # never returns
         os.close(req_r)
         os.close(rep_w)
-        log.info("runner fork server started (pid %d)", pid)
-        return cls(pid, req_w, rep_r)
+        return cls(pid, req_w, rep_r), f"runners are forked from the fork server (pid {pid})"
 
     def fork(self, runner_id: str, endpoint: str, log_path: Path) -> ForkedProcess | None:
         """A new runner process, or None when the fork server failed (it is then stopped and

@@ -104,7 +104,8 @@ class Daemon:
 
     def _run_locked(self) -> int:
         # before the first thread (ZeroMQ's I/O threads): a process with threads cannot fork
-        forks = ForkServer.start() if self.settings.runner_fork else None
+        forks, how = ForkServer.start() if self.settings.runner_fork else (
+            None, "runners start as new processes (runner_fork is off)")
         ctx: zmq.Context[Any] = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -157,6 +158,7 @@ class Daemon:
             format_bytes(self.usable_bytes),
             self.settings.max_models,
         )
+        log.info("%s", how)
         door = self._front_door()
         try:
             service.loop()
