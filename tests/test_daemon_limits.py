@@ -41,7 +41,8 @@ def slow_load_model(model_factory: Factory) -> Path:
 def test_first_load_is_sized_with_the_measured_runner_baseline(
     daemon_factory: Factory, tiny_model: Path
 ) -> None:
-    d = daemon_factory(wait=False, env={"MODELD_PARALLEL": "1"})  # one sequence's estimate
+    # runners as new processes: a forked spare says hello before a load can arrive
+    d = daemon_factory("--no-runner-fork", wait=False, env={"MODELD_PARALLEL": "1"})
     until(d.socket_path.exists, what="the daemon's socket")
     c = d.client()
     row = c.load(str(tiny_model))  # sent while the spare runner is still importing llama_cpp

@@ -1,5 +1,7 @@
 """Runner reuse on eviction: an evicted model's process closes the model, gives the memory back
 and becomes the spare, so a model switch starts no new process (bench trace: the switch cost).
+That is what runners started as new processes do (``--no-runner-fork``: GPU builds, or
+``runner_fork`` off); forked runners exit instead (tests/test_runner_fork.py).
 
 Real daemon, runners and generated models; the observable facts are runner pids in ``ps`` and
 the child processes of the daemon.
@@ -46,7 +48,7 @@ def test_evicted_runner_becomes_the_next_runner(
     need = max(int(probe.client().show(str(m))["need_bytes"]) for m in models)
     probe.stop()
     handle = daemon_factory(
-        "--memory-cap", str(int(need * 2.5)), "--ctx-floor", "512", "--ctx-ceiling", "512",
+        "--no-runner-fork", "--memory-cap", str(int(need * 2.5)), "--ctx-floor", "512", "--ctx-ceiling", "512",
         "--keep-alive", "-1",
     )
     c = handle.client()
@@ -82,7 +84,7 @@ def test_runner_unload_reports_what_it_still_holds(
     daemon_factory: Callable[..., Any], tiny_model: Path
 ) -> None:
     """An explicit unload also goes through reuse; the daemon's accounting drops to zero."""
-    handle = daemon_factory()
+    handle = daemon_factory("--no-runner-fork")
     c = handle.client()
     until(lambda: len(_children(handle.proc.pid)) == 1, what="the spare")
     c.load(str(tiny_model))

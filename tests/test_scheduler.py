@@ -58,6 +58,7 @@ class FakeSupervisor(Supervisor):
 
     def __init__(self, clock: FakeClock) -> None:
         self._clock = clock
+        self.forks = None  # runners as processes (the pool's spare and reuse rules)
         self.runners: dict[str, RunnerHandle] = {}
         self.stalls = 0
         self.spawned: list[str] = []

@@ -136,7 +136,12 @@ class Settings:
     spare_runner: bool = field(default=True, metadata=_spec(
         env="MODELD_SPARE_RUNNER", parse=parse_bool, synonyms=("spare",),
         help="Keep one runner process pre-started so a cold load pays only the model load"
-        " (true or false)."))
+        " (true or false); with runner_fork, only until the first runner measured its baseline."))
+    runner_fork: bool = field(default=True, metadata=_spec(
+        env="MODELD_RUNNER_FORK", parse=parse_bool,
+        help="Start runners as forks of one process that has imported llama_cpp, sharing its"
+        " memory and starting in milliseconds (Linux, llama.cpp without GPU backends; true or"
+        " false)."))
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_aliases,
         help='Model names for paths: a table name = "path" (NAME=PATH,... as a flag).'))

@@ -5,6 +5,12 @@ of CPU) unless one is already started, so the pool keeps one idle *spare*; an ev
 runner closes its model and, when it gave the memory back, becomes the next spare instead of
 exiting. The first runner to say ``hello`` brings the measured baseline (its RSS with nothing
 loaded) that every load is sized with. Owned by the daemon's event loop (no locks).
+
+With the fork server (:mod:`modeld.daemon.forkserver`) a runner starts in milliseconds with
+llama_cpp imported, so neither pays for itself: the spare is kept only until the first hello
+measured the baseline, and an evicted model's runner, once it closed its model (which writes
+its prompt snapshots), exits: a fresh fork shares more memory than a process that has held a
+model.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ class RunnerPool:
         """
         if (
             self.settings.spare_runner
+            and not (self.sup.forking() and self.baseline_measured)
             and self.spare is None
             and not self.stopping
             and not loading
@@ -164,7 +171,12 @@ class RunnerPool:
 
     def adopt(self, runner: RunnerHandle) -> None:
         """An idle, reusable runner: the spare if there is none, else it is not needed."""
-        if self.spare is None and not self.stopping and runner.id in self.sup.runners:
+        if (
+            self.spare is None
+            and not self.stopping
+            and not (self.sup.forking() and self.baseline_measured)
+            and runner.id in self.sup.runners
+        ):
             self.spare = runner.id
             log.info("runner %s is reused as the spare", runner.id)
         else:

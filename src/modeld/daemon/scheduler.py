@@ -460,6 +460,7 @@ class Scheduler:
         stats.update(
             runner_baseline_bytes=self.baseline,
             spare_runner=self.spare is not None,
+            fork_server_pid=self.sup.fork_server_pid(),
             # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
             rpc_supported=self.pool.rpc_supported,
             rpc_leases={lease.endpoint: lease.model for lease in self.admission.leases.all()},

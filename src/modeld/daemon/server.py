@@ -27,6 +27,7 @@ import zmq
 from modeld import __version__, paths, sizing
 from modeld.cache.policy import CachePolicy
 from modeld.config import SETTINGS, Settings, load_settings
+from modeld.daemon.forkserver import ForkServer
 from modeld.daemon.service import Service
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (
@@ -102,6 +103,8 @@ class Daemon:
             self._unlock()
 
     def _run_locked(self) -> int:
+        # before the first thread (ZeroMQ's I/O threads): a process with threads cannot fork
+        forks = ForkServer.start() if self.settings.runner_fork else None
         ctx: zmq.Context[Any] = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -112,6 +115,8 @@ class Daemon:
         try:
             sock.bind(self.endpoint)
         except zmq.ZMQError as exc:  # address in use, a path too long for a unix socket, ...
+            if forks is not None:
+                forks.stop()
             raise InvalidRequestError(
                 f"cannot serve on {self.endpoint}: {exc.strerror}",
                 hint="use another --socket / MODELD_SOCKET (an ipc path must stay under "
@@ -126,7 +131,7 @@ class Daemon:
         )
         log_dir = self.settings.log_dir or paths.log_dir()
         clock = time.monotonic  # one clock for every part: their times are compared
-        sup = Supervisor(ctx, runtime, Path(log_dir), clock)
+        sup = Supervisor(ctx, runtime, Path(log_dir), clock, forks)
         cache = CachePolicy(
             self.budget_bytes,
             self.settings.max_models,

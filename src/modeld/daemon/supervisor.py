@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from modeld import runnerwire
+from modeld.daemon.forkserver import ForkServer
 from modeld.protocol import ProtocolError
 
 log = logging.getLogger("modeld.daemon")
@@ -35,12 +36,26 @@ log = logging.getLogger("modeld.daemon")
 STOP_GRACE_S = 5.0
 
 
+class RunnerProcess(Protocol):
+    """What the supervisor needs of a runner's process: a :class:`subprocess.Popen`, or a
+    runner forked by the fork server (:class:`modeld.daemon.forkserver.ForkedProcess`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class RunnerHandle:
     """One runner process as the daemon sees it."""
 
     id: str
-    popen: subprocess.Popen[bytes]
+    popen: RunnerProcess
     started_at: float
     ready: bool = False  # hello received
     baseline: dict[str, int] = field(default_factory=dict)
@@ -65,8 +80,10 @@ class Supervisor:
         runtime_dir: Path,
         log_dir: Path,
         clock: Callable[[], float] = time.monotonic,
+        forks: ForkServer | None = None,
     ) -> None:
         self._clock = clock  # the scheduler's clock too: it compares runners' times with it
+        self.forks = forks  # runners start as its forks while it answers
         self.endpoint = f"ipc://{runtime_dir / f'runners-{os.getpid()}.sock'}"
         self._sock_path = runtime_dir / f"runners-{os.getpid()}.sock"
         with contextlib.suppress(FileNotFoundError):
@@ -84,8 +101,19 @@ class Supervisor:
         """Start a runner process; messages for it queue until its ``hello`` arrives."""
         rid = f"r{next(self._ids)}"
         log_path = self.log_dir / f"runner-{rid}.log"
+        forked = self.forks.fork(rid, self.endpoint, log_path) if self.forks else None
+        popen = forked or self._popen(rid, log_path)
+        now = self._clock()
+        runner = RunnerHandle(rid, popen, now, last_heard=now)
+        self.runners[rid] = runner
+        log.info("started runner %s (pid %d%s), log %s", rid, popen.pid,
+                 ", forked" if forked else "", log_path)  # fmt: skip
+        return runner
+
+    def _popen(self, rid: str, log_path: Path) -> subprocess.Popen[bytes]:
+        """A runner as a new Python process (no fork server, or it failed)."""
         with open(log_path, "ab") as log_file:
-            popen = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "modeld.runner", "--endpoint", self.endpoint, "--id", rid,
                  "--parent-pid", str(os.getpid())],
                 stdin=subprocess.DEVNULL,
@@ -94,11 +122,13 @@ class Supervisor:
                 start_new_session=True,  # its own process group: a stall kill takes all of it
                 close_fds=True,
             )
-        now = self._clock()
-        runner = RunnerHandle(rid, popen, now, last_heard=now)
-        self.runners[rid] = runner
-        log.info("started runner %s (pid %d), log %s", rid, popen.pid, log_path)
-        return runner
+
+    def fork_server_pid(self) -> int | None:
+        """The fork server's pid while runners start as its forks (it is up and answering)."""
+        return self.forks.pid if self.forks is not None and self.forks.alive else None
+
+    def forking(self) -> bool:
+        return self.fork_server_pid() is not None
 
     def send(self, runner_id: str, msg: dict[str, Any]) -> bool:
         """Send ``msg`` (queued until hello); False if the runner is gone or unreachable."""
@@ -227,6 +257,8 @@ class Supervisor:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     runner.popen.wait(2.0)
         self.runners.clear()
+        if self.forks is not None:
+            self.forks.stop()
         self.socket.close(linger=0)
         with contextlib.suppress(FileNotFoundError):
             self._sock_path.unlink()

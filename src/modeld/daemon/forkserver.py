@@ -1,0 +1,199 @@
+"""The daemon's side of the runner fork server (:mod:`modeld.runner.zygote`).
+
+Started once, before the daemon creates its ZeroMQ context (a process may only be forked
+safely while it has one thread). Runners then start as forks of a process that has imported
+llama_cpp: they share its pages and the daemon's copy-on-write and start in milliseconds.
+
+Not used (the supervisor starts ``python -m modeld.runner`` as before) when ``runner_fork``
+is off, off Linux, when the daemon already has threads, when the installed llama.cpp has a GPU
+backend (CUDA and its peers must not be initialised in a parent that forks; a runner forked
+after the parent touched them would fail), or once the fork server stops answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import importlib.util
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from modeld.runner import zygote
+
+log = logging.getLogger("modeld.daemon")
+
+#: How long the first fork waits for the fork server's imports (half a second when idle; the
+#: daemon's start-up asks for its spare runner, so it is the daemon's start that waits).
+READY_WAIT_S = 20.0
+#: How long one fork may take before the fork server counts as stuck.
+FORK_WAIT_S = 5.0
+#: prctl option that makes orphaned descendants children of this process (Linux >= 3.4).
+PR_SET_CHILD_SUBREAPER = 36
+#: llama.cpp backend libraries that must not be loaded in a process that forks runners.
+GPU_BACKENDS = ("cuda", "hip", "vulkan", "metal", "sycl", "musa", "opencl", "cann", "kompute")
+
+
+class ForkedProcess:
+    """A runner forked by the fork server and re-parented to the daemon: the part of
+    :class:`subprocess.Popen` the supervisor uses (pid, poll, kill, wait)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: nothing more to learn
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"runner pid {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+
+class ForkServer:
+    """The fork server process as the daemon sees it: start, fork a runner, stop."""
+
+    def __init__(self, pid: int, requests: int, replies: int) -> None:
+        self.pid = pid
+        self._requests = requests
+        self._replies = replies
+        self._buffer = b""
+        self.ready = False
+        self.alive = True
+
+    @classmethod
+    def start(cls) -> ForkServer | None:
+        """Fork the fork server from this process, or None (and why, logged) where it cannot
+        be used; then runners start as ``python -m modeld.runner``."""
+        why = unusable()
+        if why is None and not _become_subreaper():
+            why = "prctl(PR_SET_CHILD_SUBREAPER) failed"
+        if why is not None:
+            log.info("runner fork server not used: %s", why)
+            return None
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        # what both sides imported stays in pages they share: no collection writes to it
+        gc.collect()
+        gc.freeze()
+        pid = os.fork()
+        if pid == 0:
+            os.close(req_w)
+            os.close(rep_r)
+            zygote.serve(req_r, rep_w)  # never returns
+        os.close(req_r)
+        os.close(rep_w)
+        log.info("runner fork server started (pid %d)", pid)
+        return cls(pid, req_w, rep_r)
+
+    def fork(self, runner_id: str, endpoint: str, log_path: Path) -> ForkedProcess | None:
+        """A new runner process, or None when the fork server failed (it is then stopped and
+        not used again: the caller starts the runner the other way)."""
+        if not self.alive:
+            return None
+        try:
+            if not self.ready:
+                self.ready = bool(self._read(READY_WAIT_S).get("ready"))
+            os.write(self._requests, zygote.encode({
+                "id": runner_id, "endpoint": endpoint, "parent_pid": os.getpid(),
+                "log": str(log_path)}))  # fmt: skip
+            reply = self._read(FORK_WAIT_S)
+        except (OSError, ValueError, TimeoutError) as exc:
+            log.warning("runner fork server failed (%s); starting runners as new processes", exc)
+            self.stop()
+            return None
+        pid = reply.get("pid")
+        if reply.get("id") != runner_id or not isinstance(pid, int):
+            log.warning("runner fork server answered %r; starting runners as new processes", reply)
+            self.stop()
+            return None
+        return ForkedProcess(pid)
+
+    def _read(self, timeout: float) -> dict[str, Any]:
+        """The next reply line, waiting at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._replies], [], [], left)[0]:
+                raise TimeoutError(f"no answer in {timeout:.0f} s")
+            chunk = os.read(self._replies, 4096)
+            if not chunk:
+                raise OSError("the fork server exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return zygote.decode(line)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Close its request pipe (it exits on that), then reap it; kill it if it lingers."""
+        if not self.alive:
+            return
+        self.alive = False
+        for fd in (self._requests, self._replies):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        proc = ForkedProcess(self.pid)
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(grace_s)
+
+
+def unusable() -> str | None:
+    """Why a fork server cannot be used in this process now, or None."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
+        return "the daemon already runs threads"
+    gpu = gpu_backends()
+    if gpu:
+        return f"llama.cpp has GPU backends ({', '.join(gpu)}), which do not survive a fork"
+    return None
+
+
+def gpu_backends() -> list[str]:
+    """The GPU backend libraries beside the installed llama_cpp (found without importing it)."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    found: set[str] = set()
+    for root in spec.submodule_search_locations:
+        lib = Path(root) / "lib"
+        names = [p.name.lower() for p in lib.iterdir()] if lib.is_dir() else []
+        found.update(b for b in GPU_BACKENDS for n in names if n.startswith(f"libggml-{b}"))
+    return sorted(found)
+
+
+def _become_subreaper() -> bool:
+    """Make orphaned descendants (the fork server's runners) children of this process."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return int(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

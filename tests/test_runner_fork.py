@@ -1,0 +1,213 @@
+"""The runner fork server: runners forked from a process that imported llama_cpp.
+
+Real daemon, fork server, runners and generated models. What a user relies on: replies are the
+same as from a runner started as a new process; a forked runner shares its imports (its PSS is
+well under its RSS); it is the daemon's child (exit codes, crash reports and process-group
+kills work as before); an evicted runner exits instead of being kept; and when the fork server
+is gone the daemon goes on starting runners as new processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from daemonutil import until
+from modeld.daemon import forkserver
+from modeld.runner import zygote
+
+Factory = Callable[..., Any]
+MiB = 1 << 20
+GREEDY = {"raw": True, "max_tokens": 8, "temperature": 0.0, "seed": 0}
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                out.update(int(x) for x in fh.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def _cmdline(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read()
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        for line in fh:
+            parts = line.split()
+            if parts[0] in ("Rss:", "Pss:"):
+                out[parts[0][:-1].lower()] = int(parts[1]) * 1024
+    return out
+
+
+def _runner_pid(client: Any, model: Path) -> int:
+    (row,) = [r for r in client.ps() if r["path"] == str(model.resolve())]
+    return int(row["runner_pid"])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_forked_runner_answers_like_a_new_process_and_shares_its_imports(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    plain = daemon_factory("--no-runner-fork")
+    want = plain.client().generate(str(tiny_model), "hello there", **GREEDY).text()
+    assert plain.client().stats()["fork_server_pid"] is None
+    plain.stop()
+
+    d = daemon_factory()
+    c = d.client()
+    server = c.stats()["fork_server_pid"]
+    assert isinstance(server, int) and server in _children(d.proc.pid)
+    assert c.generate(str(tiny_model), "hello there", **GREEDY).text() == want
+    runner = _runner_pid(c, tiny_model)
+    assert runner in _children(d.proc.pid)  # re-parented to the daemon, not the fork server
+    assert os.getpgid(runner) == runner  # leads its own process group (stall kills)
+    assert _cmdline(runner).startswith(b"modeld.runner --id ")
+    assert f"(pid {runner}, forked)" in d.log_text()
+    mem = _rollup(runner)
+    # the interpreter, numpy, jinja2 and llama_cpp's bindings are the fork server's pages
+    assert mem["rss"] - mem["pss"] > 8 * MiB, mem
+
+
+def test_no_spare_after_the_baseline_and_an_unloaded_runner_exits(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    d = daemon_factory()
+    c = d.client()
+    until(lambda: c.stats()["runner_baseline_bytes"] != 0 and c.stats()["spare_runner"],
+          what="the first spare's hello")  # fmt: skip
+    c.load(str(tiny_model))
+    runner = _runner_pid(c, tiny_model)
+    server = c.stats()["fork_server_pid"]
+    # the spare became the model's runner; no new spare is forked while none is needed
+    until(lambda: _children(d.proc.pid) == {server, runner}, what="fork server + one runner")
+    assert c.stats()["spare_runner"] is False
+    c.unload(str(tiny_model))
+    until(lambda: not _alive(runner), what="the unloaded runner to exit")
+    until(lambda: _children(d.proc.pid) == {server}, what="only the fork server")
+    assert c.stats()["used_bytes"] == 0
+    # the next load forks again, in milliseconds, and answers
+    assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None
+    assert _runner_pid(c, tiny_model) not in (runner, server)
+
+
+def test_a_forked_runner_killed_is_reported_with_its_signal(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    d = daemon_factory()
+    c = d.client()
+    c.load(str(tiny_model))
+    runner = _runner_pid(c, tiny_model)
+    os.kill(runner, signal.SIGKILL)
+    until(lambda: f"(pid {runner}) exited with code -9" in d.log_text(),
+          what="the daemon to reap the runner and read its exit status")  # fmt: skip
+    assert not _alive(runner)
+    assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None  # reloaded
+
+
+def test_runners_start_as_processes_when_the_fork_server_is_gone(
+    daemon_factory: Factory, tiny_model: Path, model_factory: Factory
+) -> None:
+    d = daemon_factory()
+    c = d.client()
+    c.load(str(tiny_model))
+    server = c.stats()["fork_server_pid"]
+    os.kill(server, signal.SIGKILL)
+    other = model_factory("llama", **{**_tiny(), "seed": 77})
+    assert c.generate(str(other), "hi", **GREEDY).text() is not None
+    pid = _runner_pid(c, other)
+    assert b"-m\0modeld.runner\0--endpoint" in _cmdline(pid)  # a new Python process
+    assert c.stats()["fork_server_pid"] is None
+    assert "runner fork server failed" in d.log_text()
+    assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None  # the forked one
+
+
+def test_the_fork_server_and_its_runners_end_with_a_killed_daemon(
+    daemon_factory: Factory, tiny_model: Path
+) -> None:
+    d = daemon_factory()
+    c = d.client()
+    c.load(str(tiny_model))
+    pids = [_runner_pid(c, tiny_model), c.stats()["fork_server_pid"]]
+    d.stop(signal.SIGKILL)
+    until(lambda: not any(_alive(p) for p in pids), timeout=30,
+          what="the fork server and the runner to exit")  # fmt: skip
+
+
+def _tiny() -> dict[str, Any]:
+    import ggufgen
+
+    return dict(ggufgen.TINY)
+
+
+# ---------------------------------------------------------------------- the parts on their own
+
+
+def test_wire_round_trip_and_bad_lines() -> None:
+    msg = {"id": "r3", "endpoint": "ipc:///x", "parent_pid": 1, "log": "/tmp/l"}
+    line = zygote.encode(msg)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert zygote.decode(line) == msg
+    with pytest.raises(ValueError):
+        zygote.decode(b"[1, 2]\n")
+    with pytest.raises(ValueError):
+        zygote.decode(b"not json\n")
+
+
+def test_forked_process_reports_exit_codes_like_popen() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3)
+    proc = forkserver.ForkedProcess(pid)
+    assert proc.wait(10) == 3 and proc.poll() == 3
+    pid = os.fork()
+    if pid == 0:
+        signal.pause()
+        os._exit(0)
+    proc = forkserver.ForkedProcess(pid)
+    assert proc.poll() is None
+    with pytest.raises(Exception, match="timed out"):
+        proc.wait(0.05)
+    proc.kill()
+    assert proc.wait(10) == -signal.SIGKILL
+
+
+def test_not_used_with_threads_or_gpu_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert forkserver.unusable() == "the daemon already runs threads"
+    finally:
+        stop.set()
+        t.join()
+    pkg = tmp_path / "llama_cpp"
+    (pkg / "lib").mkdir(parents=True)
+    (pkg / "lib" / "libggml-cpu.so").touch()
+    spec = type("Spec", (), {"submodule_search_locations": [str(pkg)]})()
+    monkeypatch.setattr(forkserver.importlib.util, "find_spec", lambda name: spec)
+    assert forkserver.gpu_backends() == []
+    (pkg / "lib" / "libggml-cuda.so").touch()
+    assert forkserver.gpu_backends() == ["cuda"]
