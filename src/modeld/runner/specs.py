@@ -24,7 +24,7 @@ from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
 CHUNK_INTERVAL_S = 0.04
 #: The same for a request whose client reads the reply whole (``stream`` false: HTTP
 #: ``"stream": false``): nobody reads the pieces, so they only wake the daemon (on RPC workers
-#: the 40 ms chunks cost 5-7% of the decode rate: docs/benchmarks.md). One a second still
+#: the 40 ms chunks cost up to 8% of the decode rate: docs/benchmarks.md). One a second still
 #: tells the daemon the request progresses (its stall watch on RPC workers: runner_stall_s).
 QUIET_INTERVAL_S = 1.0
 
