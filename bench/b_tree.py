@@ -6,8 +6,9 @@ files), 4096 cells per sequence and 4 sequences on both sides: each side serves 
 from /proc/PID/smaps_rollup. Reported per process and summed: RSS (what `ps` shows; a shared
 library's pages count once per process that maps it), PSS (shared pages divided among the
 processes that map them: what the tree costs the machine) and anonymous memory. modeld's
-tree: the daemon, its spare runner and one runner per model (and again with `spare_runner`
-false); the router's: the router and one `llama-server` child per model.
+tree: the daemon, its runner fork server and one runner per model (and again with
+`runner_fork` false: runners as new processes, plus the spare runner); the router's: the
+router and one `llama-server` child per model.
 
     .venv/bin/python bench/run.py --only tree_memory
 """
@@ -85,8 +86,8 @@ def _wait_quiet(pids: list[int], timeout: float = 30.0) -> None:
         pass
 
 
-def _modeld(models: list[Path], spare: bool = True) -> dict[str, Any]:
-    with daemon("--parallel", str(PARALLEL), spare=spare) as d:
+def _modeld(models: list[Path], *flags: str) -> dict[str, Any]:
+    with daemon("--parallel", str(PARALLEL), *flags) as d:
         c = d.client()
         for m in models:
             c.load(str(m), n_ctx=N_CTX, parallel=PARALLEL)
@@ -110,6 +111,7 @@ def _modeld(models: list[Path], spare: bool = True) -> dict[str, Any]:
         for pid, mem in tree.items():
             row = by_pid.get(pid)
             role = ("daemon" if pid == d.pid else
+                    "fork server" if pid == stats.get("fork_server_pid") else
                     f"runner: {Path(str(row['path'])).name}" if row else "spare runner")
             procs.append({"pid": pid, "role": role, **mem,
                           "accounted": row.get("accounted_bytes") if row else None,
@@ -170,12 +172,12 @@ def _bench(ctx: Context, models: list[Path]) -> dict[str, Any]:
                            "parallel": PARALLEL, "requests_per_model": 2 * REQUESTS}
     out["modeld"] = _modeld(models)
     out["router"] = _router(models, ctx.threads)
-    out["modeld_no_spare"] = _modeld(models, spare=False)
+    out["modeld_processes"] = _modeld(models, "--no-runner-fork")
     m, r = out["modeld"]["total"], out["router"]["total"]
     out["ratio_pss"] = m["pss"] / r["pss"]
     out["ratio_rss"] = m["rss"] / r["rss"]
-    out["ratio_pss_no_spare"] = out["modeld_no_spare"]["total"]["pss"] / r["pss"]
-    out["ratio_rss_no_spare"] = out["modeld_no_spare"]["total"]["rss"] / r["rss"]
+    out["ratio_pss_processes"] = out["modeld_processes"]["total"]["pss"] / r["pss"]
+    out["ratio_rss_processes"] = out["modeld_processes"]["total"]["rss"] / r["rss"]
     out["targets"] = [target("process tree PSS vs router (2 models loaded)", out["ratio_pss"],
                              1.0, "<="),
                       target("process tree RSS vs router (2 models loaded)", out["ratio_rss"],

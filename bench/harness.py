@@ -214,6 +214,14 @@ def has_llama(pid: int) -> bool:
         return False
 
 
+def is_runner(pid: int) -> bool:
+    """A runner's command line (a forked runner's reads ``modeld.runner --id ID``)."""
+    try:
+        return b"modeld.runner" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def cpu_ticks(pid: int) -> int:
     """User + system CPU time of ``pid`` in clock ticks (/proc/<pid>/stat)."""
     try:
@@ -261,7 +269,8 @@ class Daemon:
         return c
 
     def runners(self) -> list[int]:
-        return [p for p in children(self.pid) if has_llama(p)]
+        """Runner processes (not the fork server, which has llama_cpp imported too)."""
+        return [p for p in children(self.pid) if has_llama(p) and is_runner(p)]
 
     def wait_runners(self, n: int, timeout: float = 60.0, exact: bool = False) -> None:
         """Wait until ``n`` runners have imported llama_cpp and sit idle (a spare is ready).

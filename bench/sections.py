@@ -17,11 +17,11 @@ def tree_memory(doc: dict[str, Any]) -> list[str]:
             f"parallel {doc.get('parallel')} on both sides; "
             f"{doc.get('requests_per_model')} requests per model.", "",
             "| side | process | RSS MiB | PSS MiB | anonymous MiB |", "|---|---|---:|---:|---:|"]
-    for side in ("modeld", "modeld_no_spare", "router"):
+    for side in ("modeld", "modeld_processes", "router"):
         part = doc.get(side)
         if not part:
             continue
-        label = {"modeld_no_spare": "modeld, spare_runner false"}.get(side, side)
+        label = {"modeld_processes": "modeld, runner_fork false"}.get(side, side)
         for p in part["processes"]:
             role = p["role"] if not p["role"].startswith("server: ") else "llama-server child"
             rows.append(f"| {label} | {role} | {_mib(p['rss'])} | {_mib(p['pss'])} | "
@@ -30,8 +30,9 @@ def tree_memory(doc: dict[str, Any]) -> list[str]:
         rows.append(f"| {label} | **total** | **{_mib(t['rss'])}** | **{_mib(t['pss'])}** | "
                     f"{_mib(t['anon'])} |")
     rows += ["", f"Ratios to the router: PSS {doc.get('ratio_pss', 0):.3f}, RSS "
-             f"{doc.get('ratio_rss', 0):.3f}; without the spare runner PSS "
-             f"{doc.get('ratio_pss_no_spare', 0):.3f}, RSS {doc.get('ratio_rss_no_spare', 0):.3f}."]
+             f"{doc.get('ratio_rss', 0):.3f}; with runners as new processes (`runner_fork` "
+             f"false, spare runner kept) PSS {doc.get('ratio_pss_processes', 0):.3f}, RSS "
+             f"{doc.get('ratio_rss_processes', 0):.3f}."]
     return rows
 
 

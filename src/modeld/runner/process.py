@@ -370,6 +370,13 @@ class Runner(RunnerServer):
             llm.n_tokens = 0
         return pool_and_normalize([x / len(tokens) for x in total])
 
+    def on_idle(self) -> None:
+        """Give the heap's free pages back once requests stop: what a reply's buffers left
+        behind would otherwise stay resident (tree_memory: 2-5 MiB per runner; ~1 ms)."""
+        t0 = time.perf_counter()
+        probe.malloc_trim()
+        log.debug("idle: malloc_trim took %.2f ms", (time.perf_counter() - t0) * 1000)
+
     def handle_memory(self) -> None:
         memory = probe.own_memory(gpu=True)
         self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
@@ -451,7 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Given by the daemon: a runner started just as the daemon died would otherwise take its
     # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).
     parent = args.parent_pid or os.getppid()
-    with connect(args.endpoint, args.runner_id) as sock, heartbeats(args.endpoint, args.runner_id):
+    with (connect(args.endpoint, args.runner_id) as sock,
+          heartbeats(sock.context, args.endpoint, args.runner_id)):
         runner = Runner(sock, args.runner_id, parent)
         return runner.serve(runner.hello())
 

@@ -49,8 +49,12 @@ class RunnerServer:
         self.parent_pid = parent_pid
         self.pending: deque[dict[str, Any]] = deque()
         self.stopping = False
+        self._worked = False  # since the last on_idle()
 
     # ---------------------------------------------------------------- model work (subclass)
+
+    def on_idle(self) -> None:
+        """Called once when the runner has been idle for :data:`POLL_MS` after serving."""
 
     def handle_load(self, msg: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -170,6 +174,9 @@ class RunnerServer:
                 self.dispatch(self.pending.popleft())
                 continue
             if not self.sock.poll(POLL_MS, zmq.POLLIN):
+                if self._worked:
+                    self._worked = False
+                    self.on_idle()
                 if not self.parent_alive():
                     log.warning("parent process %d is gone; exiting", self.parent_pid)
                     return 0
@@ -177,6 +184,7 @@ class RunnerServer:
             msg = self._recv_nowait()
             if msg is not None:
                 self.dispatch(msg)
+                self._worked = True
         log.info("runner %s exiting", self.runner_id)
         return 0
 
@@ -234,11 +242,12 @@ def connect(endpoint: str, identity: str) -> Iterator[zmq.Socket[bytes]]:
 
 
 @contextlib.contextmanager
-def heartbeats(endpoint: str, runner_id: str, period_s: float = rp.HEARTBEAT_S) -> Iterator[None]:
+def heartbeats(ctx: zmq.Context[Any], endpoint: str, runner_id: str,
+               period_s: float = rp.HEARTBEAT_S) -> Iterator[None]:
     """Send ``heartbeat`` every ``period_s`` from a thread with its own socket (a zmq socket must
-    not be shared between threads) until the block ends."""
+    not be shared between threads; the context is: a second one would cost two more threads
+    and their buffers) until the block ends."""
     stop = threading.Event()
-    ctx = zmq.Context()
     sock: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, rp.heartbeat_identity(runner_id).encode("utf-8"))
     sock.setsockopt(zmq.LINGER, 0)
@@ -261,4 +270,3 @@ def heartbeats(endpoint: str, runner_id: str, period_s: float = rp.HEARTBEAT_S) 
         stop.set()
         thread.join(period_s + 1.0)
         sock.close()
-        ctx.term()
