@@ -219,7 +219,7 @@ def _fault_loop(d: Any, models: list[Path], tally: Tally, stop: float, seed: int
     while time.monotonic() < stop:
         time.sleep(rng.uniform(1.5, 4.0))
         kind = rng.choice(("kill_client", "kill_client", "sigkill_runner", "sigstop_runner",
-                           "sigstop_spare", "replace_file"))
+                           "sigstop_spare", "sigstop_fork_server", "replace_file"))
         with contextlib.suppress(Exception):
             if kind == "kill_client":
                 proc = subprocess.Popen(
@@ -235,6 +235,11 @@ def _fault_loop(d: Any, models: list[Path], tally: Tally, stop: float, seed: int
                     continue
                 os.kill(rng.choice(pids), signal.SIGKILL if kind == "sigkill_runner"
                         else signal.SIGSTOP)
+            elif kind == "sigstop_fork_server":  # the daemon goes on with new processes
+                server = c.stats().get("fork_server_pid")
+                if not server:
+                    continue
+                os.kill(server, signal.SIGSTOP)
             elif kind == "sigstop_spare":
                 busy = set(_model_runners(c))
                 spare = [p for p in _runner_pids(d) if p not in busy]
@@ -292,7 +297,7 @@ def _quiesce(d: Any, c: Any) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
     c.unload(all=True)
-    d.wait_runners(1, timeout=120, exact=True)
+    d.wait_runners(d.idle_runners(), timeout=120, exact=True)
 
 
 def chaos(ctx: Context, duration_s: float, seed: int = 0,

@@ -272,16 +272,24 @@ class Daemon:
         """Runner processes (not the fork server, which has llama_cpp imported too)."""
         return [p for p in children(self.pid) if has_llama(p) and is_runner(p)]
 
+    def idle_runners(self) -> int:
+        """How many idle runners this daemon keeps once no model is loaded: none while runners
+        are forked from its fork server, else its spare."""
+        return 0 if self.client(timeout=10.0).stats().get("fork_server_pid") else 1
+
     def wait_runners(self, n: int, timeout: float = 60.0, exact: bool = False) -> None:
         """Wait until ``n`` runners have imported llama_cpp and sit idle (a spare is ready).
 
-        With ``exact``, also until no other child process is left (an unloaded runner gone).
+        With ``exact``, also until no other child process is left (an unloaded runner gone;
+        the fork server does not count).
         """
         deadline = time.monotonic() + timeout
+        server = self.client(timeout=10.0).stats().get("fork_server_pid")
         while True:
             runners = self.runners()
             count_ok = len(runners) == n if exact else len(runners) >= n
-            if count_ok and (not exact or len(children(self.pid)) == n) and settled(runners):
+            others = [p for p in children(self.pid) if p != server]
+            if count_ok and (not exact or len(others) == n) and settled(runners):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"runners did not settle: {len(runners)} of {n} ready")

@@ -125,14 +125,16 @@ def test_a_forked_runner_killed_is_reported_with_its_signal(
     assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None  # reloaded
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
 def test_runners_start_as_processes_when_the_fork_server_is_gone(
-    daemon_factory: Factory, tiny_model: Path, model_factory: Factory
+    daemon_factory: Factory, tiny_model: Path, model_factory: Factory, sig: int
 ) -> None:
+    """Killed, or stopped (the daemon waits FORK_WAIT_S for it, then kills it)."""
     d = daemon_factory()
     c = d.client()
     c.load(str(tiny_model))
     server = c.stats()["fork_server_pid"]
-    os.kill(server, signal.SIGKILL)
+    os.kill(server, sig)
     other = model_factory("llama", **{**_tiny(), "seed": 77})
     assert c.generate(str(other), "hi", **GREEDY).text() is not None
     pid = _runner_pid(c, other)
@@ -140,6 +142,7 @@ def test_runners_start_as_processes_when_the_fork_server_is_gone(
     assert c.stats()["fork_server_pid"] is None
     assert "runner fork server failed" in d.log_text()
     assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None  # the forked one
+    until(lambda: not _alive(server), what="the fork server to be gone (killed and reaped)")
 
 
 def test_the_fork_server_and_its_runners_end_with_a_killed_daemon(

@@ -48,8 +48,8 @@ def test_evicted_runner_becomes_the_next_runner(
     need = max(int(probe.client().show(str(m))["need_bytes"]) for m in models)
     probe.stop()
     handle = daemon_factory(
-        "--no-runner-fork", "--memory-cap", str(int(need * 2.5)), "--ctx-floor", "512", "--ctx-ceiling", "512",
-        "--keep-alive", "-1",
+        "--no-runner-fork", "--memory-cap", str(int(need * 2.5)), "--ctx-floor", "512",
+        "--ctx-ceiling", "512", "--keep-alive", "-1",
     )
     c = handle.client()
     greedy = {"raw": True, "max_tokens": 2, "temperature": 0.0, "seed": 0}

@@ -35,8 +35,9 @@ log = logging.getLogger("modeld.daemon")
 #: How long the first fork waits for the fork server's imports (half a second when idle; the
 #: daemon's start-up asks for its spare runner, so it is the daemon's start that waits).
 READY_WAIT_S = 20.0
-#: How long one fork may take before the fork server counts as stuck.
-FORK_WAIT_S = 5.0
+#: How long one fork may take before the fork server counts as stuck (the daemon's loop waits:
+#: a fork takes milliseconds).
+FORK_WAIT_S = 2.0
 #: prctl option that makes orphaned descendants children of this process (Linux >= 3.4).
 PR_SET_CHILD_SUBREAPER = 36
 #: llama.cpp backend libraries that must not be loaded in a process that forks runners.
@@ -125,12 +126,12 @@ class ForkServer:
             reply = self._read(FORK_WAIT_S)
         except (OSError, ValueError, TimeoutError) as exc:
             log.warning("runner fork server failed (%s); starting runners as new processes", exc)
-            self.stop()
+            self.stop(grace_s=0.0)
             return None
         pid = reply.get("pid")
         if reply.get("id") != runner_id or not isinstance(pid, int):
             log.warning("runner fork server answered %r; starting runners as new processes", reply)
-            self.stop()
+            self.stop(grace_s=0.0)
             return None
         return ForkedProcess(pid)
 
@@ -149,7 +150,8 @@ class ForkServer:
         return zygote.decode(line)
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Close its request pipe (it exits on that), then reap it; kill it if it lingers."""
+        """Close its request pipe (it exits on that), then reap it; kill it if it lingers (at
+        once with ``grace_s`` 0: a fork server that failed may be stopped or stuck)."""
         if not self.alive:
             return
         self.alive = False
@@ -162,7 +164,7 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(grace_s)
+                proc.wait(2.0)
 
 
 def unusable() -> str | None:
