@@ -68,12 +68,15 @@ def rpc(doc: dict[str, Any]) -> list[str]:
     versus = doc.get("versus") or {}
     if versus:
         rows += ["", "Interleaved, 2 workers each (llama-server's bytes per token include its "
-                 "HTTP reply):", "", "| decoder | decode tokens/s, median (min-max) | "
-                 "modeld / it | lo bytes per token |", "|---|---:|---:|---:|"]
+                 "HTTP reply; paired: the median of each round's modeld / it):", "",
+                 "| decoder | decode tokens/s, median (min-max) | modeld / it | paired | "
+                 "lo bytes per token |", "|---|---:|---:|---:|---:|"]
         for name, r in versus.items():
             ratio = (doc.get("ratio_vs") or {}).get(name)
+            pair = (doc.get("ratio_paired") or {}).get(name)
             rows.append(f"| {name} | {_rate(r.get('tokens_per_s', {}))} | "
                         f"{'-' if ratio is None else f'{ratio:.3f}'} | "
+                        f"{'-' if pair is None else f'{pair:.3f}'} | "
                         f"{_f1((r.get('lo_bytes_per_token') or {}).get('median'))} |")
     rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
     return rows

@@ -132,6 +132,13 @@ def test_parse_generate_options() -> None:
     )
 
 
+def test_generate_stream_defaults_on_and_must_be_a_boolean() -> None:
+    assert _parse("generate", prompt="p").stream is True  # type: ignore[union-attr]
+    assert _parse("generate", prompt="p", stream=False).stream is False  # type: ignore[union-attr]
+    with pytest.raises(protocol.ProtocolError):
+        _parse("generate", prompt="p", stream="no")
+
+
 def test_parse_chat_messages() -> None:
     req = _parse("generate", messages=[{"role": "user", "content": "hi", "extra": 1}])
     assert isinstance(req, protocol.GenerateRequest)

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import zmq
 
 import ggufgen
 from modeld import runnerwire as rp
-from modeld.runner import chat
+from modeld.runner import chat, specs
 
 REPLY_TIMEOUT_S = 60.0  # generous: the machine is shared; this only bounds a hang
 
@@ -246,6 +246,28 @@ def test_raw_generation_streams_until_max_tokens(harness: Harness, tiny_model: P
     assert timings["prompt_eval_s"] >= 0 and timings["generation_s"] > 0
     assert timings["tokens_per_s"] > 0
     assert done["memory"]["rss"] >= done["memory"]["anon"] > 0  # measured after the request
+
+
+def test_a_reply_read_whole_comes_in_fewer_chunks(
+    harness: Harness, model_factory: Callable[..., Path]
+) -> None:
+    """``stream`` false: the same text, sent once a second at most (the first piece at once,
+    the rest with the done) instead of every 40 ms: nobody reads the pieces meanwhile. A model
+    slow enough (a few ms a token) that 200 tokens span several 40 ms intervals."""
+    model = model_factory("llama", n_layer=4, n_embd=512, n_head=8, n_ff=1408, n_vocab=32000,
+                          context_length=2048, dtype="f32", seed=3)  # fmt: skip
+    harness.loaded(model)
+    opts: dict[str, Any] = dict(prompt="once upon a time", raw=True, max_tokens=200,
+                                temperature=0.0)  # fmt: skip
+    harness.send(rp.generate("w1", stream=False, **opts))
+    whole, done = harness.collect("w1")
+    harness.send(rp.generate("w2", **opts))
+    streamed, sdone = harness.collect("w2")
+    assert "".join(whole) == "".join(streamed)
+    assert done["usage"]["completion_tokens"] == sdone["usage"]["completion_tokens"] > 0
+    assert len(whole) <= 2 + int(done["timings"]["generation_s"] / specs.QUIET_INTERVAL_S)
+    if sdone["timings"]["generation_s"] > 10 * specs.CHUNK_INTERVAL_S:
+        assert len(streamed) > len(whole)  # the streamed one really came in pieces
 
 
 def test_same_seed_gives_same_text(harness: Harness, tiny_model: Path) -> None:

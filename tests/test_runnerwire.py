@@ -4,6 +4,7 @@ UTF-8 reassembly and stop strings."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -173,11 +174,23 @@ def test_parse_generate_validates_fields() -> None:
         {"stop": [""]},
         {"raw": "yes"},
         {"rid": ""},
+        {"stream": "no"},
     ):
         with pytest.raises(ProtocolError):
             specs.parse_generate({**base, **bad})
     with pytest.raises(ProtocolError):
         specs.parse_generate({"type": "generate", "rid": "r", "messages": [{"role": "user"}]})
+
+
+def test_a_reply_read_whole_is_sent_in_fewer_chunks() -> None:
+    """``stream`` false (HTTP ``"stream": false``): the text goes out once a second at most
+    (progress for the daemon's stall watch), not every 40 ms; absent means streamed."""
+    assert "stream" not in rp.generate("r", prompt="p")
+    streamed = specs.parse_generate(rp.generate("r", prompt="p"))
+    whole = specs.parse_generate(rp.generate("r", prompt="p", stream=False))
+    assert streamed.stream and not whole.stream
+    assert streamed.chunk_interval_s == specs.CHUNK_INTERVAL_S == 0.04
+    assert whole.chunk_interval_s == specs.QUIET_INTERVAL_S == 1.0
 
 
 def test_parse_embed_validates_inputs() -> None:
@@ -247,3 +260,24 @@ def test_per_request_threads_are_optional_and_bounded() -> None:
         specs.parse_generate({**base, "n_threads": -1})
     with pytest.raises(ProtocolError):
         specs.parse_generate({**base, "n_threads": "two"})
+
+
+def test_stream_false_reaches_the_runner_from_the_client_protocol(tmp_path: Path) -> None:
+    """A client's ``"stream": false`` (what the HTTP front door sends for a reply read whole)
+    travels through the daemon's job into the runner's message; absent stays streamed."""
+    from modeld import protocol
+    from modeld.cache.policy import ModelKey
+    from modeld.config import Settings
+    from modeld.daemon.jobs import request_job
+
+    def runner_spec(**body: Any) -> specs.GenerateSpec:
+        req = protocol.parse_request(protocol.Message("generate", "c1", {"prompt": "p", **body}))
+        assert isinstance(req, protocol.GenerateRequest)
+        model = tmp_path / "m.gguf"
+        model.write_bytes(b"GGUF")
+        job = request_job(b"c", "c1", req, ModelKey.for_file(model, "generate"), "m",
+                          Settings())  # fmt: skip
+        return specs.parse_generate(job.payload)
+
+    assert runner_spec().stream is True
+    assert runner_spec(stream=False).stream is False

@@ -228,6 +228,8 @@ class GenerateRequest:
     think: bool | None = None
     #: Build and tokenize the prompt, evaluate nothing: the ``done`` carries its prompt_tokens.
     count_only: bool = False
+    #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
+    stream: bool = True
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.opt_str("model"), prompt, messages, b.generate_options(), tools,
             parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
             parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
+            b.flag("stream", default=True),
         )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")
@@ -413,8 +416,8 @@ class _Body:
             raise self.fail(f"{key!r} must be a string")
         return value
 
-    def flag(self, key: str) -> bool:
-        value = self.body.get(key, False)
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.body.get(key, default)
         if not isinstance(value, bool):
             raise self.fail(f"{key!r} must be true or false")
         return value

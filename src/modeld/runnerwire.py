@@ -219,13 +219,15 @@ def generate(
     grammar: str | None = None,
     think: bool | None = None,
     count_only: bool = False,
+    stream: bool = True,
     **options: Any,
 ) -> dict[str, Any]:
     """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
     greedy request the daemon sends only to an otherwise idle runner; ``grammar``: GBNF the
     reply must follow (checked by the daemon: a grammar llama.cpp rejects never reaches a
     runner); ``tools``/``tool_choice``/``think``/``count_only`` as in the client protocol
-    (``count_only``: reply with the prompt's token count, evaluating nothing); ``options``:
+    (``count_only``: reply with the prompt's token count, evaluating nothing; ``stream`` false:
+    the client reads the reply whole, so its text comes in fewer chunks); ``options``:
     sampling fields that override ``sampling``'s (``max_tokens=16``)."""
     if options:
         overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
@@ -252,6 +254,8 @@ def generate(
         msg["think"] = think
     if count_only:
         msg["count_only"] = True
+    if not stream:
+        msg["stream"] = False
     return msg
 
 

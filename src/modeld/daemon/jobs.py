@@ -148,7 +148,7 @@ def request_job(
             req.format, req.tools, req.tool_choice,
             grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice)
             else "generic"),
-        think=req.think, count_only=req.count_only,
+        think=req.think, count_only=req.count_only, stream=req.stream,
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),

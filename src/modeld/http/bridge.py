@@ -106,7 +106,10 @@ class Bridge:
 
     async def collect(self, type_: str, **body: Any) -> tuple[str, dict[str, Any]]:
         """A streamed request read to its end: (the whole text, the ``done`` body, with the
-        whole ``thinking`` and the ``logprobs`` of every token added when there were any)."""
+        whole ``thinking`` and the ``logprobs`` of every token added when there were any). A
+        generation is asked with ``stream`` false: its runner sends fewer, larger chunks."""
+        if type_ == "generate":
+            body = {**body, "stream": False}
         parts: list[str] = []
         thinking: list[str] = []
         logprobs: list[Any] = []

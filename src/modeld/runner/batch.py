@@ -38,10 +38,6 @@ from modeld.runner.textstream import TextStream
 
 log = logging.getLogger("modeld.runner")
 
-#: Streamed text is sent at most this often per sequence (the first piece at once). Each message
-#: wakes the daemon and the client; on 2 cores one per token cost ~3% of the decode rate because
-#: they preempt llama.cpp's threads (bench streaming: 0.96-0.97 of in-process, 0.985 coalesced).
-CHUNK_INTERVAL_S = 0.04
 #: A free sequence holding a prefix of a new prompt is chosen over the lowest free one when it
 #: saves at least this many tokens of evaluation (about one step's worth on 2 cores).
 MIN_REUSE = 32
@@ -401,7 +397,7 @@ class BatchEngine:
             stream.strip_lead = not out
         if out:
             self._text(stream, out)
-        if now - stream.last_send >= CHUNK_INTERVAL_S:  # coalesced: not one message a token
+        if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
             self._flush(stream, now)
         if stream.text.stopped:
             stream.finish = "stop"
