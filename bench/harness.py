@@ -255,6 +255,7 @@ class Daemon:
     env: dict[str, str]
     endpoint: str
     _clients: list[Any] = field(default_factory=list)
+    _admin: Any = None  # the client _fork_server() asks on
     http_base: str = ""  # set by a caller that started it with --http
 
     @property
@@ -275,7 +276,16 @@ class Daemon:
     def idle_runners(self) -> int:
         """How many idle runners this daemon keeps once no model is loaded: none while runners
         are forked from its fork server, else its spare."""
-        return 0 if self.client(timeout=10.0).stats().get("fork_server_pid") else 1
+        return 0 if self._fork_server() else 1
+
+    def _fork_server(self) -> int | None:
+        """The fork server's pid (``stats``), asked on one client kept for such questions: a
+        new connection each time would show as descriptors the daemon holds (chaos counts
+        them)."""
+        if self._admin is None:
+            self._admin = self.client(timeout=10.0)
+        pid = self._admin.stats().get("fork_server_pid")
+        return int(pid) if pid else None
 
     def wait_runners(self, n: int, timeout: float = 60.0, exact: bool = False) -> None:
         """Wait until ``n`` runners have imported llama_cpp and sit idle (a spare is ready).
@@ -284,7 +294,7 @@ class Daemon:
         the fork server does not count).
         """
         deadline = time.monotonic() + timeout
-        server = self.client(timeout=10.0).stats().get("fork_server_pid")
+        server = self._fork_server()
         while True:
             runners = self.runners()
             count_ok = len(runners) == n if exact else len(runners) >= n
