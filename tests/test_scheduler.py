@@ -65,7 +65,7 @@ class FakeSupervisor(Supervisor):
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.stopped: list[str] = []
 
-    def spawn(self) -> RunnerHandle:
+    def spawn(self, fork: bool = True) -> RunnerHandle:
         rid = f"r{len(self.spawned) + 1}"
         now = self._clock()
         runner = RunnerHandle(rid, FakeProcess(4000 + len(self.spawned)), now, last_heard=now)  # type: ignore[arg-type]

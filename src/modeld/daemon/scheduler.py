@@ -174,8 +174,8 @@ class Scheduler:
     def _start_load(self, load: StartLoad) -> None:
         """Admission said yes: a runner loads the model and its jobs queue on its new slot."""
         key, name, jobs, info, size = load.key, load.name, load.jobs, load.info, load.size
-        runner = self.pool.take()
         rpc = rpc_of(jobs) or ()
+        runner = self.pool.take(fork=not rpc)
         if rpc:
             self.admission.leases.take(rpc, runner.id, name)
         keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)

@@ -97,11 +97,12 @@ class Supervisor:
         self._ids = itertools.count(1)
         self.stalls = 0  # runners killed for silence since start
 
-    def spawn(self) -> RunnerHandle:
-        """Start a runner process; messages for it queue until its ``hello`` arrives."""
+    def spawn(self, fork: bool = True) -> RunnerHandle:
+        """Start a runner process (a fork of the fork server while it answers, unless ``fork``
+        is false); messages for it queue until its ``hello`` arrives."""
         rid = f"r{next(self._ids)}"
         log_path = self.log_dir / f"runner-{rid}.log"
-        forked = self.forks.fork(rid, self.endpoint, log_path) if self.forks else None
+        forked = self.forks.fork(rid, self.endpoint, log_path) if self.forks and fork else None
         popen = forked or self._popen(rid, log_path)
         now = self._clock()
         runner = RunnerHandle(rid, popen, now, last_heard=now)
