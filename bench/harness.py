@@ -273,11 +273,6 @@ class Daemon:
         """Runner processes (not the fork server, which has llama_cpp imported too)."""
         return [p for p in children(self.pid) if has_llama(p) and is_runner(p)]
 
-    def idle_runners(self) -> int:
-        """How many idle runners this daemon keeps once no model is loaded: none while runners
-        are forked from its fork server, else its spare."""
-        return 0 if self._fork_server() else 1
-
     def _fork_server(self) -> int | None:
         """The fork server's pid (``stats``), asked on one client kept for such questions: a
         new connection each time would show as descriptors the daemon holds (chaos counts

@@ -89,8 +89,8 @@ def test_forked_runner_answers_like_a_new_process_and_shares_its_imports(
     assert mem["rss"] - mem["pss"] > 8 * MiB, mem
 
 
-def test_no_spare_after_the_baseline_and_an_unloaded_runner_exits(
-    daemon_factory: Factory, tiny_model: Path
+def test_no_spare_is_forked_after_the_baseline_but_an_unloaded_runner_is_reused(
+    daemon_factory: Factory, tiny_model: Path, model_factory: Factory
 ) -> None:
     d = daemon_factory()
     c = d.client()
@@ -102,13 +102,18 @@ def test_no_spare_after_the_baseline_and_an_unloaded_runner_exits(
     # the spare became the model's runner; no new spare is forked while none is needed
     until(lambda: _children(d.proc.pid) == {server, runner}, what="fork server + one runner")
     assert c.stats()["spare_runner"] is False
+    # a second model gets a fresh fork, in milliseconds
+    other = model_factory("llama", **{**_tiny(), "seed": 78})
+    c.load(str(other))
+    second = _runner_pid(c, other)
+    assert second not in (runner, server) and _cmdline(second).startswith(b"modeld.runner")
+    # an unloaded model's runner gave its memory back: it stays, as the spare ...
     c.unload(str(tiny_model))
-    until(lambda: not _alive(runner), what="the unloaded runner to exit")
-    until(lambda: _children(d.proc.pid) == {server}, what="only the fork server")
-    assert c.stats()["used_bytes"] == 0
-    # the next load forks again, in milliseconds, and answers
-    assert c.generate(str(tiny_model), "hi", **GREEDY).text() is not None
-    assert _runner_pid(c, tiny_model) not in (runner, server)
+    until(lambda: c.stats()["spare_runner"], what="the unloaded runner kept as the spare")
+    assert _alive(runner) and c.stats()["used_bytes"] > 0  # the other model's
+    # ... and the next load runs in it (a reload in a warm process)
+    c.load(str(tiny_model))
+    assert _runner_pid(c, tiny_model) == runner
 
 
 def test_a_forked_runner_killed_is_reported_with_its_signal(
