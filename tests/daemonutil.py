@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -46,3 +47,15 @@ def rows(client: Any) -> dict[str, dict[str, Any]]:
 def loaded_names(client: Any) -> set[str]:
     """Names of the models that are loading or ready (not unloading or waiting)."""
     return {n for n, r in rows(client).items() if r["state"] in ("ready", "loading")}
+
+
+def children(pid: int) -> set[int]:
+    """The child processes of ``pid`` (every thread's, from /proc)."""
+    out: set[int] = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                out.update(int(x) for x in fh.read().split())
+        except OSError:
+            pass
+    return out

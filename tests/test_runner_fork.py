@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from daemonutil import children as _children
 from daemonutil import until
 from modeld.daemon import forkserver
 from modeld.runner import zygote
@@ -25,17 +26,6 @@ from modeld.runner import zygote
 Factory = Callable[..., Any]
 MiB = 1 << 20
 GREEDY = {"raw": True, "max_tokens": 8, "temperature": 0.0, "seed": 0}
-
-
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as fh:
-                out.update(int(x) for x in fh.read().split())
-        except OSError:
-            pass
-    return out
 
 
 def _cmdline(pid: int) -> bytes:

@@ -9,25 +9,14 @@ the child processes of the daemon.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemonutil import children as _children
 from daemonutil import until
 
 MiB = 1 << 20
-
-
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as fh:
-                out.update(int(x) for x in fh.read().split())
-        except OSError:
-            pass
-    return out
 
 
 def _row(client: Any, path: Path) -> dict[str, Any] | None:
