@@ -110,17 +110,17 @@ class ForkServer:
         os.close(rep_w)
         return cls(pid, req_w, rep_r), f"runners are forked from the fork server (pid {pid})"
 
-    def fork(self, runner_id: str, endpoint: str, log_path: Path) -> ForkedProcess | None:
-        """A new runner process, or None when the fork server failed (it is then stopped and
-        not used again: the caller starts the runner the other way)."""
+    def fork(self, runner_id: str, args: list[str], log_path: Path) -> ForkedProcess | None:
+        """A new runner process running the runner's main with ``args``, or None when the fork
+        server failed (it is then stopped and not used again: the caller starts the runner the
+        other way)."""
         if not self.alive:
             return None
         try:
             if not self.ready:
                 self.ready = bool(self._read(READY_WAIT_S).get("ready"))
-            os.write(self._requests, zygote.encode({
-                "id": runner_id, "endpoint": endpoint, "parent_pid": os.getpid(),
-                "log": str(log_path)}))  # fmt: skip
+            os.write(self._requests, zygote.encode(
+                {"id": runner_id, "argv": args, "log": str(log_path)}))
             reply = self._read(FORK_WAIT_S)
         except (OSError, ValueError, TimeoutError) as exc:
             log.warning("runner fork server failed (%s); starting runners as new processes", exc)

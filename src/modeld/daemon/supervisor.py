@@ -102,8 +102,9 @@ class Supervisor:
         is false); messages for it queue until its ``hello`` arrives."""
         rid = f"r{next(self._ids)}"
         log_path = self.log_dir / f"runner-{rid}.log"
-        forked = self.forks.fork(rid, self.endpoint, log_path) if self.forks and fork else None
-        popen = forked or self._popen(rid, log_path)
+        args = self._runner_args(rid)
+        forked = self.forks.fork(rid, args, log_path) if self.forks and fork else None
+        popen = forked or self._popen(args, log_path)
         now = self._clock()
         runner = RunnerHandle(rid, popen, now, last_heard=now)
         self.runners[rid] = runner
@@ -111,12 +112,15 @@ class Supervisor:
                  ", forked" if forked else "", log_path)  # fmt: skip
         return runner
 
-    def _popen(self, rid: str, log_path: Path) -> subprocess.Popen[bytes]:
+    def _runner_args(self, rid: str) -> list[str]:
+        """The runner's arguments, whichever way it starts (:func:`modeld.runner.process.main`)."""
+        return ["--endpoint", self.endpoint, "--id", rid, "--parent-pid", str(os.getpid())]
+
+    def _popen(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         """A runner as a new Python process (no fork server, or it failed)."""
         with open(log_path, "ab") as log_file:
             return subprocess.Popen(
-                [sys.executable, "-m", "modeld.runner", "--endpoint", self.endpoint, "--id", rid,
-                 "--parent-pid", str(os.getpid())],
+                [sys.executable, "-m", "modeld.runner", *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,

@@ -11,9 +11,10 @@ A runner is forked twice (the middle process exits at once) so that it is re-par
 daemon, which made itself a child subreaper: the daemon waits for its runners' exit codes and
 kills their process groups exactly as for runners it started with ``subprocess``.
 
-Wire (two pipes, one JSON object per line): the daemon sends ``{"id", "endpoint",
-"parent_pid", "log"}``; this process answers ``{"ready": true}`` once after its imports, then
-``{"id", "pid"}`` or ``{"id", "error"}`` per request. It exits when the request pipe closes.
+Wire (two pipes, one JSON object per line): the daemon sends ``{"id", "argv", "log"}`` (the
+runner's arguments, as for ``python -m modeld.runner``); this process answers
+``{"ready": true}`` once after its imports, then ``{"id", "pid"}`` or ``{"id", "error"}`` per
+request. It exits when the request pipe closes.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import importlib
 import json
 import logging
 import os
-import random
 import signal
 import sys
 import time
@@ -117,6 +117,7 @@ def _detach(keep: tuple[int, ...]) -> None:
 def _fork_runner(req: dict[str, Any], replies: int) -> dict[str, Any]:
     """Fork a runner for ``req`` (through a middle process that exits); its pid, or an error."""
     rid = str(req.get("id", "?"))
+    daemon = os.getppid()  # this process's parent: the runner's once the middle one exits
     pid_r, pid_w = os.pipe()
     middle = os.fork()
     if middle == 0:  # the middle process: fork the runner, say its pid, exit
@@ -125,7 +126,7 @@ def _fork_runner(req: dict[str, Any], replies: int) -> dict[str, Any]:
             runner = os.fork()
             if runner == 0:
                 os.close(pid_w)
-                _become_runner(req, closing=(replies,))
+                _become_runner(req, daemon, closing=(replies,))
             os.write(pid_w, str(runner).encode())
         finally:
             os._exit(0)
@@ -139,7 +140,7 @@ def _fork_runner(req: dict[str, Any], replies: int) -> dict[str, Any]:
         return {"id": rid, "error": "the fork server could not fork a runner"}
 
 
-def _become_runner(req: dict[str, Any], closing: tuple[int, ...]) -> None:
+def _become_runner(req: dict[str, Any], daemon: int, closing: tuple[int, ...]) -> None:
     """In the forked runner: own session, log file as output, then the runner's main."""
     code = 1
     try:
@@ -150,20 +151,16 @@ def _become_runner(req: dict[str, Any], closing: tuple[int, ...]) -> None:
         os.dup2(log_fd, 1)
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        random.seed()
-        parent = int(req["parent_pid"])
         deadline = time.monotonic() + REPARENT_WAIT_S
-        while os.getppid() != parent and time.monotonic() < deadline:
+        while os.getppid() != daemon and time.monotonic() < deadline:
             time.sleep(0.001)
-        if os.getppid() != parent:
-            print(f"runner not re-parented to the daemon (pid {parent}); exiting", file=sys.stderr)
+        if os.getppid() != daemon:
+            print(f"runner not re-parented to the daemon (pid {daemon}); exiting", file=sys.stderr)
             os._exit(1)
-        rid = str(req["id"])
-        argv = ["--endpoint", str(req["endpoint"]), "--id", rid, "--parent-pid", str(parent)]
-        set_title(f"modeld.runner --id {rid}")
+        set_title(f"modeld.runner --id {req['id']}")
         from modeld.runner.process import main
 
-        code = main(argv)
+        code = main([str(a) for a in req["argv"]])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # never return into the fork server's loop
