@@ -59,3 +59,12 @@ def children(pid: int) -> set[int]:
         except OSError:
             pass
     return out
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs; a zombie (exited, not yet reaped) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -5,7 +5,6 @@ Real daemon process, real runner processes, real llama-cpp-python, tiny generate
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 
 import ggufgen
+from daemonutil import alive as _alive
 from modeld.client import Client
 from modeld.errors import DaemonUnavailableError, ModelNotFoundError, ShuttingDownError
 
@@ -27,16 +27,6 @@ Factory = Callable[..., Any]
 def _children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(x) for x in out.stdout.split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still answers kill(0); it has exited for our purposes
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
 
 
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:

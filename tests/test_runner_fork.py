@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from daemonutil import alive as _alive
 from daemonutil import children as _children
 from daemonutil import until
 from modeld.daemon import forkserver
@@ -46,14 +47,6 @@ def _rollup(pid: int) -> dict[str, int]:
 def _runner_pid(client: Any, model: Path) -> int:
     (row,) = [r for r in client.ps() if r["path"] == str(model.resolve())]
     return int(row["runner_pid"])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_forked_runner_answers_like_a_new_process_and_shares_its_imports(
@@ -162,7 +155,7 @@ def _tiny() -> dict[str, Any]:
 
 
 def test_wire_round_trip_and_bad_lines() -> None:
-    msg = {"id": "r3", "endpoint": "ipc:///x", "parent_pid": 1, "log": "/tmp/l"}
+    msg = {"id": "r3", "argv": ["--endpoint", "ipc:///x", "--id", "r3"], "log": "/tmp/l"}
     line = zygote.encode(msg)
     assert line.endswith(b"\n") and line.count(b"\n") == 1
     assert zygote.decode(line) == msg
