@@ -29,10 +29,21 @@ def tree_memory(doc: dict[str, Any]) -> list[str]:
         t = part["total"]
         rows.append(f"| {label} | **total** | **{_mib(t['rss'])}** | **{_mib(t['pss'])}** | "
                     f"{_mib(t['anon'])} |")
-    rows += ["", f"Ratios to the router: PSS {doc.get('ratio_pss', 0):.3f}, RSS "
-             f"{doc.get('ratio_rss', 0):.3f}; with runners as new processes (`runner_fork` "
-             f"false, spare runner kept) PSS {doc.get('ratio_pss_processes', 0):.3f}, RSS "
+    idle = (doc.get("modeld") or {}).get("idle_after_s")
+    rows += ["", f"Read idle ({idle} s after the run: modeld's fork server exits "
+             "`runner_fork_idle_s` after its last fork). Ratios to the router: PSS "
+             f"{doc.get('ratio_pss', 0):.3f}, RSS {doc.get('ratio_rss', 0):.3f}; with runners "
+             "as new processes (`runner_fork` false, spare runner kept) PSS "
+             f"{doc.get('ratio_pss_processes', 0):.3f}, RSS "
              f"{doc.get('ratio_rss_processes', 0):.3f}."]
+    quiet = (doc.get("modeld") or {}).get("quiet")
+    if quiet and doc.get("ratio_pss_quiet") is not None:
+        parts = ", ".join(f"{p['role']} {_mib(p['pss'])}" for p in quiet["processes"])
+        rows += ["", f"Read quiet (half a second without CPU, right after the run; the fork "
+                 f"server still up), modeld PSS by process: {parts}; total "
+                 f"{_mib(quiet['total']['pss'])} MiB against the router's "
+                 f"{_mib(doc['router']['quiet']['total']['pss'])}: PSS "
+                 f"{doc['ratio_pss_quiet']:.3f}, RSS {doc.get('ratio_rss_quiet', 0):.3f}."]
     return rows
 
 

@@ -133,6 +133,34 @@ def test_runners_start_as_processes_when_the_fork_server_is_gone(
     until(lambda: not _alive(server), what="the fork server to be gone (killed and reaped)")
 
 
+def test_an_idle_fork_server_exits_and_the_next_runner_starts_it_again(
+    daemon_factory: Factory, tiny_model: Path, model_factory: Factory
+) -> None:
+    d = daemon_factory("--runner-fork-idle-s", "1")
+    c = d.client()
+    want = c.generate(str(tiny_model), "hello there", **GREEDY).text()
+    first = c.stats()["fork_server_pid"]
+    assert isinstance(first, int)
+    until(lambda: c.stats()["fork_server_pid"] is None, timeout=20,
+          what="the fork server to exit after 1 s without a fork")  # fmt: skip
+    until(lambda: not _alive(first), what="the idle fork server reaped")
+    assert "runner fork server stopped after 1 s without a fork" in d.log_text()
+    assert c.generate(str(tiny_model), "hello there", **GREEDY).text() == want  # its runner stays
+    # a second model needs a runner: the fork server starts again (a new process) and forks it
+    other = model_factory("llama", **{**_tiny(), "seed": 79})
+    assert c.generate(str(other), "hi", **GREEDY).text() is not None
+    again = c.stats()["fork_server_pid"]
+    assert isinstance(again, int) and again != first and again in _children(d.proc.pid)
+    assert _cmdline(again).startswith(b"modeld fork-server")
+    runner = _runner_pid(c, other)
+    assert runner in _children(d.proc.pid) and runner != again
+    assert _cmdline(runner).startswith(b"modeld.runner --id ")
+    assert f"(pid {runner}, forked)" in d.log_text()
+    assert "runner fork server started again" in d.log_text()
+    # and both models keep answering
+    assert c.generate(str(tiny_model), "hello there", **GREEDY).text() == want
+
+
 def test_the_fork_server_and_its_runners_end_with_a_killed_daemon(
     daemon_factory: Factory, tiny_model: Path
 ) -> None:

@@ -142,6 +142,11 @@ class Settings:
         help="Start runners as forks of one process that has imported llama_cpp, sharing its"
         " memory and starting in milliseconds (Linux, llama.cpp without GPU backends; true or"
         " false)."))
+    runner_fork_idle_s: float = field(default=30.0, metadata=_spec(
+        env="MODELD_RUNNER_FORK_IDLE", parse=parse_float, synonyms=("runner_fork_idle",),
+        check=lambda v: None if v >= 0 else "must not be negative",
+        help="Seconds without a new runner after which the fork server exits (its own ~10 MiB"
+        " go back); the next runner starts it again, ~0.2 s."))
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_aliases,
         help='Model names for paths: a table name = "path" (NAME=PATH,... as a flag).'))

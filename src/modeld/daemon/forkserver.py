@@ -79,13 +79,25 @@ class ForkedProcess:
 class ForkServer:
     """The fork server process as the daemon sees it: start, fork a runner, stop."""
 
-    def __init__(self, pid: int, requests: int, replies: int) -> None:
-        self.pid = pid
+    def __init__(self, proc: ForkedProcess | subprocess.Popen[bytes], requests: int,
+                 replies: int) -> None:
+        self.failed = False  # it stopped answering: runners start as new processes from now on
+        self._attach(proc, requests, replies)
+
+    def _attach(self, proc: ForkedProcess | subprocess.Popen[bytes], requests: int,
+                replies: int) -> None:
+        """Talk to ``proc`` through these pipe ends from now on."""
+        self._proc = proc
         self._requests = requests
         self._replies = replies
         self._buffer = b""
         self.ready = False
-        self.alive = True
+        self.alive = True  # running; after an idle stop the next fork starts it again
+        self.last_used = time.monotonic()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     @classmethod
     def start(cls) -> tuple[ForkServer | None, str]:
@@ -108,30 +120,69 @@ class ForkServer:
             zygote.serve(req_r, rep_w)  # never returns
         os.close(req_r)
         os.close(rep_w)
-        return cls(pid, req_w, rep_r), f"runners are forked from the fork server (pid {pid})"
+        return cls(ForkedProcess(pid), req_w, rep_r), (
+            f"runners are forked from the fork server (pid {pid})")
+
+    def _respawn(self) -> None:
+        """Start the fork server again after an idle stop: this process has threads by now,
+        so as a new Python process (``python -m modeld.runner.zygote``) rather than a fork; its
+        imports take ~0.2 s, which the first fork waits for."""
+        req_r, req_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "modeld.runner.zygote", str(req_r), str(rep_w)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                pass_fds=(req_r, rep_w))  # fmt: skip
+        except OSError:
+            os.close(req_w)
+            os.close(rep_r)
+            raise
+        finally:
+            os.close(req_r)
+            os.close(rep_w)
+        self._attach(proc, req_w, rep_r)
+        log.info("runner fork server started again (pid %d)", proc.pid)
 
     def fork(self, runner_id: str, args: list[str], log_path: Path) -> ForkedProcess | None:
         """A new runner process running the runner's main with ``args``, or None when the fork
         server failed (it is then stopped and not used again: the caller starts the runner the
         other way)."""
-        if not self.alive:
+        if self.failed:
             return None
         try:
+            if not self.alive:
+                self._respawn()
             if not self.ready:
                 self.ready = bool(self._read(READY_WAIT_S).get("ready"))
             os.write(self._requests, zygote.encode(
                 {"id": runner_id, "argv": args, "log": str(log_path)}))
             reply = self._read(FORK_WAIT_S)
         except (OSError, ValueError, TimeoutError) as exc:
-            log.warning("runner fork server failed (%s); starting runners as new processes", exc)
-            self.stop(grace_s=0.0)
+            self._fail(f"runner fork server failed ({exc}); starting runners as new processes")
             return None
         pid = reply.get("pid")
         if reply.get("id") != runner_id or not isinstance(pid, int):
-            log.warning("runner fork server answered %r; starting runners as new processes", reply)
-            self.stop(grace_s=0.0)
+            self._fail(f"runner fork server answered {reply!r}; starting runners as new processes")
             return None
+        self.last_used = time.monotonic()
         return ForkedProcess(pid)
+
+    def _fail(self, why: str) -> None:
+        log.warning("%s", why)
+        self.failed = True
+        self.stop(grace_s=0.0)
+
+    def stop_if_idle(self, idle_s: float) -> bool:
+        """Stop it once no runner was forked for ``idle_s`` seconds: the pages it holds only
+        for itself (~10 MiB: the originals of what its runners wrote to) go back to the
+        system, and the next fork starts it again. True if it stopped now."""
+        if not self.alive or not self.ready or time.monotonic() - self.last_used < idle_s:
+            return False
+        self.stop()
+        log.info("runner fork server stopped after %.0f s without a fork; the next runner"
+                 " starts it again", idle_s)  # fmt: skip
+        return True
 
     def _read(self, timeout: float) -> dict[str, Any]:
         """The next reply line, waiting at most ``timeout`` seconds."""
@@ -156,7 +207,7 @@ class ForkServer:
         for fd in (self._requests, self._replies):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        proc = ForkedProcess(self.pid)
+        proc = self._proc
         try:
             proc.wait(grace_s)
         except subprocess.TimeoutExpired:

@@ -413,6 +413,7 @@ class Scheduler:
         self.admission.time_out(now)
         self._retry()
         self.ensure_spare()
+        self.sup.stop_idle_fork_server(self.settings.runner_fork_idle_s)
 
     def _kill_stalled_rpc(self) -> None:
         """A runner on RPC workers whose requests made no progress for ``runner_stall_s``: a

@@ -73,7 +73,7 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     n_seq = spec.parallel if spec.mode == "generate" else 1
     _choose_tiled(n_seq)
     with _sequences(n_seq), _repacked_weights(n_seq <= 1):
-        return llama_cpp.Llama(
+        llm = llama_cpp.Llama(
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
             n_batch=n_batch,
@@ -93,6 +93,10 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             use_mmap=not spec.rpc,
             tensor_split=list(spec.tensor_split) or None,
         )
+    # Llama's own token array for its sampling methods, which the runner never calls: its ids
+    # (an arange of the vocabulary) are 1 MiB written per process for gemma's 262144 tokens
+    llm._candidates = None  # type: ignore[assignment]
+    return llm
 
 
 @contextlib.contextmanager

@@ -14,7 +14,9 @@ kills their process groups exactly as for runners it started with ``subprocess``
 Wire (two pipes, one JSON object per line): the daemon sends ``{"id", "argv", "log"}`` (the
 runner's arguments, as for ``python -m modeld.runner``); this process answers
 ``{"ready": true}`` once after its imports, then ``{"id", "pid"}`` or ``{"id", "error"}`` per
-request. It exits when the request pipe closes.
+request. It exits when the request pipe closes: at the daemon's exit, or once no runner was
+forked for ``runner_fork_idle_s``; the daemon then starts it again as a new process
+(:func:`main`) when it next needs a runner.
 """
 
 from __future__ import annotations
@@ -184,3 +186,14 @@ def set_title(title: str) -> None:
             return
         data = title.encode()[: size - 1]
         ctypes.memmove(start, data + b"\0" * (size - len(data)), size)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m modeld.runner.zygote REQUESTS_FD REPLIES_FD``: the fork server started again
+    as a new process after an idle stop (the daemon has threads then and cannot fork it)."""
+    set_title("modeld fork-server")  # not "modeld.runner ...": that names runners in ps
+    serve(int(argv[0]), int(argv[1]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
