@@ -277,8 +277,11 @@ class MemorySampler(threading.Thread):
         self.c.close()
 
 
-def _fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+def _fds(pid: int, c: Any) -> int:
+    """The daemon's descriptors, less the two pipes to its runner fork server while it runs
+    (it exits after ``runner_fork_idle_s`` without a fork and starts again on demand)."""
+    server = c.stats().get("fork_server_pid")
+    return len(os.listdir(f"/proc/{pid}/fd")) - (2 if server else 0)
 
 
 def _quiesce(d: Any, c: Any) -> None:
@@ -319,7 +322,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
         _quiesce(d, c)
         time.sleep(1.0)
-        before = {"runners": len(d.runners()), "fds": _fds(d.pid)}
+        before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
         stop_event = threading.Event()
         sampler = MemorySampler(d, budget, stop_event)
         sampler.start()
@@ -354,7 +357,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         stats = c.stats()
         _quiesce(d, c)
         time.sleep(1.0)  # closed client connections leave the daemon's descriptor table
-        after = {"runners": len(d.runners()), "fds": _fds(d.pid)}
+        after = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
     leave = leave_trials(leave_rounds or (1 if ctx.smoke else 5))
     requests = sum(sum(v.values()) for v in tally.by_op.values())
     lost = tally.total("lost") + tally.total("untyped") + hung + sum(
