@@ -89,6 +89,7 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
     c = d.client()
     row = c.load(str(path))
     n_ctx = int(row["n_ctx"])
+    parallel = int(row.get("parallel") or 1)  # the in-process loads take the same shape
     c.unload(str(path))
     _wait_idle_runners(d, 1)  # the unloaded runner, kept as the spare
     inner: list[dict[str, Any]] = []
@@ -107,7 +108,8 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
         # A fresh process with llama_cpp imported (as the spare runner is): its first load.
         worker = InProc()
         try:
-            out = worker.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads)
+            out = worker.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads,
+                             parallel=parallel)
         finally:
             worker.close()
         inner.append(out)
@@ -118,7 +120,8 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
 
     def inproc_warm_load() -> float:
         # The same process each round (it has loaded before, as a reused runner has).
-        out = warm.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads)
+        out = warm.cmd(cmd="load", path=str(path), n_ctx=n_ctx, threads=ctx.threads,
+                       parallel=parallel)
         warm.cmd(cmd="unload")
         warm_inner.append(out)
         return float(out["total_s"])
@@ -140,10 +143,12 @@ def cold_load(ctx: Context, d: Daemon) -> dict[str, Any]:
     return {
         "title": "Cold load",
         "what": "wall time of `modeld load MODEL` (CLI process, daemon running, spare runner "
-        "ready) vs Llama(...) + the runner's warm-up timed inside a fresh Python process that "
-        "has already imported llama_cpp (the state of a spare runner)",
+        "ready) vs Llama(...) with the runner's context shape (the sequences it chose, each of "
+        "n_ctx cells) + the runner's warm-up timed inside a fresh Python process that has "
+        "already imported llama_cpp (the state of a spare runner)",
         "model": path.name,
         "n_ctx": n_ctx,
+        "parallel": parallel,
         "threads": ctx.threads,
         "modeld_s": m,
         "inproc_s": i,

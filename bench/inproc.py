@@ -21,10 +21,20 @@ import time
 from typing import Any
 
 
-def _load(path: str, n_ctx: int, threads: int) -> Any:
+def _load(path: str, n_ctx: int, threads: int, parallel: int = 0) -> Any:
+    """``Llama(...)`` as the runner calls it. With ``parallel`` (the sequences a modeld runner
+    loaded the model with), the same context shape: ``parallel`` KV streams of ``n_ctx``
+    cells and no repacked weights, through the runner's own call (runner/llamaopen.py) so the
+    two cannot drift apart; without, one sequence of ``n_ctx`` cells."""
     import llama_cpp
 
     n_batch = min(512, n_ctx)
+    if parallel:
+        from modeld.runner import llamaopen, specs
+
+        spec = specs.LoadSpec(path=path, mode="generate", n_ctx=n_ctx, n_threads=threads,
+                              n_batch=n_batch, seed=0, chat_format=None, parallel=parallel)
+        return llamaopen.open_llama(spec, n_batch)
     return llama_cpp.Llama(
         model_path=path,
         n_ctx=n_ctx,
@@ -81,7 +91,8 @@ def serve() -> int:
                 llm.close()
                 llm = None
             t0 = time.perf_counter()
-            llm = _load(cmd["path"], int(cmd["n_ctx"]), int(cmd["threads"]))
+            llm = _load(cmd["path"], int(cmd["n_ctx"]), int(cmd["threads"]),
+                        int(cmd.get("parallel", 0)))
             t1 = time.perf_counter()
             _warm_up(llm)
             t2 = time.perf_counter()

@@ -88,6 +88,15 @@ NOTES: dict[str, str] = {
         "Sending text at most every 40 ms (the first piece at once) removed most of it."
     ),
     "cold_load": (
+        "**Like for like since 2026-11-26 (third session)**: since the automatic `parallel` "
+        "(issue 26) a runner loads the default model with 4 sequences of n_ctx cells and "
+        "without repacked weights, while the in-process baseline still loaded one sequence "
+        "with them: 4x the KV cache to allocate and clear on one side only (the in-process "
+        "load of the runner's shape takes 0.58-0.60 s against 0.47 s). The baseline now loads "
+        "the shape the runner chose (`parallel` from the load's row, through the runner's own "
+        "call, runner/llamaopen.py): 1.026 and 0.986 against the fresh process, 1.134 and "
+        "1.132 against the reload (10 rounds each, load 0.8-1.0). The figures below were "
+        "measured against one sequence. "
         "**Forked runners (session of 2026-11-26, fork server on by default)**: 1.185 and "
         "1.256 while an unloaded runner exited (every `modeld load` then a first load in a "
         "fresh fork; the runner's `load_seconds` 0.58-0.62 s against 0.50 s in-process), "
