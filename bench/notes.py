@@ -242,8 +242,7 @@ NOTES: dict[str, str] = {
         "`bench/chaos_leave.leave_trials(2)`: 6 trials, each way twice): disconnect to an idle "
         "runner p50 0.21 s, max 0.46 s (HTTP stream cut before its first token, non-streaming "
         "HTTP timeout, SIGKILLed CLI), 0 wedged, 12 of 12 lone-surrogate requests answered "
-        "400 with both streams beside them ending normally. The table's figures are the "
-        "loaded run's."
+        "400 with both streams beside them ending normally."
     ),
     "parallel": (
         "Reproduce: `.venv/bin/python bench/peer.py` builds llama-server once (the PyPI sdist "
