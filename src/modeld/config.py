@@ -78,6 +78,10 @@ def _positive(v: float) -> str | None:
     return None if v > 0 else "must be greater than 0"
 
 
+def _not_negative(v: float) -> str | None:
+    return None if v >= 0 else "must not be negative"
+
+
 def _multiple_of_256(v: int) -> str | None:
     return None if v >= 256 and v % 256 == 0 else "must be a positive multiple of 256"
 
@@ -144,7 +148,7 @@ class Settings:
         " false)."))
     runner_fork_idle_s: float = field(default=30.0, metadata=_spec(
         env="MODELD_RUNNER_FORK_IDLE", parse=parse_float, synonyms=("runner_fork_idle",),
-        check=lambda v: None if v >= 0 else "must not be negative",
+        check=_not_negative,
         help="Seconds without a new runner after which the fork server exits (its own ~10 MiB"
         " go back); the next runner starts it again, ~0.2 s."))
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
@@ -166,7 +170,7 @@ class Settings:
         help="Threads per runner; auto or 0 derives it from the CPU quota."))
     failure_cooldown_s: float = field(default=30.0, metadata=_spec(
         env="MODELD_FAILURE_COOLDOWN", parse=parse_float,
-        synonyms=("failure_cooldown",), check=lambda v: None if v >= 0 else "must not be negative",
+        synonyms=("failure_cooldown",), check=_not_negative,
         help="Seconds before a failed load of the same file is retried (doubles with each"
         " further failure, up to 10 minutes)."))
     max_queue: int = field(default=64, metadata=_spec(
