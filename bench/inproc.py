@@ -24,8 +24,9 @@ from typing import Any
 def _load(path: str, n_ctx: int, threads: int, parallel: int = 0) -> Any:
     """``Llama(...)`` as the runner calls it. With ``parallel`` (the sequences a modeld runner
     loaded the model with), the same context shape: ``parallel`` KV streams of ``n_ctx``
-    cells and no repacked weights, through the runner's own call (runner/llamaopen.py) so the
-    two cannot drift apart; without, one sequence of ``n_ctx`` cells."""
+    cells (and, for more than one, no repacked weights), through the runner's own call
+    (runner/llamaopen.py) so the two cannot drift apart; without, one sequence of ``n_ctx``
+    cells."""
     import llama_cpp
 
     n_batch = min(512, n_ctx)
