@@ -55,6 +55,7 @@ def _declare() -> None:
         ),
         "ggml_backend_dev_by_name": (ctypes.c_void_p, [ctypes.c_char_p]),
         "ggml_backend_dev_by_type": (ctypes.c_void_p, [ctypes.c_int]),
+        "ggml_backend_dev_type": (ctypes.c_int, [ctypes.c_void_p]),
     }  # fmt: skip
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(_lib, name)
@@ -120,19 +121,30 @@ def register(endpoints: Sequence[str]) -> None:
         _lib.ggml_backend_register(reg)
 
 
-def devices() -> list[dict[str, Any]]:
-    """Every ggml device this process sees: name, description, free and total bytes."""
+#: ggml_backend_dev_type, in its enum's order
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel")
+
+
+def devices(memory: bool = True) -> list[dict[str, Any]]:
+    """Every ggml device this process sees: name, description, type and, with ``memory``,
+    free and total bytes. The first call initialises every backend (CUDA: cuInit and the
+    device properties, no context); asking a CUDA device its memory creates its context
+    (hundreds of MiB of VRAM held by this process), so the runner asks without."""
     _declare()
     out: list[dict[str, Any]] = []
     for i in range(int(_lib.ggml_backend_dev_count())):
         dev = _lib.ggml_backend_dev_get(i)
-        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        _lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-        out.append({
+        kind = int(_lib.ggml_backend_dev_type(dev))
+        row: dict[str, Any] = {
             "name": (_lib.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),
             "description": (_lib.ggml_backend_dev_description(dev) or b"").decode(errors="replace"),
-            "free": int(free.value), "total": int(total.value),
-        })  # fmt: skip
+            "type": DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else str(kind),
+        }  # fmt: skip
+        if memory:
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            _lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            row["free"], row["total"] = int(free.value), int(total.value)
+        out.append(row)
     return out
 
 

@@ -68,6 +68,10 @@ KV_TYPE_BYTES: dict[str, float] = {
     "iq4_nl": 18 / 32,
 }
 
+#: the KV cache types modeld offers (Ollama's OLLAMA_KV_CACHE_TYPE, llama-server's -ctk/-ctv);
+#: a quantized V cache needs flash attention, which the runner always uses
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")
+
 #: ggml types the CPU backend repacks on x86-64 AVX2+/ARM (ggml-cpu/repack.cpp) when the row
 #: count is a multiple of 8. Checked on the 0.3.36 build here: Q4_K repacks; Q5_0, Q6_K, Q8_0 not.
 REPACK_TYPES = frozenset({"Q4_0", "Q4_K", "Q2_K", "IQ4_NL"})

@@ -178,6 +178,7 @@ class RunnerHello(TypedDict):
     runner_id: NotRequired[str]
     llama_cpp_version: NotRequired[str]
     rpc_supported: NotRequired[bool]  # built with llama.cpp's RPC backend (-DGGML_RPC=ON)
+    devices: NotRequired[list[dict[str, Any]]]  # llama.cpp's devices: name, description, type
 
 
 class RunnerLoaded(TypedDict):

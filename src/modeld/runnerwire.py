@@ -80,8 +80,10 @@ def hello(
     runner_id: str | None = None,
     llama_cpp_version: str | None = None,
     rpc_supported: bool | None = None,
+    devices: Sequence[Mapping[str, Any]] | None = None,
 ) -> RunnerHello:
-    """First message of a runner: who it is and its memory before any model is loaded."""
+    """First message of a runner: who it is, its memory before any model is loaded and the
+    llama.cpp devices it sees (name, description, type: ``cpu``, ``gpu``, ...)."""
     msg: RunnerHello = {"type": "hello", "pid": pid, "baseline": _memory(baseline)}
     if runner_id is not None:
         msg["runner_id"] = runner_id
@@ -89,6 +91,8 @@ def hello(
         msg["llama_cpp_version"] = llama_cpp_version
     if rpc_supported is not None:
         msg["rpc_supported"] = rpc_supported
+    if devices is not None:
+        msg["devices"] = [dict(d) for d in devices]
     return msg
 
 
@@ -108,6 +112,10 @@ def load(
     rpc: Sequence[str] = (),
     rpc_ctx_floor: int | None = None,
     rpc_memory: int | None = None,
+    gpu_layers: int = 0,
+    tensor_split: Sequence[float] = (),
+    type_k: str = "f16",
+    type_v: str = "f16",
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -121,6 +129,9 @@ def load(
     ``rpc_ctx_floor``: the runner may lower ``n_ctx`` down to this so every worker's share
     fits its memory (None: ``n_ctx`` was asked for; a share that does not fit fails the load).
     ``rpc_memory``: the most bytes of each worker's memory to plan with (None: its free memory).
+    ``gpu_layers``: layers on the GPUs (-1 all; 0 none: the runner then keeps off the GPUs),
+    split between them by ``tensor_split`` (empty: llama.cpp's split by free memory).
+    ``type_k``/``type_v``: the KV cache types (absent: f16, as runners before them).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -139,6 +150,12 @@ def load(
         msg["parallel"] = parallel
     if chat_format is not None:
         msg["chat_format"] = chat_format
+    if gpu_layers:
+        msg["gpu_layers"] = gpu_layers
+    if tensor_split:
+        msg["tensor_split"] = list(tensor_split)
+    if (type_k, type_v) != ("f16", "f16"):
+        msg["type_k"], msg["type_v"] = type_k, type_v
     if rpc:
         msg["rpc"] = list(rpc)
         if rpc_ctx_floor is not None:

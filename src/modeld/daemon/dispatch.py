@@ -15,13 +15,13 @@ from typing import Any, cast
 from modeld import ctx, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
+from modeld.daemon import crashinfo
 from modeld.daemon.decisions import AnswerLoad, Reload
 from modeld.daemon.jobs import Job, Send, Slot, done_body
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
     ContextExceededError,
-    InvalidModelError,
     ModeldError,
     RpcWorkerError,
     RunnerCrashedError,
@@ -333,14 +333,11 @@ class Dispatch:
             self.cache.clear_failure(slot.key)  # not the file's fault: no cool-down
             return []
         if entry is not None and entry.state is EntryState.LOADING:
-            self.load_failed(
-                slot,
-                InvalidModelError(
-                    f"{slot.name} could not be loaded: {why} while loading",
-                    hint="the file may be corrupt or unsupported; see the runner log",
-                    details={"exit_code": runner.exit_code, "path": slot.key.path},
-                ),
-            )
+            err = crashinfo.load_crash(slot.name, slot.key.path, runner.exit_code,
+                                       runner.devices, crashinfo.tail(runner.load_log),
+                                       runner.load_log)  # fmt: skip
+            log.warning("%s", err.message)
+            self.load_failed(slot, err)
             return []
         log.warning("%s: %s", slot.name, why)
         self.slots.pop(slot.key, None)

@@ -65,6 +65,8 @@ class RunnerHandle:
     exit_code: int | None = None
     last_heard: float = 0.0  # any message or heartbeat (monotonic); starts at spawn
     stalled_s: float | None = None  # silent this long when it was killed for it
+    devices: list[dict[str, Any]] = field(default_factory=list)  # its hello: llama.cpp's devices
+    load_log: Path | None = None  # llama.cpp's lines of its current load (read after a crash)
 
     @property
     def pid(self) -> int:
@@ -102,19 +104,21 @@ class Supervisor:
         is false); messages for it queue until its ``hello`` arrives."""
         rid = f"r{next(self._ids)}"
         log_path = self.log_dir / f"runner-{rid}.log"
-        args = self._runner_args(rid)
+        load_log = self.log_dir / f"runner-{rid}.load.log"
+        args = self._runner_args(rid, load_log)
         forked = self.forks.fork(rid, args, log_path) if self.forks and fork else None
         popen = forked or self._popen(args, log_path)
         now = self._clock()
-        runner = RunnerHandle(rid, popen, now, last_heard=now)
+        runner = RunnerHandle(rid, popen, now, last_heard=now, load_log=load_log)
         self.runners[rid] = runner
         log.info("started runner %s (pid %d%s), log %s", rid, popen.pid,
                  ", forked" if forked else "", log_path)  # fmt: skip
         return runner
 
-    def _runner_args(self, rid: str) -> list[str]:
+    def _runner_args(self, rid: str, load_log: Path) -> list[str]:
         """The runner's arguments, whichever way it starts (:func:`modeld.runner.process.main`)."""
-        return ["--endpoint", self.endpoint, "--id", rid, "--parent-pid", str(os.getpid())]
+        return ["--endpoint", self.endpoint, "--id", rid, "--parent-pid", str(os.getpid()),
+                "--load-log", str(load_log)]  # fmt: skip
 
     def _popen(self, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         """A runner as a new Python process (no fork server, or it failed)."""
@@ -184,6 +188,9 @@ class Supervisor:
                 runner.baseline = {k: int(v) for k, v in baseline.items() if isinstance(v, int)}
             rpc_ok = msg.get("rpc_supported")
             runner.rpc_supported = rpc_ok if isinstance(rpc_ok, bool) else None
+            devices = msg.get("devices")
+            if isinstance(devices, list):
+                runner.devices = [d for d in devices if isinstance(d, dict)]
             pending, runner.pending = runner.pending, []
             for queued in pending:
                 self.send(ident, queued)

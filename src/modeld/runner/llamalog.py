@@ -7,8 +7,10 @@ also hide the message of a native abort. :func:`install_llama_logging` fixes bot
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import os
 from typing import Any
 
 import llama_cpp
@@ -18,7 +20,7 @@ import llama_cpp.llama
 # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the last message
 _LEVELS = {0: logging.INFO, 1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 llama_logger = logging.getLogger("llama.cpp")
-_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG, "capture": None}
+_log_state: dict[str, Any] = {"buf": "", "level": logging.DEBUG, "capture": None, "file": None}
 
 
 @llama_cpp.llama_log_callback  # type: ignore[untyped-decorator]
@@ -33,17 +35,29 @@ def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> 
             llama_logger.log(_log_state["level"], "%s", line)
             if _log_state["capture"] is not None:
                 _log_state["capture"].append(line)
+            if _log_state["file"] is not None:
+                with contextlib.suppress(OSError):
+                    os.write(_log_state["file"], line.encode("utf-8", "replace") + b"\n")
 
 
-def capture_start() -> None:
-    """Keep llama.cpp's log lines from now on (a load's device buffers are read from them)."""
+def capture_start(path: str | None = None) -> None:
+    """Keep llama.cpp's log lines from now on (a load's device buffers are read from them);
+    with ``path``, also write each line there at once (unbuffered): should llama.cpp kill the
+    process, the daemon reads the load's last lines from that file (daemon/crashinfo.py)."""
     _log_state["capture"] = []
+    if path is not None:
+        with contextlib.suppress(OSError):
+            _log_state["file"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
 
 
 def capture_stop() -> list[str]:
     """The lines kept since :func:`capture_start` (and stop keeping them)."""
     lines: list[str] = _log_state["capture"] or []
     _log_state["capture"] = None
+    fd, _log_state["file"] = _log_state["file"], None
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
     return lines
 
 

@@ -14,6 +14,7 @@ before opening its first model, and only for a model that decodes more than 7 se
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections.abc import Iterator
 
@@ -25,6 +26,9 @@ from modeld.runner.batch import RANDOM_SEED
 
 #: ggml-cpu's switch of its tiled K-quant matmul: on unless set to a number that is 0.
 TILED_ENV = "GGML_CPU_TILED_MM"
+#: ggml's type ids of the KV cache types (memory.KV_CACHE_TYPES)
+GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+              "q4_0": llama_cpp.GGML_TYPE_Q4_0}  # fmt: skip
 
 
 class _Process:
@@ -72,7 +76,8 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
     n_seq = spec.parallel if spec.mode == "generate" else 1
     _choose_tiled(n_seq)
-    with _sequences(n_seq), _repacked_weights(n_seq <= 1):
+    cpu_only = spec.gpu_layers == 0 and not spec.rpc
+    with _sequences(n_seq), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
         llm = llama_cpp.Llama(
             model_path=spec.path,
             n_ctx=spec.n_ctx * n_seq,
@@ -87,7 +92,9 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
             embedding=spec.mode != "generate",
             verbose=False,
             # with RPC workers every layer goes to them (0 would keep all local, silently)
-            n_gpu_layers=-1 if spec.rpc else 0,
+            n_gpu_layers=-1 if spec.rpc else spec.gpu_layers,
+            type_k=GGML_TYPES[spec.type_k],
+            type_v=GGML_TYPES[spec.type_v],
             # and the weights are read, not mapped: mapped pages sent to a worker would stay
             # resident here as file-backed memory the daemon charges
             use_mmap=not spec.rpc,
@@ -123,24 +130,31 @@ def _sequences(n_seq: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _repacked_weights(allowed: bool) -> Iterator[None]:
-    """Load without llama.cpp's repacked weights unless ``allowed``: their kernels compute a
+def _model_params(*, repack: bool, cpu_only: bool) -> Iterator[None]:
+    """Load without llama.cpp's repacked weights unless ``repack``: their kernels compute a
     micro-batch's rows four at a time and the rest one by one, so a sequence decoded beside
     others would get other logits (runner/microbatch.py). Measured cost: 3-5% of the wall-clock
     decode rate with 2 threads (issue 26), none in CPU time per token with 1 thread
-    (docs/benchmarks.md). The high-level ``Llama`` has no such argument: as
-    :func:`_sequences`, its source of default model parameters answers for it meanwhile."""
-    if allowed:
+    (docs/benchmarks.md). ``cpu_only``: give the model no GPU device at all (an empty device
+    list): with a GPU backend built in, llama.cpp would otherwise create a CUDA context (~720 MB
+    of VRAM, DESIGN.md 12) and send large batches' matmuls to the card even with no layer there.
+    The high-level ``Llama`` has neither argument: as :func:`_sequences`, its source of default
+    model parameters answers for it meanwhile."""
+    if repack and not cpu_only:
         yield
         return
     default = llama_cpp.llama_cpp.llama_model_default_params
+    no_devices = (ctypes.c_void_p * 1)(None)  # NULL-terminated: kept alive through the load
 
-    def without() -> llama_cpp.llama_model_params:
+    def patched() -> llama_cpp.llama_model_params:
         params: llama_cpp.llama_model_params = default()
-        params.use_extra_bufts = False
+        if not repack:
+            params.use_extra_bufts = False
+        if cpu_only:
+            params.devices = ctypes.addressof(no_devices)  # type: ignore[assignment]
         return params
 
-    llama_cpp.llama_cpp.llama_model_default_params = without
+    llama_cpp.llama_cpp.llama_model_default_params = patched
     try:
         yield
     finally:

@@ -15,6 +15,7 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import gc
 import logging
@@ -66,8 +67,13 @@ def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 class Runner(RunnerServer):
     """Owns the model; the conversation rules are in RunnerServer."""
 
-    def __init__(self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int) -> None:
+    def __init__(
+        self, sock: zmq.Socket[bytes], runner_id: str, parent_pid: int,
+        devices: Sequence[Mapping[str, Any]] = (), load_log: str | None = None,
+    ) -> None:
         super().__init__(sock, runner_id, parent_pid)
+        self.devices = [dict(d) for d in devices]  # ggml's, found before any thread started
+        self.load_log = load_log  # llama.cpp's lines of the current load (read after a crash)
         self.baseline = probe.own_memory(gpu=True)
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: sequence 0 (owns persistence)
@@ -85,7 +91,7 @@ class Runner(RunnerServer):
         version = str(getattr(llama_cpp, "__version__", "?"))
         return rp.hello(
             os.getpid(), self.baseline, runner_id=self.runner_id, llama_cpp_version=version,
-            rpc_supported=ggmlrpc.supported(),
+            rpc_supported=ggmlrpc.supported(), devices=self.devices,
         )  # fmt: skip
 
     def _register_rpc(self, spec: specs.LoadSpec) -> specs.LoadSpec | None:
@@ -131,7 +137,7 @@ class Runner(RunnerServer):
             return
         spec = planned
         t0 = time.perf_counter()
-        llamalog.capture_start()
+        llamalog.capture_start(self.load_log)
         try:
             llm = llamaopen.open_llama(spec, min(spec.n_batch, spec.n_ctx))
             pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
@@ -437,7 +443,18 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--id", required=True, dest="runner_id", help="this runner's identity")
     p.add_argument("--log-level", default=os.environ.get("MODELD_LOG_LEVEL", "INFO"))
     p.add_argument("--parent-pid", type=int, help="the daemon's pid (default: the parent's)")
+    p.add_argument("--load-log", help="file for llama.cpp's lines of each load (crash report)")
     return p.parse_args(argv)
+
+
+def init_native() -> list[dict[str, Any]]:
+    """Initialise llama.cpp's backends and list their devices while this process runs one
+    thread, before NVML, ZeroMQ's I/O threads or the heartbeat thread exist: the order of a
+    plain ``Llama(...)`` process, the one a CUDA build was seen to load in. (Initialised later,
+    from the first load or the hello's RPC check, every runner of a CUDA build died with
+    SIGSEGV: issue 34; scripts/gpu-check.sh bisects these steps on a card.)"""
+    llama_cpp.llama_backend_init()
+    return ggmlrpc.devices(memory=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -455,12 +472,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
     llama_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     install_llama_logging()
+    faulthandler.enable()  # a native crash leaves the Python stack in the runner log
+    devices = init_native()
     # Given by the daemon: a runner started just as the daemon died would otherwise take its
     # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).
     parent = args.parent_pid or os.getppid()
     with (connect(args.endpoint, args.runner_id) as sock,
           heartbeats(sock.context, args.endpoint, args.runner_id)):
-        runner = Runner(sock, args.runner_id, parent)
+        runner = Runner(sock, args.runner_id, parent, devices, args.load_log)
         return runner.serve(runner.hello())
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from modeld import options
 from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import InvalidRequestError
+from modeld.memory import KV_CACHE_TYPES
 from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
 from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
@@ -46,6 +47,9 @@ class LoadSpec:
     rpc_ctx_floor: int | None = None  # n_ctx may be lowered to this to fit the workers
     rpc_memory: int | None = None  # bytes of each worker's memory to plan with (None: free)
     tensor_split: tuple[float, ...] = ()  # llama.cpp's split weights (empty: by free memory)
+    gpu_layers: int = 0  # layers on the GPUs (-1: all); 0: CPU only, no GPU touched at all
+    type_k: str = "f16"  # KV cache types (memory.KV_CACHE_TYPES)
+    type_v: str = "f16"
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,28 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         rpc=_rpc(msg.get("rpc")),
         rpc_ctx_floor=_int(msg, "rpc_ctx_floor", 256, 1 << 24) if "rpc_ctx_floor" in msg else None,
         rpc_memory=_int(msg, "rpc_memory", 1, 1 << 62) if "rpc_memory" in msg else None,
+        tensor_split=_split(msg.get("tensor_split")),
+        gpu_layers=_int(msg, "gpu_layers", -1, 1 << 16, 0),
+        type_k=_kv_type(msg, "type_k"),
+        type_v=_kv_type(msg, "type_v"),
     )
+
+
+def _split(value: object) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in value
+    ):
+        raise ProtocolError("load: 'tensor_split' must be a list of non-negative numbers")
+    return tuple(float(x) for x in value)
+
+
+def _kv_type(msg: Mapping[str, Any], key: str) -> str:
+    value = msg.get(key, "f16")
+    if value not in KV_CACHE_TYPES:
+        raise ProtocolError(f"load: {key!r} must be one of {', '.join(KV_CACHE_TYPES)}")
+    return str(value)
 
 
 def _rpc(value: object) -> tuple[str, ...]:
