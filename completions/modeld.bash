@@ -39,8 +39,8 @@ _modeld_spec() {
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --help -h"
-            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers --help -h"
+            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers"
             positional=()
             ;;
         "stop")
@@ -66,8 +66,8 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --help -h"
-            value_opts="--ctx --keep-alive --parallel --rpc"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --kv-cache-type --gpu-layers --help -h"
+            value_opts="--ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers"
             positional=(model)
             ;;
         "unload")

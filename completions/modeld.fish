@@ -53,7 +53,7 @@ function __modeld_value_opts --description 'options of a command that take a val
     switch "$argv[1]"
         case ''
         case 'serve'
-            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel
+            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers
         case 'stop'
         case 'run'
             printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc
@@ -62,7 +62,7 @@ function __modeld_value_opts --description 'options of a command that take a val
         case 'rerank'
             printf '%s\n' --top-n --keep-alive
         case 'load'
-            printf '%s\n' --ctx --keep-alive --parallel --rpc
+            printf '%s\n' --ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers
         case 'unload'
         case 'ps'
         case 'stats'
@@ -112,6 +112,8 @@ complete -c modeld -n '__modeld_is serve' -l prompt-cache-mib -x -d 'Prompt-stat
 complete -c modeld -n '__modeld_is serve' -l runner-stall -x -d 'Kill a runner that sends no heartbeat for this many seconds.'
 complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama, OpenAI, Anthropic): "HOST:PORT" or "off".'
 complete -c modeld -n '__modeld_is serve' -l parallel -x -d 'Requests one model decodes together (0: auto, 4 if memory allows).'
+complete -c modeld -n '__modeld_is serve' -l kv-cache-type -x -d 'KV cache type: f16, q8_0 or q4_0 (default: the config\'s).'
+complete -c modeld -n '__modeld_is serve' -l gpu-layers -x -d 'Layers on the GPUs: N, auto or 0 (CPU only; default: the config\'s).'
 complete -c modeld -n '__modeld_is serve' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is stop' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is stop' -l help -s h -d 'Show this message and exit.'
@@ -150,6 +152,8 @@ complete -c modeld -n '__modeld_is load' -l parallel -x -d 'Requests it decodes 
 complete -c modeld -n '__modeld_is load' -l json -d 'Print one JSON document (for scripts).'
 complete -c modeld -n '__modeld_is load' -l no-pull -d 'Never pull a missing hf.co/… model (MODELD_NO_PULL=1).'
 complete -c modeld -n '__modeld_is load' -l rpc -x -d 'llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them (modeld rpc-worker; docs/rpc.md).'
+complete -c modeld -n '__modeld_is load' -l kv-cache-type -x -d 'KV cache type: f16, q8_0 or q4_0 (default: the config\'s).'
+complete -c modeld -n '__modeld_is load' -l gpu-layers -x -d 'Layers on the GPUs: N, auto or 0 (CPU only; default: the config\'s).'
 complete -c modeld -n '__modeld_is load' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is load 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is unload' -l all -d 'Unload every model.'

@@ -326,14 +326,20 @@ class Client:
         pinned: bool = False,
         parallel: int | None = None,
         rpc: Sequence[str] | None = None,
+        kv_cache_type: str | None = None,
+        gpu_layers: int | None = None,
     ) -> PsRow | UnloadedRow:
         """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
         the model is made for (rerank for a reranker, else generate). ``parallel``: the
         requests it decodes together (None: the daemon's setting, else automatic). ``rpc``:
-        llama.cpp RPC workers ("HOST:PORT") that get every layer (None: the config's)."""
+        llama.cpp RPC workers ("HOST:PORT") that get every layer (None: the config's).
+        ``kv_cache_type`` (f16, q8_0, q4_0) and ``gpu_layers`` (-1: auto, 0: CPU only): None
+        is the config's (per model, else the setting)."""
+        extra: dict[str, Any] = {k: v for k, v in (("kv_cache_type", kv_cache_type),
+                                                   ("gpu_layers", gpu_layers)) if v is not None}
         reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,
-            parallel=parallel, rpc=None if rpc is None else list(rpc),
+            parallel=parallel, rpc=None if rpc is None else list(rpc), **extra,
         )
         row = reply.get("model")
         return cast(PsRow | UnloadedRow, row if isinstance(row, dict) else reply)

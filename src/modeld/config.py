@@ -24,11 +24,14 @@ from modeld.settingvalues import (
     parse_bytes,
     parse_eviction,
     parse_float,
+    parse_gpu_layers,
     parse_http,
     parse_http_address,
     parse_int,
     parse_keep_alive_text,
+    parse_kv_cache_type,
     parse_log_level,
+    parse_model_options,
     parse_optional_bytes,
     parse_optional_int,
     parse_origins,
@@ -63,6 +66,7 @@ class Setting:
     help: str
     synonyms: tuple[str, ...] = ()
     check: Callable[[Any], str | None] | None = None
+    env_also: str | None = None  # read when ``env`` is unset (a peer's variable: Ollama's)
 
 
 def _spec(**spec: Any) -> dict[str, Setting]:
@@ -195,6 +199,20 @@ class Settings:
     http_origins: tuple[str, ...] = field(default=(), metadata=_spec(
         env="MODELD_HTTP_ORIGINS", parse=parse_origins,
         help="Comma-separated browser origins allowed to call the HTTP API (CORS)."))
+    kv_cache_type: str = field(default="f16", metadata=_spec(
+        env="MODELD_KV_CACHE_TYPE", env_also="OLLAMA_KV_CACHE_TYPE", parse=parse_kv_cache_type,
+        help="KV cache type: f16, q8_0 (about half the memory of f16) or q4_0 (about a"
+        " quarter), so a budget holds 2-4x the context; as Ollama's OLLAMA_KV_CACHE_TYPE"
+        " (also read) and llama-server's -ctk/-ctv. Per model in [model_options.NAME]."))
+    gpu_layers: int | None = field(default=None, metadata=_spec(
+        env="MODELD_GPU_LAYERS", parse=parse_gpu_layers,
+        help="Layers on the GPUs: auto (as many as fit each card's free VRAM, the rest in"
+        " RAM), a number, or 0 (CPU only). Without a GPU build or card: CPU only. Per model"
+        " in [model_options.NAME]."))
+    model_options: dict[str, dict[str, object]] = field(default_factory=dict, metadata=_spec(
+        env=None, parse=parse_model_options,
+        help="Options per model name: tables [model_options.NAME] with kv_cache_type and"
+        " gpu_layers."))
     parallel: int | None = field(default=None, metadata=_spec(
         env="MODELD_PARALLEL", parse=parse_optional_int,
         check=lambda v: None if 1 <= v <= 64 else "must be between 1 and 64 (or 0/auto)",
@@ -347,6 +365,9 @@ def load_settings(
             sources[name] = where
 
     for name, var in ENV_VARS.items():
+        also = SETTINGS[name].env_also
+        if not (environ.get(var) or "").strip() and also and (environ.get(also) or "").strip():
+            var = also
         raw = environ.get(var)
         if raw is not None and raw.strip() != "":
             values[name] = _convert(name, raw, f"environment variable {var}")

@@ -263,6 +263,8 @@ class LoadRequest:
     pinned: bool = False
     parallel: int | None = None  # sequences decoded together (None: the daemon's setting)
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
+    kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
+    gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
 
 
 @dataclass(frozen=True)
@@ -361,6 +363,8 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.flag("pinned"),
             b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
             b.rpc(),
+            b.kv_cache_type(),
+            b.int_field(b.body, "gpu_layers", -1, 1 << 16, None),
         )
     if t == "unload":
         everything = b.flag("all")
@@ -402,6 +406,15 @@ class _Body:
             return parse_endpoints(value)
         except InvalidRequestError as exc:
             raise self.fail(exc.message) from exc
+
+    def kv_cache_type(self) -> str | None:
+        """``kv_cache_type``: f16, q8_0 or q4_0 (absent: the daemon's setting)."""
+        from modeld.memory import KV_CACHE_TYPES
+
+        value = self.body.get("kv_cache_type")
+        if value is not None and value not in KV_CACHE_TYPES:
+            raise self.fail(f"'kv_cache_type' must be one of {', '.join(KV_CACHE_TYPES)}")
+        return value if isinstance(value, str) else None
 
     def fail(self, text: str) -> ProtocolError:
         return ProtocolError(

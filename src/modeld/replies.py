@@ -139,6 +139,13 @@ class PsRow(TypedDict):
     rpc: NotRequired[list[str]]  # its llama.cpp RPC workers (only for such a model)
     devices: NotRequired[list[DeviceShare]]  # what each device holds (only with rpc)
     layers_offloaded: NotRequired[str]  # "13/13" (only with rpc)
+    kv_cache_type: NotRequired[str]  # f16, q8_0, q4_0
+    processor: NotRequired[str]  # as ollama ps: "100% GPU", "35%/65% CPU/GPU", "100% CPU"
+    gpu_layers: NotRequired[int]  # layers planned on the GPUs
+    size_vram: NotRequired[int]  # bytes on the GPUs: NVML's for its runner, else the plan
+    vram_estimate: NotRequired[int]  # the plan's bytes on the GPUs
+    vram_per_gpu: NotRequired[list[int]]  # the plan, per card
+    gpu_reason: NotRequired[str]  # why that many layers
 
 
 class UnloadedRow(TypedDict):

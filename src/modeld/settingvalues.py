@@ -215,3 +215,56 @@ def parse_eviction(value: object) -> str:
     if text not in POLICIES:
         raise ValueError(f"eviction must be one of {', '.join(POLICIES)}")
     return text
+
+
+def parse_kv_cache_type(value: object) -> str:
+    """``f16``, ``q8_0`` or ``q4_0`` (memory.KV_CACHE_TYPES; case and ``-`` forgiven)."""
+    from modeld.memory import KV_CACHE_TYPES
+
+    text = str(value).strip().lower().replace("-", "_")
+    if text not in KV_CACHE_TYPES:
+        raise ValueError(f"KV cache type must be one of {', '.join(KV_CACHE_TYPES)}")
+    return text
+
+
+def parse_gpu_layers(value: object) -> int | None:
+    """``auto`` (None: as many layers as fit the cards' free VRAM), or a count (0: CPU only;
+    more than the model has: all). A negative count is ``auto``, as Ollama's ``num_gpu`` -1."""
+    if value is None or str(value).strip().lower() in ("", "auto"):
+        return None
+    if isinstance(value, bool):
+        raise ValueError("gpu layers must be auto or a number of layers")
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError("gpu layers must be auto or a number of layers") from None
+    return None if n < 0 else n
+
+
+#: what a ``[model_options.NAME]`` table may set, and how each value is read
+MODEL_OPTIONS = {"kv_cache_type": parse_kv_cache_type, "gpu_layers": parse_gpu_layers}
+
+
+def parse_model_options(value: object) -> dict[str, dict[str, object]]:
+    """``[model_options.NAME]`` tables: per model name (alias, models-dir name), its own
+    ``kv_cache_type`` and ``gpu_layers``."""
+    if not isinstance(value, Mapping):
+        raise ValueError("model_options must be a table of [model_options.NAME] tables")
+    out: dict[str, dict[str, object]] = {}
+    for name, opts in value.items():
+        if not isinstance(opts, Mapping) or not str(name).strip():
+            raise ValueError(
+                f"model_options entry {name!r} must be a table (kv_cache_type, gpu_layers)"
+            )
+        row: dict[str, object] = {}
+        for key, raw in opts.items():
+            parse = MODEL_OPTIONS.get(str(key).replace("-", "_"))
+            if parse is None:
+                raise ValueError(f"model_options entry {name!r}: unknown option {key!r} (known: "
+                                 f"{', '.join(MODEL_OPTIONS)})")  # fmt: skip
+            try:
+                row[str(key).replace("-", "_")] = parse(raw)
+            except ValueError as exc:
+                raise ValueError(f"model_options entry {name!r}: {exc}") from exc
+        out[str(name).strip()] = row
+    return out

@@ -15,7 +15,7 @@ to the largest one whose N contexts of at least ``ctx_floor`` fit.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from modeld import memory
 from modeld.cache.policy import CachePolicy, ModelKey
@@ -30,6 +30,7 @@ from modeld.errors import (
 )
 from modeld.memory import MemoryEstimate
 from modeld.modelinfo import MODE_VERBS, ModelInfo
+from modeld.placement import Placement, Where, check_kv_type, planned
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
 AUTO_PARALLEL = 4
@@ -46,6 +47,9 @@ class Sizing:
     reason: str
     parallel: int = 1  # sequences decoded together, each with n_ctx cells
     parallel_reason: str = "one sequence"
+    kv_type: str = "f16"
+    placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers on GPUs
+    vram_bytes: int = 0  # what the GPUs hold (the CUDA context included)
 
 
 def default_threads() -> int:
@@ -81,21 +85,29 @@ def estimate_n(
     parallel: int = 1,
     prompt_cache: int = 0,
     offload: bool = False,
+    kv_type: str = "f16",
+    where: Where | None = None,
 ) -> MemoryEstimate:
     """The estimate of ``parallel`` sequences of ``n_ctx`` cells each (one context of
     ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it).
     ``offload``: every layer on other devices (RPC workers): their weights and KV cache move
     to ``vram``, out of the local ``total``, except the input embedding, which llama.cpp keeps
-    on the CPU (read into memory: the runner loads without mmap then)."""
+    on the CPU (read into memory: the runner loads without mmap then). ``kv_type``: the KV
+    cache type; ``where`` (not with ``offload``): the cards and GPU layers, planned by
+    :func:`modeld.placement.place` (its ``kv_type`` wins)."""
     import dataclasses
 
     from modeld import memory
 
+    if where is not None and not offload:
+        return planned(info, n_ctx, where, mode=mode, parallel=parallel,
+                       prompt_cache=prompt_cache)[0]  # fmt: skip
     kind = memory.mode_of(mode)
     n = max(1, parallel)
     layers = info.block_count + 1 if offload else 0
     est = memory.estimate(
-        info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers
+        info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers,
+        type_k=kv_type, type_v=kv_type,
     )
     if not offload:
         return est
@@ -107,9 +119,12 @@ def estimate_n(
 
 
 def _estimate(
-    info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1, offload: bool = False
+    info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1, offload: bool = False,
+    where: Where | None = None,
 ) -> int:
-    return int(estimate_n(info, n_ctx, mode=mode, parallel=parallel, offload=offload).total)
+    return int(
+        estimate_n(info, n_ctx, mode=mode, parallel=parallel, offload=offload, where=where).total
+    )
 
 
 def breakdown(
@@ -119,13 +134,15 @@ def breakdown(
     settings: Settings | None = None,
     parallel: int = 1,
     offload: bool = False,
+    where: Where | None = None,
 ) -> dict[str, object]:
     """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
     without ``settings`` the prompt cache is counted at its default size. ``offload``: on
     RPC workers (their share is ``vram``)."""
     cache = prompt_cache_bytes(mode, settings)
     return estimate_n(
-        info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache, offload=offload
+        info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache, offload=offload,
+        where=where,
     ).to_dict()
 
 
@@ -137,6 +154,7 @@ def _choose(
     settings: Settings,
     parallel: int = 1,
     offload: bool = False,
+    where: Where | None = None,
 ) -> tuple[int, int, str]:
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
     import functools
@@ -149,7 +167,7 @@ def _choose(
         floor=settings.ctx_floor,
         ceiling=settings.ctx_ceiling,
         requested=requested,
-        estimate_fn=functools.partial(estimate_n, offload=offload) if offload else estimate_n,
+        estimate_fn=functools.partial(estimate_n, offload=offload, where=where),
         mode=memory.mode_of(mode),
         parallel=parallel,
     )
@@ -179,15 +197,16 @@ def _fitting_parallel(
     settings: Settings,
     want: int,
     offload: bool = False,
+    where: Where | None = None,
 ) -> tuple[int, int, int, str]:
     """(N, n_ctx, estimate, ctx reason) for the largest N <= ``want`` whose N contexts fit
     ``budget``; InsufficientMemoryError (of N = 1) when not even one does."""
     for n in range(want, 1, -1):
         try:
-            return (n, *_choose(info, mode, budget, requested, settings, n, offload))
+            return (n, *_choose(info, mode, budget, requested, settings, n, offload, where))
         except InsufficientMemoryError:
             continue
-    return (1, *_choose(info, mode, budget, requested, settings, 1, offload))
+    return (1, *_choose(info, mode, budget, requested, settings, 1, offload, where))
 
 
 def check_mode(info: ModelInfo, mode: str, path: str) -> None:
@@ -216,6 +235,7 @@ def size_for(
     settings: Settings,
     parallel: int | None = None,
     offload: bool = False,
+    where: Where | None = None,
 ) -> Sizing:
     """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
@@ -224,21 +244,25 @@ def size_for(
     "wait"). Raises InsufficientMemoryError when it can never fit. ``parallel``: the load's
     own value (None: the setting, else automatic); lowered until its contexts fit.
     ``offload``: the layers go to RPC workers; only what stays local is charged here.
+    ``where``: the KV cache type and the cards: layers on them are charged to them, not to
+    the RAM budget (:mod:`modeld.placement`).
     """
     check_mode(info, mode, key.path)
+    if where is not None:
+        check_kv_type(info, where.kv_type)
     extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)
     try:
         n, n_ctx, est, reason = _fitting_parallel(
-            info, mode, available, requested, settings, want, offload
+            info, mode, available, requested, settings, want, offload, where
         )
     except InsufficientMemoryError:
         pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
         whole = cache.budget_bytes - pinned - extra
         try:
             n, n_ctx, est, reason = _fitting_parallel(
-                info, mode, whole, requested, settings, want, offload
+                info, mode, whole, requested, settings, want, offload, where
             )
         except InsufficientMemoryError as exc:
             exc.details.setdefault("budget_bytes", cache.budget_bytes)
@@ -249,12 +273,15 @@ def size_for(
             )
             raise
         small = round_up(requested) if requested else min(n_ctx, round_up(settings.ctx_floor))
-        n_ctx, est = small, _estimate(info, small, mode, n, offload)
+        n_ctx, est = small, _estimate(info, small, mode, n, offload, where)
         reason = f"smallest context while waiting for busy models ({reason})"
     why = source if n == want else (
         f"{source} asked for {want}; {n} contexts of {n_ctx} tokens are what fit in memory"
     )
-    return Sizing(n_ctx, est, est + extra, reason, n, why)
+    if where is None or offload:
+        return Sizing(n_ctx, est, est + extra, reason, n, why)
+    full, place = planned(info, n_ctx, where, mode=mode, parallel=n)
+    return Sizing(n_ctx, est, est + extra, reason, n, why, where.kv_type, place, full.vram)
 
 
 def max_context(
@@ -266,6 +293,7 @@ def max_context(
     settings: Settings,
     parallel: int = 1,
     offload: bool = False,
+    where: Where | None = None,
 ) -> int:
     """The largest n_ctx (per sequence of ``parallel``) ``key`` could ever get in this budget
     (0 when nothing fits)."""
@@ -273,7 +301,7 @@ def max_context(
     budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
     found = largest_fitting(
-        lambda n: _estimate(info, n, mode, parallel, offload) <= budget, STEP, limit
+        lambda n: _estimate(info, n, mode, parallel, offload, where) <= budget, STEP, limit
     )
     return found or 0
 
@@ -289,6 +317,7 @@ def context_for_prompt(
     max_tokens: int,
     parallel: int = 1,
     offload: bool = False,
+    where: Where | None = None,
 ) -> int:
     """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
     answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit."""
@@ -299,7 +328,7 @@ def context_for_prompt(
             hint="shorten the prompt",
             details={"prompt_tokens": prompt_tokens, "n_ctx_train": train},
         )
-    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel, offload)
+    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel, offload, where)
     if fits < prompt_tokens + 1:
         raise ContextExceededError(
             f"the prompt has {prompt_tokens} tokens but at most {fits} fit in the memory "

@@ -44,6 +44,10 @@ KeepAliveOpt = Annotated[
     typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
 ]
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
+KvOpt = Annotated[str | None, typer.Option(
+    "--kv-cache-type", help="KV cache type: f16, q8_0 or q4_0 (default: the config's).")]
+GpuOpt = Annotated[str | None, typer.Option(
+    "--gpu-layers", help="Layers on the GPUs: N, auto or 0 (CPU only; default: the config's).")]
 RpcOpt = Annotated[
     str | None,
     typer.Option(
@@ -161,6 +165,8 @@ def serve(
         int | None,
         typer.Option(help="Requests one model decodes together (0: auto, 4 if memory allows)."),
     ] = None,
+    kv_cache_type: KvOpt = None,
+    gpu_layers: GpuOpt = None,
 ) -> None:
     """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
     from modeld.daemon import server as daemon
@@ -176,6 +182,8 @@ def serve(
         runner_stall_s=runner_stall,
         http=http,
         parallel=parallel,
+        kv_cache_type=kv_cache_type,
+        gpu_layers=gpu_layers,
     )
     if preload:
         from modeld.cli.autostart import preload_in_background
@@ -324,6 +332,20 @@ def _mode(embedding: bool, reranking: bool) -> str | None:
 # ---------------------------------------------------------------------- cache management
 
 
+def _placement_opts(kv: str | None, layers: str | None) -> dict[str, Any]:
+    """``--kv-cache-type`` and ``--gpu-layers`` as the load request's fields (auto: -1)."""
+    from modeld.settingvalues import parse_gpu_layers, parse_kv_cache_type
+
+    try:
+        out: dict[str, Any] = {} if kv is None else {"kv_cache_type": parse_kv_cache_type(kv)}
+        if layers is not None:
+            n = parse_gpu_layers(layers)
+            out["gpu_layers"] = -1 if n is None else n
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    return out
+
+
 @app.command()
 def load(
     model: ModelArg = None,
@@ -343,6 +365,8 @@ def load(
     json_out: JsonOpt = False,
     no_pull: NoPullOpt = False,
     rpc: RpcOpt = None,
+    kv_cache_type: KvOpt = None,
+    gpu_layers: GpuOpt = None,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
     from modeld.cli import render, views
@@ -360,6 +384,7 @@ def load(
             pinned=pin,
             parallel=parallel,
             rpc=None if rpc is None else _endpoints(rpc),
+            **_placement_opts(kv_cache_type, gpu_layers),
         )
     if json_out:
         render.emit_json("load", {"model": row})

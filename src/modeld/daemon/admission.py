@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import TypedDict
 
-from modeld import sizing
+from modeld import placement, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
@@ -90,6 +90,23 @@ class Admission:
             return True
         return False
 
+    def where(self, name: str, jobs: list[Job]) -> placement.Where:
+        """The KV cache type and GPU layers of a load (its own, ``[model_options.NAME]``'s or
+        the settings'), and the cards now: NVML's free bytes when the runners' llama.cpp has a
+        GPU backend (their hello), none otherwise (CPU only, as without a card)."""
+        kv = placement.option(next((j.kv_cache_type for j in jobs if j.kv_cache_type), None),
+                              name, "kv_cache_type", self.settings)  # fmt: skip
+        layers = placement.option(next((j.gpu_layers for j in jobs if j.gpu_layers is not None),
+                                       None), name, "gpu_layers", self.settings)  # fmt: skip
+        layers = None if layers is not None and layers < 0 else layers
+        cards: tuple[placement.Gpu, ...] = ()
+        if self.pool.gpu_devices and layers != 0:
+            from modeld import probe
+
+            found = probe.gpu_memory()[: self.pool.gpu_devices]
+            cards = tuple(placement.Gpu(g.index, g.name, g.total, g.free) for g in found)
+        return placement.Where(str(kv), cards, layers)
+
     def admit(
         self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
     ) -> Iterator[Evict | StartLoad]:
@@ -106,7 +123,7 @@ class Admission:
             info = self.model_info(key)
             size = sizing.size_for(
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
-                asked, offload=bool(rpc),
+                asked, offload=bool(rpc), where=self.where(name, jobs),
             )  # fmt: skip
         except ModeldError as exc:
             self.fail(key, jobs, exc)

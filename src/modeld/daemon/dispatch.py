@@ -127,6 +127,10 @@ class Dispatch:
             return True  # a larger context (never past training: that one would loop)
         if job.kind == "load" and job.rpc is not None and job.rpc != slot.rpc:
             return True  # other RPC workers (or the first ones) than it was loaded with
+        if job.kind == "load" and job.kv_cache_type not in (None, slot.kv_type):
+            return True  # another KV cache type
+        if job.kind == "load" and job.gpu_layers not in (None, slot.asked_gpu_layers):
+            return True  # other GPU layers asked than loaded with
         return (
             job.kind == "load"
             and job.parallel is not None
@@ -184,6 +188,8 @@ class Dispatch:
             slot.devices = [cast(DeviceShare, d) for d in devices if isinstance(d, dict)]
         layers = msg.get("layers_offloaded")
         slot.layers_offloaded = layers if isinstance(layers, str) else None
+        gpu = memory.get("gpu") if isinstance(memory, dict) else None
+        slot.vram_measured = gpu if isinstance(gpu, int) else None
         load_s = now - slot.load_started
         if slot.rpc and isinstance(n_ctx, int) and n_ctx < entry.n_ctx:
             entry.ctx_reason = (

@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, protocol
+from modeld import ctx, grammar, placement, protocol
 from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon.supervisor import RunnerHandle
 from modeld.messages import forces_call
 from modeld.modelinfo import ModelInfo
+from modeld.placement import Placement
 from modeld.replies import (
     DeviceShare,
     DoneBody,
@@ -54,6 +55,8 @@ class Job:
     client_gone: bool = False
     parallel: int | None = None  # a load's own ``parallel`` (None: the setting)
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
+    kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
+    gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
@@ -81,6 +84,12 @@ class Slot:
     rpc: tuple[str, ...] = ()  # its llama.cpp RPC workers, leased to its runner
     devices: list[DeviceShare] = field(default_factory=list)  # from the runner's ``loaded``
     layers_offloaded: str | None = None
+    kv_type: str = "f16"  # the KV cache type it was loaded with
+    asked_kv_type: str | None = None  # the load request's own (another one reloads)
+    asked_gpu_layers: int | None = None  # the load request's own (another one reloads)
+    placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
+    vram_estimate: int = 0  # planned bytes on the GPUs
+    vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)
     progress_at: float = 0.0  # last message from its runner (the scheduler's clock)
     busy_since: float | None = None  # when its runner last started having requests
     rpc_stalled_s: float | None = None  # killed: no progress while its workers held it
@@ -200,6 +209,20 @@ def done_body(
     return done
 
 
+def add_gpu(out: PsRow, slot: Slot) -> None:
+    """A row's KV cache type and where its layers are: ``processor`` as ``ollama ps`` says it,
+    ``size_vram`` as NVML measured its runner (the plan until measured), the plan's reason."""
+    p = slot.placement
+    out["kv_cache_type"], out["processor"] = slot.kv_type, "100% CPU"
+    out["gpu_layers"], out["size_vram"] = p.gpu_layers, 0
+    if p.gpu_layers > 0:
+        out["processor"] = placement.processor(p.gpu_layers, p.n_layers)
+        measured = slot.vram_measured
+        out["size_vram"] = measured if measured is not None else slot.vram_estimate
+        out["vram_estimate"], out["vram_per_gpu"] = slot.vram_estimate, list(p.vram)
+        out["gpu_reason"] = p.reason
+
+
 def _parallel_reason(slot: Slot | None) -> str | None:
     if slot is None:
         return None
@@ -252,6 +275,8 @@ def ps_rows(
             "retiring": slot.retire.value if slot and slot.retire else None,
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
+        if slot is not None:
+            add_gpu(rows[-1], slot)
         if slot is not None and slot.rpc:
             rows[-1]["rpc"] = list(slot.rpc)
             rows[-1]["devices"] = list(slot.devices)

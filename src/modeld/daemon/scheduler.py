@@ -189,14 +189,21 @@ class Scheduler:
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
+        slot.asked_kv_type = next((j.kv_cache_type for j in jobs if j.kv_cache_type), None)
+        slot.asked_gpu_layers = next((j.gpu_layers for j in jobs if j.gpu_layers is not None),
+                                     None)  # fmt: skip
+        slot.kv_type, slot.placement = size.kv_type, size.placement
+        slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
         self.slots[key] = slot
         for job in jobs:
             self.dispatch.enqueue(slot, job)
         log.info(
-            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s%s",
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s, KV %s, "
+            "%d GPU layers (%s)%s",
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
-            format_bytes(size.need_bytes), f", rpc workers {','.join(rpc)}" if rpc else "",
+            format_bytes(size.need_bytes), size.kv_type, size.placement.gpu_layers,
+            size.placement.reason, f", rpc workers {','.join(rpc)}" if rpc else "",
         )  # fmt: skip
         msg = runnerwire.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
@@ -204,6 +211,8 @@ class Scheduler:
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
+            gpu_layers=size.placement.gpu_layers, tensor_split=size.placement.tensor_split,
+            type_k=size.kv_type, type_v=size.kv_type,
             **self.admission.rpc_sizing(jobs, size.n_ctx),
         )  # fmt: skip
         self.sup.send(runner.id, msg)

@@ -271,10 +271,12 @@ class OllamaAPI(API):
             left = row.get("keep_alive_left_s")
             expires = time.time() + (left if isinstance(left, (int, float)) else 10 * 365 * 86400)
             name = str(row.get("name"))
-            models.append({
-                "name": name, "model": name, "size": int(row.get("accounted_bytes") or 0),
+            vram = int(row.get("size_vram") or 0)  # NVML's bytes of its runner (Ollama: size
+            models.append({  # is the whole model, size_vram its part on the GPUs)
+                "name": name, "model": name,
+                "size": int(row.get("accounted_bytes") or 0) + vram,
                 "digest": _digest(str(row.get("path"))), "details": _details(row),
-                "expires_at": iso_time(expires), "size_vram": 0,
+                "expires_at": iso_time(expires), "size_vram": vram,
                 "context_length": row.get("n_ctx"),
             })  # fmt: skip
         return JSONResponse({"models": models})

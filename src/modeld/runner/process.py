@@ -223,7 +223,7 @@ class Runner(RunnerServer):
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
                 **(rpcload.with_plan(ggmlrpc.load_report(load_log), self.rpc_plan)
-                   if spec.rpc else {}),
+                   if spec.rpc else ggmlrpc.load_report(load_log) if spec.gpu_layers else {}),
             )
         )
         log.info(
@@ -473,6 +473,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     llama_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
     install_llama_logging()
     faulthandler.enable()  # a native crash leaves the Python stack in the runner log
+    # CUDA's device numbers in NVML's (PCI) order: the daemon plans each card by NVML's figures
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     devices = init_native()
     # Given by the daemon: a runner started just as the daemon died would otherwise take its
     # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).

@@ -1,0 +1,206 @@
+"""Where a model goes: its KV cache type, and how many of its layers sit on each GPU (pure).
+
+The options come from the load (``--kv-cache-type``, ``--gpu-layers``), else the model's own
+``[model_options.NAME]`` table, else the settings. Layers: as many as fit each card's VRAM budget
+(NVML's free bytes, so what other processes hold is already out), the rest in RAM with their
+KV cache; several cards share the layers in proportion to what each can take. A process that
+uses a card pays :data:`CUDA_PROCESS_BYTES` there before any weight.
+
+llama.cpp's ``--fit`` (common/fit.cpp) fits one model to what is free, keeping 1 GiB per card
+and shrinking the context toward 4096 before it moves layers off the card. modeld plans the
+same way per load (:func:`sizing.size_for` shrinks the context down to ``FIT_CTX`` to keep
+every layer on the card), but against its own budget of every resident model, and it moves
+whole layers by its calibrated estimate rather than probing allocations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from modeld import memory
+from modeld.memory import MemoryEstimate, MiB
+from modeld.modelinfo import ModelInfo
+
+#: VRAM a CUDA process holds before any weight (context, cuBLAS handles, kernels): measured on
+#: an H100 (driver 580, CUDA 13.0, llama-cpp-python 0.3.36): NVML per-process bytes of a fully
+#: offloaded 1.1B f16 model minus modeld's estimate of it, 4k-32k contexts, 1-4 sequences:
+#: 716-736 MB (issue 34; DESIGN.md section 12).
+CUDA_PROCESS_BYTES = 720 * MiB
+#: Kept free on each card beside the estimate (llama.cpp's --fit keeps 1 GiB; modeld counts
+#: the CUDA context itself, so half of that covers the estimate's error).
+VRAM_MARGIN = 512 * MiB
+#: The context ``sizing`` may shrink toward to keep every layer on the cards (--fit-ctx).
+FIT_CTX = 4096
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One card as the planner sees it: its index, name and the bytes a load may use there."""
+
+    index: int
+    name: str
+    total: int
+    free: int  # NVML free: what other processes (other models' runners too) hold is out
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Layers on the cards and what each card holds (``layers`` counts the output layer, as
+    llama.cpp's ``n_gpu_layers``: a model of N blocks has N + 1)."""
+
+    gpu_layers: int
+    n_layers: int
+    vram: tuple[int, ...] = ()  # bytes per card (the CUDA context included)
+    tensor_split: tuple[float, ...] = ()  # llama.cpp's split between the cards (empty: one)
+    reason: str = "CPU only"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.gpu_layers > 0
+
+
+def option(job_value: Any, name: str, key: str, settings: Any) -> Any:
+    """A load option: the load's own value, else ``[model_options.NAME]``'s, else the setting."""
+    if job_value is not None:
+        return job_value
+    own: Mapping[str, Any] = settings.model_options.get(name, {})
+    if key in own:
+        return own[key]
+    return getattr(settings, key)
+
+
+@dataclass(frozen=True)
+class Where:
+    """What a load is planned with: its KV cache type, the cards and its GPU layers."""
+
+    kv_type: str = "f16"
+    gpus: tuple[Gpu, ...] = ()
+    gpu_layers: int | None = 0  # None: as many as fit
+
+
+#: elements per block of the quantized KV types: a head's K and V rows must hold whole blocks
+KV_BLOCK = 32
+
+
+def check_kv_type(info: ModelInfo, kv_type: str) -> None:
+    """InvalidRequestError (before any load) when llama.cpp would refuse the KV cache type:
+    a quantized cache needs head sizes that are multiples of its block (32)."""
+    from modeld.errors import InvalidRequestError
+
+    if kv_type == "f16" or (info.key_length % KV_BLOCK == 0 and info.value_length % KV_BLOCK == 0):
+        return
+    raise InvalidRequestError(
+        f"a {kv_type} KV cache needs head sizes that are multiples of {KV_BLOCK}; this model's "
+        f"are {info.key_length} (K) and {info.value_length} (V)",
+        hint="load it with kv_cache_type f16 (--kv-cache-type f16, or per model in "
+        "[model_options.NAME])",
+        details={"kv_cache_type": kv_type, "key_length": info.key_length,
+                 "value_length": info.value_length},
+    )  # fmt: skip
+
+
+def processor(gpu_layers: int, n_layers: int) -> str:
+    """``ollama ps``'s PROCESSOR, by layers: ``100% GPU``, ``100% CPU``, ``35%/65% CPU/GPU``."""
+    if gpu_layers <= 0 or n_layers <= 0:
+        return "100% CPU"
+    gpu = min(100, round(100 * gpu_layers / n_layers))
+    if gpu >= 100:
+        return "100% GPU"
+    return f"{100 - gpu}%/{gpu}% CPU/GPU"
+
+
+def planned(
+    info: ModelInfo, n_ctx: int, where: Where, *, mode: str = "generate", parallel: int = 1,
+    prompt_cache: int = 0,
+) -> tuple[MemoryEstimate, Placement]:
+    """The estimate (RAM in ``total``, the cards in ``vram``) and the placement of a load."""
+    place_ = place(info, n_ctx, where.gpus, where.gpu_layers, mode=mode, parallel=parallel,
+                   kv_type=where.kv_type)  # fmt: skip
+    est = with_layers(info, n_ctx, place_.gpu_layers, mode=mode, parallel=parallel,
+                      kv_type=where.kv_type, prompt_cache=prompt_cache)  # fmt: skip
+    return est, place_
+
+
+def with_layers(
+    info: ModelInfo, n_ctx: int, layers: int, *, mode: str = "generate", parallel: int = 1,
+    kv_type: str = "f16", prompt_cache: int = 0,
+) -> MemoryEstimate:
+    """The estimate of ``parallel`` sequences of ``n_ctx`` with ``layers`` on the GPUs: those
+    layers' weights and KV cache and the compute buffer in ``vram`` (plus the CUDA context),
+    the rest in RAM. The input embedding stays in RAM (llama.cpp keeps it on the CPU)."""
+    n = max(1, parallel)
+    est = memory.estimate(info, n_ctx * n, mode=memory.mode_of(mode), n_seq=n,
+                          prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
+                          type_v=kv_type)  # fmt: skip
+    if layers <= 0:
+        return est
+    embd = sum(t.n_bytes for t in info.tensors if t.name == "token_embd.weight")
+    share = min(layers, info.block_count + 1) / (info.block_count + 1)
+    moved = int(embd * share)  # what memory.estimate's even share put on the card
+    return dataclasses.replace(
+        est, weights=est.weights + moved, weights_file=est.weights_file + moved,
+        vram=max(0, est.vram - moved) + CUDA_PROCESS_BYTES,
+    )  # fmt: skip
+
+
+def budgets(gpus: Sequence[Gpu], margin: int = VRAM_MARGIN) -> list[int]:
+    """What a load may put on each card: its free bytes less the margin."""
+    return [max(0, g.free - margin) for g in gpus]
+
+
+def place(
+    info: ModelInfo, n_ctx: int, gpus: Sequence[Gpu], asked: int | None, *,
+    mode: str = "generate", parallel: int = 1, kv_type: str = "f16",
+    margin: int = VRAM_MARGIN,
+) -> Placement:
+    """How many layers go on the cards: ``asked`` (None: as many as fit), never more than fit
+    the cards' budgets; split between the cards by their budgets."""
+    n_layers = info.block_count + 1
+    if not gpus or asked == 0 or info.block_count <= 0:
+        why = "no GPU" if not gpus else "gpu_layers 0: CPU only"
+        return Placement(0, n_layers, reason=why)
+    room = budgets(gpus, margin)
+    usable = [i for i, r in enumerate(room) if r > CUDA_PROCESS_BYTES]
+    if not usable:
+        return Placement(0, n_layers, reason="no card has room for the CUDA context and a layer")
+    want = n_layers if asked is None else min(asked, n_layers)
+
+    def fits(layers: int) -> tuple[int, ...] | None:
+        est = with_layers(info, n_ctx, layers, mode=mode, parallel=parallel, kv_type=kv_type)
+        per_card_fixed = CUDA_PROCESS_BYTES + est.compute
+        movable = est.vram - per_card_fixed  # weights + KV of the layers, split by room
+        spare = [room[i] - per_card_fixed for i in usable]
+        if min(spare) < 0 and len(usable) == 1:
+            return None
+        cards = [i for i, s in zip(usable, spare, strict=True) if s > 0]
+        total = sum(room[i] - per_card_fixed for i in cards)
+        if not cards or movable > total:
+            return None
+        out = [0] * len(gpus)
+        for i in cards:
+            out[i] = per_card_fixed + int(movable * (room[i] - per_card_fixed) / total)
+        return tuple(out)
+
+    lo, hi, best = 1, want, None
+    while lo <= hi:  # more layers only ever need more VRAM: bisect the largest that fits
+        mid = (lo + hi) // 2
+        got = fits(mid)
+        if got is not None:
+            best, lo = (mid, got), mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        return Placement(0, n_layers, reason="not one layer fits the free VRAM")
+    layers, vram = best
+    used = [i for i, b in enumerate(vram) if b > 0]
+    split = tuple(round(vram[i] / sum(vram), 4) for i in range(len(gpus))) if len(used) > 1 else ()
+    if layers == n_layers:
+        why = "every layer fits the free VRAM"
+    elif asked is not None and layers == asked:
+        why = f"{asked} layers asked"
+    else:
+        why = f"{layers} of {n_layers} layers fit the free VRAM; the rest in RAM"
+    return Placement(layers, n_layers, vram, split, why)
