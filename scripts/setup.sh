@@ -19,9 +19,31 @@ fi
 # CPU flags that work here (see scripts/cpuflags.sh; the default native build crashes on this CPU class),
 # plus llama.cpp's RPC backend (-DGGML_RPC=ON: `modeld rpc-worker` and per-model `rpc` workers;
 # docs/rpc.md). A CMAKE_ARGS of your own is kept; it gets -DGGML_RPC=ON unless it names GGML_RPC.
+# The backend: CUDA when this machine has a CUDA toolkit (nvcc) AND an NVIDIA driver with a card
+# (nvidia-smi lists one), else CPU; MODELD_BACKEND=cpu|cuda decides instead. A toolkit without a
+# card (a build container, CI) gets the CPU build: a CUDA build there could not be checked.
+backend="${MODELD_BACKEND:-}"
+nvcc_bin=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -z "$backend" ]; then
+    backend=cpu
+    if [ -n "$nvcc_bin" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+        backend=cuda
+    fi
+fi
+case "$backend" in
+    cpu|cuda) ;;
+    *) echo "setup: MODELD_BACKEND must be cpu or cuda, not '$backend'" >&2; exit 2 ;;
+esac
 if [ -z "${CMAKE_ARGS:-}" ]; then
     CMAKE_ARGS="$(scripts/cpuflags.sh)"
+    if [ "$backend" = cuda ]; then
+        [ -n "$nvcc_bin" ] || { echo "setup: MODELD_BACKEND=cuda needs nvcc (a CUDA toolkit)" >&2; exit 2; }
+        # the card's architecture ("90" for an H100); native when nvidia-smi cannot say
+        arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+        CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${arch:-native} -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_COMPILER=$nvcc_bin"
+    fi
 fi
+echo "setup: llama.cpp backend: $backend (MODELD_BACKEND=cpu|cuda to choose)" >&2
 if [[ "$CMAKE_ARGS" != *GGML_RPC* ]]; then
     CMAKE_ARGS="$CMAKE_ARGS -DGGML_RPC=ON"
 fi
@@ -41,6 +63,13 @@ if ! "$VENV/bin/python" -c "import llama_cpp" >/dev/null 2>&1; then
 elif [ "$want_rpc" = 1 ] && ! "$VENV/bin/python" -c \
         "import llama_cpp, sys; sys.exit(0 if llama_cpp.llama_supports_rpc() else 1)" >/dev/null 2>&1; then
     echo "setup: the installed llama-cpp-python lacks the RPC backend; reinstalling it with -DGGML_RPC=ON" >&2
+    need_build=1
+fi
+have_cuda=$("$VENV/bin/python" -c "import importlib.util as u, pathlib as p; s = u.find_spec('llama_cpp'); \
+print(int(bool(s) and any(x.name.startswith('libggml-cuda') for d in s.submodule_search_locations \
+for x in (p.Path(d) / 'lib').glob('*'))))" 2>/dev/null || echo 0)
+if [ "$need_build" = 0 ] && [ "$have_cuda" != "$([ "$backend" = cuda ] && echo 1 || echo 0)" ]; then
+    echo "setup: the installed llama-cpp-python is not a $backend build; reinstalling it" >&2
     need_build=1
 fi
 if [ "$need_build" = 1 ]; then

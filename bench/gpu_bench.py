@@ -1,0 +1,158 @@
+"""The GPU benchmark of issue 34, on one NVIDIA card (scripts/gpu-check.sh runs it).
+
+From the recipe of the session that measured an H100 (shared/gpu/measure.py), with modeld's
+estimate now its placement's (:func:`modeld.placement.with_layers`: the CUDA context
+counted). Writes JSON lines to $OUT/gpu.jsonl:
+  probe    modeld's own NVML probe (probe.gpu_memory, gpu_process_memory)
+  vram     per (n_ctx, n_seq): NVML memory used by a process that loaded the model fully
+           offloaded (n_gpu_layers=-1, flash attention, modeld's sequence layout) vs modeld's
+           estimate for full offload (sizing.estimate_n(offload=True).vram), plus the bare
+           CUDA context of an empty process
+  decode   tok/s of llama-cpp-python's own loop (the runner's kind of loop) vs llama-server
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+OUT = os.environ.get("OUT", "/tmp/out")
+LOG = os.path.join(OUT, "gpu.jsonl")
+
+
+def emit(kind: str, **kw: object) -> None:
+    kw["kind"] = kind
+    line = json.dumps(kw)
+    print(line, flush=True)
+    with open(LOG, "a") as f:
+        f.write(line + "\n")
+
+
+def nvml_used() -> int:
+    import pynvml
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    used = int(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+    pynvml.nvmlShutdown()
+    return used
+
+
+def child(model: str, n_ctx: int, n_seq: int, gen: int) -> None:
+    """Load fully offloaded, touch compute with a 512-token batch, report memory, then time
+    decode."""
+    import llama_cpp
+
+    from modeld.runner import llamaopen
+    base = nvml_used()
+    t0 = time.time()
+    if n_ctx == 0:  # bare CUDA context: the backend initialised, no model
+        llama_cpp.llama_backend_init()
+        lib = llama_cpp.llama_cpp._lib
+        n = lib.ggml_backend_dev_count() if hasattr(lib, "ggml_backend_dev_count") else -1
+        emit("bare", devices=n, used_delta=nvml_used() - base)
+        return
+    with llamaopen._sequences(n_seq):
+        llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx * n_seq, n_batch=512, n_ubatch=512,
+                              flash_attn=True, swa_full=False, logits_all=False, verbose=False,
+                              n_gpu_layers=-1)
+    load_s = time.time() - t0
+    after_load = nvml_used() - base
+    toks = [1] + [7 + (i * 13) % 30000 for i in range(511)]
+    llm.eval(toks)
+    after_eval = nvml_used() - base
+    from modeld import probe
+    own = probe.gpu_process_memory(os.getpid())
+    llm.reset()
+    rate = None
+    if gen:
+        eos = llm.token_eos()
+        t1 = time.time()
+        out = llm.create_completion("Once upon a time", max_tokens=gen, temperature=0.0,
+                                    logit_bias={eos: -1e9} if eos >= 0 else None)
+        dt = time.time() - t1
+        n = out["usage"]["completion_tokens"]
+        rate = n / dt
+    emit("vram_measured", n_ctx=n_ctx, n_seq=n_seq, load_s=round(load_s, 2), after_load=after_load,
+         after_eval=after_eval, nvml_process=own, decode_tok_s=rate)
+
+
+def estimate(model: str, n_ctx: int, n_seq: int) -> dict:
+    from modeld import gguf, placement
+    info = gguf.read_model_info(model)
+    e = placement.with_layers(info, n_ctx, info.block_count + 1, parallel=n_seq)
+    d = e.to_dict()
+    return {"vram": d.get("vram"), "total_local": d.get("total"), "kv": d.get("kv_cache"),
+            "compute": d.get("compute"), "weights_local": d.get("weights")}
+
+
+def server_rate(server: str, model: str, np_: int, gen: int) -> dict:
+    port = 18088 + np_
+    with open(os.path.join(OUT, f"server{np_}.log"), "w") as log:
+        p = subprocess.Popen([server, "-m", model, "-ngl", "99", "-c", str(4096 * np_),
+                              "-np", str(np_), "-fa", "on", "--port", str(port), "-t", "8"],
+                             stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
+                break
+            except Exception:
+                time.sleep(0.2)
+        body = json.dumps({"prompt": "Once upon a time", "n_predict": gen, "temperature": 0,
+                           "ignore_eos": True}).encode()
+
+        def one() -> dict:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", body,
+                                         {"Content-Type": "application/json"})
+            r = urllib.request.urlopen(req, timeout=120)
+            return json.loads(r.read())
+
+        one()  # warm
+        import concurrent.futures as cf
+        t0 = time.time()
+        with cf.ThreadPoolExecutor(np_) as ex:
+            res = list(ex.map(lambda _: one(), range(np_)))
+        wall = time.time() - t0
+        per = [x["timings"]["predicted_per_second"] for x in res]
+        total = sum(x["timings"]["predicted_n"] for x in res)
+        return {"np": np_, "per_stream_tok_s": per, "aggregate_tok_s": total / wall}
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def main() -> None:
+    mode = sys.argv[1]
+    if mode == "child":
+        child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+        return
+    model, server = sys.argv[2], sys.argv[3]
+    from modeld import probe
+    try:
+        emit("probe", gpus=[g.__dict__ for g in probe.gpu_memory()],
+             budget=probe.usable_memory().to_dict())
+    except Exception as exc:
+        emit("probe", error=repr(exc))
+    subprocess.run([sys.executable, __file__, "child", model, "0", "1", "0"], timeout=120)
+    for n_ctx, n_seq, gen in [(4096, 1, 256), (16384, 1, 0), (4096, 4, 0), (32768, 1, 0)]:
+        try:
+            emit("vram_estimate", n_ctx=n_ctx, n_seq=n_seq, **estimate(model, n_ctx, n_seq))
+        except Exception as exc:
+            emit("vram_estimate", n_ctx=n_ctx, n_seq=n_seq, error=repr(exc))
+        r = subprocess.run([sys.executable, __file__, "child", model, str(n_ctx), str(n_seq),
+                            str(gen)], timeout=180, capture_output=True, text=True)
+        if r.returncode:
+            emit("child_failed", n_ctx=n_ctx, n_seq=n_seq, rc=r.returncode, err=r.stderr[-1500:])
+    if os.path.exists(server):
+        for np_ in (1, 4, 8):
+            try:
+                emit("server", **server_rate(server, model, np_, 256))
+            except Exception as exc:
+                emit("server", np=np_, error=repr(exc))
+
+
+if __name__ == "__main__":
+    main()
