@@ -4,7 +4,7 @@ Real runners, a real daemon, real llama-cpp-python (CPU)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +14,15 @@ import ggufgen
 from daemonutil import rows
 from modeld import memory, sizing
 from modeld.gguf import read_model_info
-from test_batch_invariance import _solo, _together
+from test_batch_invariance import _solo, _together, runner  # noqa: F401  (fixture)
 from test_runner import Harness
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture()
-def runner() -> Iterator[Harness]:
-    h = Harness("kv")
-    yield h
-    h.close()
-
-
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
 def test_greedy_replies_stay_batch_invariant_with_a_quantized_cache(
-    runner: Harness, model_factory: Any, kv: str
+    runner: Harness, model_factory: Any, kv: str  # noqa: F811
 ) -> None:
     """As test_batch_invariance's other architecture, with a quantized K and V cache (flash
     attention's quantized-KV path: the runner always loads with flash attention)."""
