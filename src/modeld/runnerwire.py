@@ -58,6 +58,8 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_SUFFIX = "/hb"
 #: finish_reason values of a generate ``done``.
 FINISH_REASONS = ("stop", "length", "eos", "tool_calls")
+#: Why a ``length`` finish came: ``max_tokens`` reached, or the sequence's context was full.
+LENGTH_REASONS = ("max_tokens", "context_window")
 
 
 # --------------------------------------------------------------------------- building
@@ -346,6 +348,7 @@ def done_generate(
     memory: Mapping[str, int] | None = None,
     tool_calls: Sequence[ToolCallDone] = (),
     stop_sequence: str | None = None,
+    length_reason: str | None = None,
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
@@ -376,6 +379,8 @@ def done_generate(
         msg["tool_calls"] = list(tool_calls)
     if stop_sequence is not None:
         msg["stop_sequence"] = stop_sequence
+    if length_reason is not None:
+        msg["length_reason"] = length_reason
     return msg
 
 

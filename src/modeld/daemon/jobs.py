@@ -197,6 +197,8 @@ def done_body(
         done["tool_calls"] = calls
     if isinstance(msg.get("stop_sequence"), str):
         done["stop_sequence"] = msg["stop_sequence"]
+    if isinstance(msg.get("length_reason"), str):
+        done["length_reason"] = msg["length_reason"]
     return done
 
 

@@ -33,6 +33,7 @@ from modeld.http.common import (
     status_of,
     stream_or_error,
 )
+from modeld.http.ticks import SSE_KEEPALIVE, ticking
 
 _TYPES = {ErrorCode.MODEL_NOT_FOUND: "not_found_error", ErrorCode.INVALID_REQUEST:
           "invalid_request_error", ErrorCode.CONTEXT_EXCEEDED: "invalid_request_error",
@@ -57,6 +58,14 @@ def _usage(done: dict[str, Any]) -> dict[str, int]:
 def _finish(done: dict[str, Any]) -> str:
     reason = done.get("finish_reason")
     return str(reason) if reason in ("length", "tool_calls") else "stop"
+
+
+def _why(done: dict[str, Any]) -> dict[str, str]:
+    """A ``length`` choice's ``length_reason`` (modeld's: ``max_tokens`` or
+    ``context_window``), so a client can tell a full context from its own limit."""
+    reason = done.get("length_reason")
+    return {"length_reason": str(reason)} if done.get("finish_reason") == "length" and reason \
+        else {}
 
 
 class _Reply:
@@ -185,6 +194,7 @@ class OpenAIAPI(API):
             one = ({"index": 0, "message": reply.message(text, done), "logprobs": lp,
                     "finish_reason": _finish(done)} if chat else
                    {"index": 0, "text": text, "logprobs": lp, "finish_reason": _finish(done)})
+            one.update(_why(done))
             return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
                                  "choices": [one], "usage": _usage(done)})
 
@@ -202,14 +212,18 @@ class OpenAIAPI(API):
             sent = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
+                    async for item in ticking(s.stream("generate", model=ref, **body)):
+                        sent = True  # the first answer, or a second of silence: committed
+                        if item is None:  # the prompt is still being evaluated
+                            yield SSE_KEEPALIVE
+                            continue
+                        kind, msg = item
                         if kind == "chunk":
                             yield event([choice(msg, None, msg.get("logprobs") or [])])
                         else:
-                            yield event([choice(None, _finish(msg), None)])
+                            yield event([{**choice(None, _finish(msg), None), **_why(msg)}])
                             if include_usage:
                                 yield event([], _usage(msg))
-                        sent = True
                 except ModeldError as exc:
                     if not sent:
                         raise
