@@ -99,8 +99,12 @@ class Admission:
             return
         if not self._workers_free(key, name, jobs, waiting):
             return
-        requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
-        asked = next((j.parallel for j in jobs if j.parallel is not None), None)
+        # what an explicit load set stays set through reloads (a grown context, issue 36)
+        before = self.dispatch.asked.get(key)
+        requested = max((j.n_ctx for j in jobs if j.n_ctx is not None),
+                        default=before.n_ctx if before else None)
+        asked = next((j.parallel for j in jobs if j.parallel is not None),
+                     before.parallel if before else None)
         rpc = rpc_of(jobs)
         try:
             info = self.model_info(key)

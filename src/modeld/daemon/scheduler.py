@@ -178,17 +178,21 @@ class Scheduler:
         runner = self.pool.take(fork=not rpc)
         if rpc:
             self.admission.leases.take(rpc, runner.id, name)
-        keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
+        for job in jobs:
+            if job.kind == "load":
+                self.dispatch.remember(job)
+        asked = self.dispatch.asked.get(key)
         self.cache.begin_load(
             key, size.need_bytes, size.n_ctx, size.reason, runner.id,
-            pinned=any(j.pinned for j in jobs),
-            keep_alive_s=keep if keep is not None else self.settings.keep_alive_s,
+            pinned=any(j.pinned for j in jobs) or (asked is not None and asked.pinned),
+            keep_alive_s=self.dispatch.keep_alive_for(
+                next((j for j in jobs if j.keep_alive_s is not None), jobs[0])),
         )  # fmt: skip
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
         slot.load_started = self._clock()
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
-        slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
+        slot.asked_parallel = asked.parallel if asked is not None else None
         slot.rpc = rpc
         self.slots[key] = slot
         for job in jobs:
@@ -219,8 +223,11 @@ class Scheduler:
         self.carry_out(self.admission.requeue(slot.key, slot.name, jobs))
 
     def evict(self, key: ModelKey, reason: EvictionReason) -> None:
-        """Take ``key`` out of service; its memory is freed when its runner has exited."""
+        """Take ``key`` out of service; its memory is freed when its runner has exited. What
+        a ``load`` set for it is forgotten, unless it is reloading."""
         slot = self.slots.pop(key, None)
+        if reason is not EvictionReason.RELOAD:
+            self.dispatch.asked.pop(key, None)
         if self.cache.get(key) is not None:
             self.cache.begin_unload(key, reason)
         if slot is not None:
