@@ -292,7 +292,23 @@ class OpenAIAPI(API):
                              "results": results})
 
     async def models(self, request: Request) -> Response:
+        """The models, each with ``context_length`` (the context it has or would get now)
+        and ``max_context_length`` (what a long prompt can grow it to), as the daemon plans
+        them; a model whose file is not there yet (the default before its first use) or
+        that cannot be read lists without them."""
         listed = await asyncio.to_thread(list_models, self.settings)
+        rows = [m for m in listed["models"]]
+        shows = await asyncio.gather(*(self._context(m) for m in rows))
         return JSONResponse({"object": "list", "data": [
-            {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld"}
-            for m in listed["models"]]})
+            {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld",
+             **show} for m, show in zip(rows, shows, strict=True)]})
+
+    async def _context(self, row: dict[str, Any]) -> dict[str, int]:
+        if not row.get("architecture"):
+            return {}
+        try:
+            body = await self.bridge.call("show", model=model_ref(str(row["name"])))
+        except ModeldError:
+            return {}
+        out = {"context_length": body.get("n_ctx"), "max_context_length": body.get("n_ctx_max")}
+        return {k: int(v) for k, v in out.items() if isinstance(v, int)}
