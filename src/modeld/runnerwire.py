@@ -47,7 +47,7 @@ MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
 #: Types the daemon sends to a runner.
 TO_RUNNER = frozenset(
-    {"load", "generate", "embed", "rerank", "cancel", "memory", "shutdown", "unload"}
+    {"load", "generate", "embed", "rerank", "cancel", "memory", "shutdown", "unload", "handoff"}
 )
 #: Types a runner sends to the daemon.
 FROM_RUNNER = frozenset(
@@ -110,6 +110,8 @@ def load(
     rpc: Sequence[str] = (),
     rpc_ctx_floor: int | None = None,
     rpc_memory: int | None = None,
+    handoff: str | None = None,
+    handoff_pid: int | None = None,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -123,6 +125,8 @@ def load(
     ``rpc_ctx_floor``: the runner may lower ``n_ctx`` down to this so every worker's share
     fits its memory (None: ``n_ctx`` was asked for; a share that does not fit fails the load).
     ``rpc_memory``: the most bytes of each worker's memory to plan with (None: its free memory).
+    ``handoff``: the file prefix the model's previous runner (process ``handoff_pid``) writes
+    its sequences' cells to (:func:`handoff`): wait for them and restore them (runner/handoff.py).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -147,6 +151,10 @@ def load(
             msg["rpc_ctx_floor"] = rpc_ctx_floor
         if rpc_memory is not None:
             msg["rpc_memory"] = rpc_memory
+    if handoff is not None:
+        msg["handoff"] = handoff
+        if handoff_pid is not None:
+            msg["handoff_pid"] = handoff_pid
     return msg
 
 
@@ -281,6 +289,12 @@ def cancel(rid: str) -> dict[str, Any]:
 
 def shutdown() -> dict[str, Any]:
     return {"type": "shutdown"}
+
+
+def handoff(prefix: str) -> dict[str, Any]:
+    """Before a reload with a larger context: write each sequence's cells and tokens to files
+    named from ``prefix``, then the manifest, for the next runner's ``load`` (no reply)."""
+    return {"type": "handoff", "prefix": prefix}
 
 
 def unload() -> dict[str, Any]:

@@ -281,6 +281,7 @@ class Dispatch:
             job.n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
                 prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
+                current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))

@@ -14,7 +14,9 @@ exits, client cancels, vanished clients, explicit unloads and the timer.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -68,6 +70,8 @@ class Scheduler:
         self.prompt_cache_dir: str | None = (
             str(paths.prompt_cache_dir()) if settings.prompt_cache_mib > 0 else None
         )
+        # a reload's handoff (runner/handoff.py): the file prefix and the old runner's pid
+        self.handoffs: dict[ModelKey, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ the parts' state
 
@@ -208,19 +212,31 @@ class Scheduler:
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
-            **self.admission.rpc_sizing(jobs, size.n_ctx),
+            **self.admission.rpc_sizing(jobs, size.n_ctx), **self._handoff_for(key, rpc),
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 
     def _reload(self, slot: Slot) -> None:
-        """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued."""
+        """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued;
+        its runner first writes its sequences' cells for the next one (runner/handoff.py)."""
         jobs = list(slot.queue)
         slot.queue.clear()
+        runner = self.sup.runners.get(slot.runner_id)
+        if self.prompt_cache_dir is not None and not slot.rpc and runner is not None:
+            prefix = os.path.join(self.prompt_cache_dir, f"handoff-{slot.runner_id}-"
+                                  f"{uuid.uuid4().hex[:12]}")  # fmt: skip
+            if self.sup.send(slot.runner_id, runnerwire.handoff(prefix)):
+                self.handoffs[slot.key] = (prefix, runner.pid)
         for job in jobs:
             self.cache.dequeue(slot.key)
             job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
         self.carry_out(self.admission.requeue(slot.key, slot.name, jobs))
+
+    def _handoff_for(self, key: ModelKey, rpc: tuple[str, ...]) -> dict[str, Any]:
+        """The ``load`` fields that take over a reload's handoff for ``key`` (if one waits)."""
+        prefix, pid = self.handoffs.pop(key, ("", 0))
+        return {"handoff": prefix, "handoff_pid": pid} if prefix and not rpc else {}
 
     def evict(self, key: ModelKey, reason: EvictionReason) -> None:
         """Take ``key`` out of service; its memory is freed when its runner has exited. What

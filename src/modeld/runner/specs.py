@@ -46,6 +46,8 @@ class LoadSpec:
     rpc_ctx_floor: int | None = None  # n_ctx may be lowered to this to fit the workers
     rpc_memory: int | None = None  # bytes of each worker's memory to plan with (None: free)
     tensor_split: tuple[float, ...] = ()  # llama.cpp's split weights (empty: by free memory)
+    handoff: str | None = None  # file prefix of the previous runner's sequences (handoff.py)
+    handoff_pid: int | None = None  # that runner's process (its exit ends the wait)
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,16 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         rpc=_rpc(msg.get("rpc")),
         rpc_ctx_floor=_int(msg, "rpc_ctx_floor", 256, 1 << 24) if "rpc_ctx_floor" in msg else None,
         rpc_memory=_int(msg, "rpc_memory", 1, 1 << 62) if "rpc_memory" in msg else None,
+        handoff=_opt_str(msg, "handoff"),
+        handoff_pid=_int(msg, "handoff_pid", 1, 1 << 31) if "handoff_pid" in msg else None,
     )
+
+
+def _opt_str(msg: Mapping[str, Any], key: str) -> str | None:
+    value = msg.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ProtocolError(f"load: {key!r} must be a non-empty string")
+    return value
 
 
 def _rpc(value: object) -> tuple[str, ...]:
