@@ -92,31 +92,59 @@ def _hold(agent: Agent, release: threading.Event, started: threading.Event) -> N
                 return
 
 
-def test_a_waiting_stream_starts_and_pings_before_its_first_token(agent: Agent) -> None:
+def _watch(agent: Agent, path: str, body: dict[str, Any], release: threading.Event
+           ) -> list[tuple[float, str]]:
+    """The stream's lines as (seconds since the request, what): ``event: X`` names, SSE
+    comments as ``:``, ``data`` as ``data``; the holder is released after two keep-alives."""
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    with httpx.stream("POST", f"{agent.base}{path}", timeout=120, json=body) as r:
+        assert r.status_code == 200  # the headers came while the model was busy
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                seen.append((time.monotonic() - t0, line[7:]))
+            elif line.startswith(":"):
+                seen.append((time.monotonic() - t0, ":"))
+            elif line.startswith("data: ") and path.endswith("/completions"):
+                seen.append((time.monotonic() - t0, "data"))
+            kept = [n for _, n in seen if n in ("ping", ":")]
+            if len(kept) >= 2 and not release.is_set():
+                release.set()  # the holder leaves: this request gets the model
+    return seen
+
+
+@pytest.mark.parametrize("api", ["anthropic", "responses", "chat"])
+def test_a_waiting_stream_starts_and_pings_before_its_first_token(agent: Agent,
+                                                                 api: str) -> None:
     agent.d.client().load("tiny", n_ctx=61440, parallel=1)
     release, started = threading.Event(), threading.Event()
     holder = threading.Thread(target=_hold, args=(agent, release, started))
     holder.start()
     try:
         assert started.wait(60)
-        seen: list[tuple[float, str]] = []
-        t0 = time.monotonic()
-        with httpx.stream("POST", f"{agent.base}/v1/messages", timeout=120, json={
-                "model": "tiny", "max_tokens": 4, "stream": True, "messages": ASK,
-                **GREEDY}) as r:
-            assert r.status_code == 200  # the headers came while the model was busy
-            for line in r.iter_lines():
-                if line.startswith("event: "):
-                    seen.append((time.monotonic() - t0, line[7:]))
-                names = [n for _, n in seen]
-                if names.count("ping") >= 2 and not release.is_set():
-                    release.set()  # the holder leaves: this request gets the model
+        if api == "anthropic":
+            seen = _watch(agent, "/v1/messages", {"model": "tiny", "max_tokens": 4,
+                                                  "stream": True, "messages": ASK, **GREEDY},
+                          release)
+            opening, keepalive, last = ["message_start"], "ping", "message_stop"
+        elif api == "responses":
+            seen = _watch(agent, "/v1/responses", {"model": "tiny", "max_output_tokens": 4,
+                                                   "stream": True, "input": "Count on.",
+                                                   **GREEDY}, release)
+            opening, keepalive, last = ["response.created", "response.in_progress"], ":", \
+                "response.completed"
+        else:
+            seen = _watch(agent, "/v1/chat/completions", {"model": "tiny", "max_tokens": 4,
+                                                          "stream": True, "messages": ASK,
+                                                          **GREEDY}, release)
+            opening, keepalive, last = [], ":", "data"
         names = [n for _, n in seen]
-        # message_start and pings first, while another reply held the model; then the reply
-        assert names[:3] == ["message_start", "ping", "ping"]
-        assert names[-1] == "message_stop" and "content_block_delta" in names
-        assert seen[0][0] < seen[2][0]  # the second ping came a while after the start
-        assert seen[2][0] - seen[1][0] >= ticks.PING_S * 0.9
+        # the opening events and keep-alives first, while another reply held the model
+        assert names[:len(opening) + 2] == [*opening, keepalive, keepalive]
+        assert names[-1] == last
+        first, second = (t for t, n in seen if n == keepalive)
+        assert second - first >= ticks.PING_S * 0.9  # then one each PING_S of silence
+        assert len([n for n in names if n not in (keepalive, *opening)]) > 1  # the reply
     finally:
         release.set()
         holder.join(60)
