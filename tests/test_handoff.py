@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ggufgen
 from daemonutil import rows
 
@@ -25,13 +27,14 @@ def _ask(client: Any, model: str, prompt: str) -> tuple[str, dict[str, Any]]:
     return text, dict(gen.done)
 
 
-def test_growth_evaluates_only_what_is_new(daemon_factory: Factory,
-                                           model_factory: Factory) -> None:
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_growth_evaluates_only_what_is_new(daemon_factory: Factory, model_factory: Factory,
+                                           parallel: int) -> None:
     model = str(model_factory("llama", **LONG))
     first, grown = WORDS * 8, WORDS * 14
     d = daemon_factory()
     c = d.client()
-    c.load(model, n_ctx=512, parallel=1)
+    c.load(model, n_ctx=512, parallel=parallel)
     _, done = _ask(c, model, first)
     assert 300 < done["usage"]["prompt_tokens"] < 500, done["usage"]
     text, done = _ask(c, model, grown)  # outgrows 512 cells: a reload
@@ -46,7 +49,7 @@ def test_growth_evaluates_only_what_is_new(daemon_factory: Factory,
     # the same greedy reply as a fresh evaluation at that context (no prompt cache there)
     fresh = daemon_factory("--prompt-cache-mib", "0")
     f = fresh.client()
-    f.load(model, n_ctx=1024, parallel=1)
+    f.load(model, n_ctx=1024, parallel=parallel)
     again, done = _ask(f, model, grown)
     assert done["usage"]["prompt_tokens_reused"] == 0 and again == text
     leftovers = list((d.root / "prompts").glob("handoff-*"))
