@@ -58,8 +58,6 @@ HEARTBEAT_S = 1.0
 HEARTBEAT_SUFFIX = "/hb"
 #: finish_reason values of a generate ``done``.
 FINISH_REASONS = ("stop", "length", "eos", "tool_calls")
-#: Why a ``length`` finish came: ``max_tokens`` reached, or the sequence's context was full.
-LENGTH_REASONS = ("max_tokens", "context_window")
 
 
 # --------------------------------------------------------------------------- building
@@ -368,7 +366,8 @@ def done_generate(
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
 
     ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
-    follows growth (buffers allocated on first use of a long context).
+    follows growth (buffers allocated on first use of a long context). ``length_reason`` (with
+    ``length``): ``max_tokens`` reached, or ``context_window`` (the sequence's cells ran out).
     """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
     msg: RunnerGenerateDone = {
