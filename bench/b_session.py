@@ -1,11 +1,11 @@
 """A 10-turn agent session that outgrows its context (issue 36).
 
-Claude Code's shape over the Anthropic Messages API (streamed): a ~20k-token system prompt and
-tools (a billing line that changes every request first), then ten turns, each adding the last
-reply, a tool result and a question (~1.3k tokens). The model is loaded as the README advised
-before (``modeld load MODEL --ctx 24576 --parallel 1``), so the conversation outgrows it
-half-way and the daemon reloads it with a larger context. Measured per turn: prompt tokens,
-tokens evaluated (``input_tokens``), tokens from the cache, time to the first content delta,
+Claude Code's shape over the Anthropic Messages API (streamed): a ~17k-token system prompt and
+tools on the default model (a billing line that changes every request first), then ten turns,
+each adding the last reply, a tool result and a question (~1k tokens). The model is loaded
+as the README advised before (``modeld load MODEL --ctx 24576 --parallel 1``), so the
+conversation outgrows it at turn 9 and the daemon reloads it with a larger context. Measured
+per turn: prompt tokens, tokens evaluated (``input_tokens``), tokens from the cache, time to the first content delta,
 the context after. Target: each prefix evaluated once, i.e. all turns together evaluate at
 most 1.1 x the final prompt. The control row runs the same session with the prompt cache off
 (``prompt_cache_mib`` 0: no handoff across the reload, the growth turn re-reads everything).
@@ -20,7 +20,7 @@ from typing import Any
 from b_agent import billing_line, conversation, count, stream
 from harness import Context, daemon, free_port, target
 
-TURN_WORDS = 900  # ~1.3k tokens a turn with the reply and the question
+TURN_WORDS = 900  # ~1k tokens a turn with the reply and the question (gemma's tokenizer)
 
 
 def _turn(body: dict[str, Any], reply: str, turn: int, rng: random.Random,
@@ -87,7 +87,7 @@ def agent_session(ctx: Context, words: int = 15000, turns: int = 10) -> dict[str
     return {
         "title": "Agent session across a context growth (Anthropic Messages API)",
         "what": f"a {turns}-turn Claude-Code-shaped session streamed over /v1/messages (a "
-        "~20k-token system prompt with 12 tools, ~1.3k tokens more a turn: the reply, a tool "
+        "~17k-token system prompt with 12 tools, ~1k tokens more a turn: the reply, a tool "
         f"result, a question), the model loaded with --ctx {ctx_tokens} --parallel 1 so the "
         "session outgrows it; tokens evaluated over all turns / the final prompt; control: "
         "the same with the prompt cache off (no handoff across the reload)",
