@@ -5,10 +5,11 @@ tools on the default model (a billing line that changes every request first), th
 each adding the last reply, a tool result and a question (~1k tokens). The model is loaded
 as the README advised before (``modeld load MODEL --ctx 24576 --parallel 1``), so the
 conversation outgrows it at turn 9 and the daemon reloads it with a larger context. Measured
-per turn: prompt tokens, tokens evaluated (``input_tokens``), tokens from the cache, time to the first content delta,
-the context after. Target: each prefix evaluated once, i.e. all turns together evaluate at
-most 1.1 x the final prompt. The control row runs the same session with the prompt cache off
-(``prompt_cache_mib`` 0: no handoff across the reload, the growth turn re-reads everything).
+per turn: prompt tokens, tokens evaluated (``input_tokens``), tokens from the cache, time to
+the first content delta, the context after. Target: each prefix evaluated once, i.e. all
+turns together evaluate at most 1.1 x the final prompt. The control row runs the same session
+with the prompt cache off (``prompt_cache_mib`` 0: no handoff across the reload, the growth
+turn re-reads everything).
 """
 
 from __future__ import annotations
