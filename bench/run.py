@@ -10,7 +10,8 @@ streaming, prefix_reuse, cli_startup, concurrency, footprint (one daemon), trace
 http_api, parallel and parallel_sampled (their own daemons, and llama.cpp's llama-server router
 from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
-agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages).
+agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
+agent_session (its own daemons: a 10-turn session that outgrows its context).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
-ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "parallel",
+ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
+       "parallel",
        "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
@@ -107,6 +109,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_agent
 
         _record(ctx, "agent_turns", b_agent.agent_turns)
+    if "agent_session" in names:  # its own daemons, with the HTTP front door
+        import b_session
+
+        _record(ctx, "agent_session", b_session.agent_session)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)

@@ -91,3 +91,22 @@ def rpc(doc: dict[str, Any]) -> list[str]:
                         f"{_f1((r.get('lo_bytes_per_token') or {}).get('median'))} |")
     rows += ["", f"Greedy replies equal to the local ones: {doc.get('greedy_equal')}."]
     return rows
+
+
+def agent_session(doc: dict[str, Any]) -> list[str]:
+    """Per turn, the session with the handoff and the control without (b_session.py)."""
+    carried, control = doc.get("carried") or {}, doc.get("control") or {}
+    rows = ["| turn | prompt tokens | evaluated | from the cache | TTFT s | n_ctx after | "
+            "control: evaluated | control: TTFT s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    other = {t["turn"]: t for t in control.get("turns", [])}
+    for t in carried.get("turns", []):
+        o = other.get(t["turn"], {})
+        rows.append(f"| {t['turn']} | {t['prompt_tokens']} | {t['evaluated']} | {t['cached']} | "
+                    f"{t['ttft_s']:.2f} | {t['n_ctx']} | {o.get('evaluated', '-')} | "
+                    + (f"{o['ttft_s']:.2f} |" if "ttft_s" in o else "- |"))
+    for name, part in (("handoff", carried), ("control (prompt cache off)", control)):
+        if part:
+            rows.append(f"| **{name}** | final {part['final_prompt']} | "
+                        f"**{part['evaluated_total']}** ({part['ratio']:.3f} x) | | "
+                        f"session {part['total_s']:.0f} s | reloads {part['reloads']} | | |")
+    return rows

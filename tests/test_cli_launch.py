@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from agentutil import start
 from cliutil import MODELD
@@ -46,7 +49,8 @@ assert conf[provider + ".wire_api"] == "responses"
 c = openai.OpenAI(base_url=conf[provider + ".base_url"],
                   api_key=os.environ[conf[provider + ".env_key"]], max_retries=0)
 r = c.responses.create(model=model, input="hi", max_output_tokens=2, temperature=0)
-print(json.dumps({"status": r.status, "output_tokens": r.usage.output_tokens}))
+print(json.dumps({"status": r.status, "output_tokens": r.usage.output_tokens,
+                  "context_window": conf.get("model_context_window")}))
 """
 
 
@@ -74,9 +78,14 @@ def test_launch_prints_the_environment(tmp_path: Path) -> None:
     assert exported["ANTHROPIC_AUTH_TOKEN"] == "s3cret"  # the daemon's key when it has one
     assert exported["ANTHROPIC_MODEL"] == exported["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "qwen3"
     assert exported["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and lines[-1] == "claude"
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in exported  # qwen3 is not here: not known
+    assert "no daemon is running" in out.stderr and "not known" in out.stderr
     codex = _modeld("launch", "codex", env={**env, "MODELD_API_KEY": ""})
     assert "export OPENAI_API_KEY=modeld" in codex.stdout  # a dummy key: Codex wants one
     assert 'wire_api="responses"' in codex.stdout.splitlines()[-1]
+    assert re.search(r" -c model_context_window=\d+ ", codex.stdout)  # the default model's
+    unknown_model = _modeld("launch", "codex", "-m", "qwen3", env=env)
+    assert "model_context_window" not in unknown_model.stdout
     off = _modeld("launch", "claude", env={**env, "MODELD_HTTP": "off"})
     assert off.returncode != 0 and "front door is off" in off.stderr
     unknown = _modeld("launch", "cursor", env=env)
@@ -90,16 +99,33 @@ def test_launch_exec_runs_agents_that_reach_the_daemon(daemon_factory: Factory,
     bin_dir = tmp_path / "bin"
     _stand_in(bin_dir, "claude", CLAUDE)
     _stand_in(bin_dir, "codex", CODEX)
-    env = {**agent.d.env, "MODELD_HTTP": f"127.0.0.1:{agent.port}",
+    # the configured port is not the one the daemon listens on: launch asks the daemon
+    env = {**agent.d.env, "MODELD_HTTP": "127.0.0.1:1",
            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    models = httpx.get(f"{agent.base}/v1/models", timeout=60).json()["data"]
+    default = next(m for m in models if m["id"] == "default")
+    window = default["max_context_length"]
+    assert window == 32768 and 256 <= default["context_length"] <= window  # gemma-3-270m
+    show = httpx.post(f"{agent.base}/api/show", json={"model": "default"}, timeout=60).json()
+    assert show["modeld"]["n_ctx_max"] == window
+    assert show["parameters"] == f"num_ctx {show['modeld']['n_ctx']}"
+    assert show["model_info"]["gemma3.context_length"] == 32768
     claude = _modeld("launch", "claude", "--exec", "--", "-p", "hello", env=env)
     assert claude.returncode == 0, claude.stderr
     seen = json.loads(claude.stdout)
     assert seen["argv"] == ["-p", "hello"] and seen["input_tokens"] > 0
     assert seen["env"]["ANTHROPIC_MODEL"] == "default"
+    assert seen["env"]["ANTHROPIC_BASE_URL"] == agent.base
+    assert seen["env"]["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(window)
+    assert seen["env"]["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == str(window)
+    assert seen["env"]["CLAUDE_CODE_DISABLE_1M_CONTEXT"] == "1"
+    assert int(seen["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"]) == window // 4
     codex = _modeld("launch", "codex", "--exec", env=env)
     assert codex.returncode == 0, codex.stderr
-    assert json.loads(codex.stdout)["output_tokens"] > 0
+    ran = json.loads(codex.stdout)
+    assert ran["output_tokens"] > 0 and ran["context_window"] == window
+    printed = _modeld("launch", "codex", env=env).stdout.splitlines()[-1]
+    assert f"model_context_window={window}" in printed and agent.base in printed
     missing = _modeld("launch", "claude", "--exec", env={**env, "PATH": str(tmp_path / "no")})
     assert missing.returncode != 0 and "not on PATH" in missing.stderr
 
@@ -114,8 +140,13 @@ def test_readme_shows_exactly_what_launch_prints(tmp_path: Path) -> None:
     claude_part, codex_part = block.split("# Codex", 1)
     lines = [line.split("  #", 1)[0].rstrip() for line in claude_part.splitlines()
              if line and not line.startswith("#")]
-    assert lines == _modeld("launch", "claude", env=env).stdout.splitlines()
+    # the context figures are this machine's (the default model's 32768 where memory allows)
+    assert _numbers(lines) == _numbers(_modeld("launch", "claude", env=env).stdout.splitlines())
     codex = _modeld("launch", "codex", env=env).stdout.splitlines()
     shown = [" ".join(line.split()) for line in codex_part.splitlines()[1:] if line]
     assert codex[:-1] == shown[:-1]  # the exports
-    assert shlex.split(shown[-1]) == shlex.split(codex[-1])
+    assert shlex.split(_numbers(shown)[-1]) == shlex.split(_numbers(codex)[-1])
+
+
+def _numbers(lines: list[str]) -> list[str]:
+    return [re.sub(r"=\d+", "=N", line) for line in lines]

@@ -118,3 +118,11 @@ def prompt_cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir(APP)) / "prompts"
+
+
+def default_model_dir() -> Path:
+    """Where the built-in default model's file is assembled: the user cache dir, which honours
+    ``XDG_CACHE_HOME`` (the model package's own default is ``~/.cache/<package>`` always)."""
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir(APP)) / "default-model"

@@ -41,7 +41,7 @@ def show_data(
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
         out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
-        return out
+        return _with_max(out, info, key, cache, baseline, settings)
     workers = settings.rpc.get(name)  # the config puts this name on llama.cpp RPC workers
     if workers:
         out["rpc"] = list(workers)
@@ -72,6 +72,21 @@ def show_data(
         out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
+    return _with_max(out, info, key, cache, baseline, settings)
+
+
+def _with_max(out: dict[str, Any], info: ModelInfo, key: ModelKey, cache: CachePolicy,
+              baseline: int, settings: Settings) -> dict[str, Any]:
+    """Add ``n_ctx_max``: the context a long prompt can grow this model to (its training
+    context, or what fits in the budget beside pinned models), at least ``n_ctx``. What an
+    agent is told to compact before (``modeld launch``)."""
+    if key.mode != "generate" or not isinstance(out.get("n_ctx"), int):
+        return out
+    grown = sizing.max_context(info, key.mode, cache, key, baseline, settings,
+                               int(out.get("parallel") or 1))  # fmt: skip
+    if info.context_length > 0:
+        grown = min(grown, ctx.round_down(info.context_length))
+    out["n_ctx_max"] = max(int(out["n_ctx"]), grown)
     return out
 
 

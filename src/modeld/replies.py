@@ -59,6 +59,7 @@ class GenerateDone(TypedDict):
     timings: GenerateTimings
     tool_calls: NotRequired[list[ToolCallDone]]  # the calls the reply made, in order
     stop_sequence: NotRequired[str]  # the stop string that ended the reply, when one did
+    length_reason: NotRequired[str]  # finish "length": "max_tokens" or "context_window"
 
 
 class PooledTimings(TypedDict, total=False):
@@ -226,6 +227,7 @@ class RunnerGenerateDone(TypedDict):
     memory: NotRequired[RunnerMemory]  # measured right after
     tool_calls: NotRequired[list[ToolCallDone]]
     stop_sequence: NotRequired[str]
+    length_reason: NotRequired[str]  # "max_tokens" | "context_window" (finish "length")
 
 
 class RunnerEmbedDone(TypedDict):

@@ -47,7 +47,7 @@ MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
 #: Types the daemon sends to a runner.
 TO_RUNNER = frozenset(
-    {"load", "generate", "embed", "rerank", "cancel", "memory", "shutdown", "unload"}
+    {"load", "generate", "embed", "rerank", "cancel", "memory", "shutdown", "unload", "handoff"}
 )
 #: Types a runner sends to the daemon.
 FROM_RUNNER = frozenset(
@@ -116,6 +116,8 @@ def load(
     tensor_split: Sequence[float] = (),
     type_k: str = "f16",
     type_v: str = "f16",
+    handoff: str | None = None,
+    handoff_pid: int | None = None,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -132,6 +134,8 @@ def load(
     ``gpu_layers``: layers on the GPUs (-1 all; 0 none: the runner then keeps off the GPUs),
     split between them by ``tensor_split`` (empty: llama.cpp's split by free memory).
     ``type_k``/``type_v``: the KV cache types (absent: f16, as runners before them).
+    ``handoff``: the file prefix the model's previous runner (process ``handoff_pid``) writes
+    its sequences' cells to (:func:`handoff`): wait for them and restore them (runner/handoff.py).
     """
     msg: dict[str, Any] = {
         "type": "load",
@@ -162,6 +166,10 @@ def load(
             msg["rpc_ctx_floor"] = rpc_ctx_floor
         if rpc_memory is not None:
             msg["rpc_memory"] = rpc_memory
+    if handoff is not None:
+        msg["handoff"] = handoff
+        if handoff_pid is not None:
+            msg["handoff_pid"] = handoff_pid
     return msg
 
 
@@ -298,6 +306,12 @@ def shutdown() -> dict[str, Any]:
     return {"type": "shutdown"}
 
 
+def handoff(prefix: str) -> dict[str, Any]:
+    """Before a reload with a larger context: write each sequence's cells and tokens to files
+    named from ``prefix``, then the manifest, for the next runner's ``load`` (no reply)."""
+    return {"type": "handoff", "prefix": prefix}
+
+
 def unload() -> dict[str, Any]:
     """Close the model but keep the process (the daemon may reuse it as the spare runner)."""
     return {"type": "unload"}
@@ -363,12 +377,14 @@ def done_generate(
     memory: Mapping[str, int] | None = None,
     tool_calls: Sequence[ToolCallDone] = (),
     stop_sequence: str | None = None,
+    length_reason: str | None = None,
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
 
     ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
-    follows growth (buffers allocated on first use of a long context).
+    follows growth (buffers allocated on first use of a long context). ``length_reason`` (with
+    ``length``): ``max_tokens`` reached, or ``context_window`` (the sequence's cells ran out).
     """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
     msg: RunnerGenerateDone = {
@@ -393,6 +409,8 @@ def done_generate(
         msg["tool_calls"] = list(tool_calls)
     if stop_sequence is not None:
         msg["stop_sequence"] = stop_sequence
+    if length_reason is not None:
+        msg["length_reason"] = length_reason
     return msg
 
 

@@ -318,9 +318,14 @@ def context_for_prompt(
     parallel: int = 1,
     offload: bool = False,
     where: Where | None = None,
+    current: int = 0,
 ) -> int:
     """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
-    answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit."""
+    answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit.
+
+    With headroom: the ``current`` context doubled until that fits (within the training
+    context and the memory), so a conversation that grows by a turn at a time (an agent's)
+    does not reload at every turn."""
     train = info.context_length or (1 << 20)
     if prompt_tokens + 1 > train:
         raise ContextExceededError(
@@ -336,7 +341,10 @@ def context_for_prompt(
             hint="shorten the prompt, unload other models, or raise the memory budget",
             details={"prompt_tokens": prompt_tokens, "n_ctx_max": fits},
         )
-    want = round_up(min(train, prompt_tokens + min(max_tokens, 1024)))
+    need = round_up(min(train, prompt_tokens + min(max_tokens, 1024)))
+    want = max(current, STEP)
+    while want < need:
+        want *= 2
     want = min(want, max(STEP, train - train % STEP), fits)
     return max(want, round_up(prompt_tokens + 1))
 

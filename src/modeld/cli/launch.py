@@ -12,11 +12,14 @@ provider, so no OpenAI login is asked for); the key it sends comes from ``OPENAI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import sys
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,14 +33,8 @@ AGENTS = ("claude", "codex")
 DUMMY_KEY = "modeld"
 
 
-def base_url(settings: Settings) -> str:
-    """The front door's URL as a client on this machine reaches it."""
-    address = settings.http_address
-    if address is None:
-        raise InvalidRequestError("the HTTP front door is off (http = off)",
-                                  hint="set http = \"127.0.0.1:11434\" in the config or "
-                                       "MODELD_HTTP, and restart the daemon")  # fmt: skip
-    host, port = address
+def _url(host: str, port: int) -> str:
+    """The URL a client on this machine reaches ``host:port`` at (a wildcard is loopback)."""
     if host in ("0.0.0.0", ""):
         host = "127.0.0.1"
     elif host == "::":
@@ -47,23 +44,110 @@ def base_url(settings: Settings) -> str:
     return f"http://{host}:{port}"
 
 
-def agent_env(agent: str, settings: Settings, model: str) -> tuple[dict[str, str], list[str]]:
-    """(environment variables, arguments) that point ``agent`` at this daemon."""
-    url, key = base_url(settings), settings.api_key or DUMMY_KEY
+def base_url(settings: Settings) -> str:
+    """The front door's URL as configured (what a daemon started now would listen on)."""
+    address = settings.http_address
+    if address is None:
+        raise InvalidRequestError("the HTTP front door is off (http = off)",
+                                  hint="set http = \"127.0.0.1:11434\" in the config or "
+                                       "MODELD_HTTP, and restart the daemon")  # fmt: skip
+    return _url(*address)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the agent finds the model: the front door's URL and the model's context (the
+    most a conversation can grow to, ``show``'s ``n_ctx_max``; None when not known)."""
+
+    url: str
+    context: int | None = None
+    note: str = ""  # said on stderr: no daemon runs, the context is unknown, ...
+
+
+def find_target(settings: Settings, model: str) -> Target:
+    """The running daemon's own front door (its port, not the configured one: a daemon started
+    with ``serve --http HOST:PORT`` listens elsewhere) and the context it would give ``model``;
+    with no daemon, the configured address and a local plan."""
+    from modeld import paths
+    from modeld.client import Client
+    from modeld.describe import describe_local
+    from modeld.errors import DaemonUnavailableError
+    from modeld.socketcheck import socket_problem
+
+    ref = None if model == "default" else model
+    client = Client(settings.socket, timeout=30.0, connect_timeout=0.5)
+    stats = None
+    sock = paths.ipc_path(settings.socket)
+    if sock is None or socket_problem(str(sock)) is None:  # else no daemon: do not wait
+        with contextlib.suppress(DaemonUnavailableError):
+            stats = client.stats()
+    try:
+        if stats is None:
+            note = "no daemon is running: start it with 'modeld serve' before the agent"
+            url, show = base_url(settings), _quiet(lambda: describe_local(settings, ref))
+        else:
+            address = stats.get("http_address")
+            if not isinstance(address, str):
+                raise InvalidRequestError(
+                    "the running daemon has no HTTP front door (http = off, or its port was "
+                    "taken: see its log)",
+                    hint="restart it with an HTTP address: modeld serve --http 127.0.0.1:11434")
+            host, _, port = address.rpartition(":")
+            note, url = "", _url(host.strip("[]"), int(port))
+            show = _quiet(lambda: client.show(ref))
+    finally:
+        client.close()
+    context = show.get("n_ctx_max") if show else None
+    if not isinstance(context, int):
+        context = None
+        note = "; ".join(n for n in (note, f"the context of {model} is not known here "
+                                     "(the agent assumes its own default)") if n)
+    return Target(url, context, note)
+
+
+def _quiet(show: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    from modeld.errors import ModeldError
+
+    try:
+        return show()
+    except ModeldError:
+        return None
+
+
+def agent_env(agent: str, settings: Settings, model: str, target: Target | None = None
+              ) -> tuple[dict[str, str], list[str]]:
+    """(environment variables, arguments) that point ``agent`` at this daemon (``target``:
+    its URL and the model's context; None: the configured address, context not told)."""
+    target = target or Target(base_url(settings))
+    url, key, window = target.url, settings.api_key or DUMMY_KEY, target.context
     if agent == "claude":
         env = {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_AUTH_TOKEN": key, "ANTHROPIC_API_KEY": "",
                "ANTHROPIC_MODEL": model, "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
                "ANTHROPIC_DEFAULT_SONNET_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
                "CLAUDE_CODE_SUBAGENT_MODEL": model, "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}  # fmt: skip
+        if window is not None:  # its window for a model not named claude-*, and when to compact
+            env.update(CLAUDE_CODE_DISABLE_1M_CONTEXT="1",
+                       CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(window),
+                       CLAUDE_CODE_AUTO_COMPACT_WINDOW=str(window),
+                       CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(reply_room(window)))
         return env, []
     if agent == "codex":
         provider = "model_providers.modeld"
         args = ["-c", 'model_provider="modeld"', "-c", f'{provider}.name="modeld"',
                 "-c", f'{provider}.base_url="{url}/v1"', "-c", f'{provider}.wire_api="responses"',
-                "-c", f'{provider}.env_key="OPENAI_API_KEY"', "-m", model]  # fmt: skip
-        return {"OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key}, args
+                "-c", f'{provider}.env_key="OPENAI_API_KEY"']  # fmt: skip
+        if window is not None:
+            args += ["-c", f"model_context_window={window}",
+                     "-c", f"model_auto_compact_token_limit={window - reply_room(window)}"]
+        return {"OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": key}, [*args, "-m", model]
     raise InvalidRequestError(f"unknown agent {agent!r}", hint=f"one of: {', '.join(AGENTS)}")
+
+
+def reply_room(window: int) -> int:
+    """Tokens an agent keeps for a reply in a ``window``-token context: a quarter, at most
+    Claude Code's own 32,000 (it compacts when the rest is full)."""
+    return max(256, min(32000, window // 4))
 
 
 def launch(
@@ -79,7 +163,12 @@ def launch(
     from modeld.config import load_settings
 
     settings, _ = load_settings()
-    env, flags = agent_env(agent, settings, model)
+    if agent not in AGENTS:
+        raise InvalidRequestError(f"unknown agent {agent!r}", hint=f"one of: {', '.join(AGENTS)}")
+    target = find_target(settings, model)
+    env, flags = agent_env(agent, settings, model, target)
+    if target.note:
+        typer.echo(f"modeld: {target.note}", err=True)
     if not run:
         for name, value in env.items():
             typer.echo(f"export {name}={shlex.quote(value)}")

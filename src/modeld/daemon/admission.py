@@ -91,13 +91,19 @@ class Admission:
         return False
 
     def where(self, name: str, jobs: list[Job]) -> placement.Where:
-        """The KV cache type and GPU layers of a load (its own, ``[model_options.NAME]``'s or
-        the settings'), and the cards now: NVML's free bytes when the runners' llama.cpp has a
-        GPU backend (their hello), none otherwise (CPU only, as without a card)."""
-        kv = placement.option(next((j.kv_cache_type for j in jobs if j.kv_cache_type), None),
-                              name, "kv_cache_type", self.settings)  # fmt: skip
-        layers = placement.option(next((j.gpu_layers for j in jobs if j.gpu_layers is not None),
-                                       None), name, "gpu_layers", self.settings)  # fmt: skip
+        """The KV cache type and GPU layers of a load (its own, what an earlier ``load`` set,
+        which reloads keep, ``[model_options.NAME]``'s or the settings'), and the cards now:
+        NVML's free bytes when the runners' llama.cpp has a GPU backend (their hello), none
+        otherwise (CPU only, as without a card)."""
+        before = self.dispatch.asked.get(jobs[0].key) if jobs else None  # kept by reloads
+        kv = placement.option(
+            next((j.kv_cache_type for j in jobs if j.kv_cache_type),
+                 before.kv_cache_type if before else None),
+            name, "kv_cache_type", self.settings)  # fmt: skip
+        layers = placement.option(
+            next((j.gpu_layers for j in jobs if j.gpu_layers is not None),
+                 before.gpu_layers if before else None),
+            name, "gpu_layers", self.settings)  # fmt: skip
         layers = None if layers is not None and layers < 0 else layers
         cards: tuple[placement.Gpu, ...] = ()
         if self.pool.gpu_devices and layers != 0:
@@ -116,8 +122,12 @@ class Admission:
             return
         if not self._workers_free(key, name, jobs, waiting):
             return
-        requested = max((j.n_ctx for j in jobs if j.n_ctx is not None), default=None)
-        asked = next((j.parallel for j in jobs if j.parallel is not None), None)
+        # what an explicit load set stays set through reloads (a grown context, issue 36)
+        before = self.dispatch.asked.get(key)
+        requested = max((j.n_ctx for j in jobs if j.n_ctx is not None),
+                        default=before.n_ctx if before else None)
+        asked = next((j.parallel for j in jobs if j.parallel is not None),
+                     before.parallel if before else None)
         rpc = rpc_of(jobs)
         try:
             info = self.model_info(key)

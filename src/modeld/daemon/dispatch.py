@@ -17,7 +17,7 @@ from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKe
 from modeld.config import Settings
 from modeld.daemon import crashinfo
 from modeld.daemon.decisions import AnswerLoad, Reload
-from modeld.daemon.jobs import Job, Send, Slot, done_body
+from modeld.daemon.jobs import Asked, Job, Send, Slot, done_body
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
@@ -45,6 +45,7 @@ class Dispatch:
         self._send = send  # the daemon's socket: replies to clients
         self.slots: dict[ModelKey, Slot] = {}
         self.jobs: dict[tuple[bytes, str], Job] = {}
+        self.asked: dict[ModelKey, Asked] = {}  # what ``load`` set, kept through reloads
         self._seq = 0
         # Usable CPUs (affinity, cgroup quota): read once, not on every request.
         self.cpu_threads = sizing.default_threads()
@@ -92,6 +93,7 @@ class Dispatch:
             slot.queue.popleft()
             self.cache.dequeue(slot.key)
             if job.kind == "load":
+                self.remember(job)
                 if job.pinned:
                     self.cache.set_pinned(slot.key, True)
                 self.cache.touch(slot.key, job.keep_alive_s)
@@ -105,6 +107,21 @@ class Dispatch:
             msg = dict(job.payload, rid=job.runner_rid, n_threads=self.threads_for_request())
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
+
+    def remember(self, job: Job) -> Asked:
+        """Keep what the ``load`` ``job`` set for its model (see :class:`Asked`)."""
+        asked = self.asked.setdefault(job.key, Asked())
+        asked.take(job)
+        return asked
+
+    def keep_alive_for(self, job: Job) -> float:
+        """``job``'s keep-alive: its own, else what a ``load`` set, else the default."""
+        if job.keep_alive_s is not None:
+            return job.keep_alive_s
+        asked = self.asked.get(job.key)
+        if asked is not None and asked.keep_alive_s is not None:
+            return asked.keep_alive_s
+        return self.settings.keep_alive_s
 
     @staticmethod
     def _workers_down(slot: Slot, job: Job) -> RpcWorkerError | None:
@@ -270,6 +287,7 @@ class Dispatch:
             job.n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
                 prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
+                current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
@@ -288,7 +306,7 @@ class Dispatch:
         """One sequence ended; the keep-alive clock starts when the last one has."""
         slot.active.pop(job.runner_rid, None)
         if self.cache.get(slot.key) is not None:
-            self.cache.release(slot.key, job.keep_alive_s)
+            self.cache.release(slot.key, self.keep_alive_for(job))
 
     def cancel(self, job: Job) -> bool:
         """Cancel ``job`` where it is: True when its runner decodes it (the runner ends it and

@@ -60,6 +60,30 @@ class Job:
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
+@dataclass
+class Asked:
+    """What explicit ``load`` requests set for a model (None: they did not say). It outlives
+    the model's reloads (a context that grows, another ``parallel``) and goes when the model
+    is unloaded for any other reason."""
+
+    parallel: int | None = None
+    n_ctx: int | None = None  # a floor: a reload never gives less
+    keep_alive_s: float | None = None  # also what requests without their own get
+    pinned: bool = False
+    kv_cache_type: str | None = None
+    gpu_layers: int | None = None
+
+    def take(self, job: Job) -> None:
+        """Remember what the ``load`` ``job`` set."""
+        self.parallel = job.parallel if job.parallel is not None else self.parallel
+        self.n_ctx = job.n_ctx if job.n_ctx is not None else self.n_ctx
+        self.keep_alive_s = job.keep_alive_s if job.keep_alive_s is not None else \
+            self.keep_alive_s
+        self.pinned = self.pinned or job.pinned
+        self.kv_cache_type = job.kv_cache_type or self.kv_cache_type
+        self.gpu_layers = job.gpu_layers if job.gpu_layers is not None else self.gpu_layers
+
+
 @dataclass(eq=False)
 class Slot:
     """Daemon-side state of one cache entry: its runner, the requests it decodes now (up to
@@ -112,13 +136,15 @@ class Waiting:
 Send = Callable[[Job, protocol.Message], bool]
 
 
-def keep_alive_of(value: str | int | float | None, settings: Settings) -> float:
-    """A request's keep-alive in seconds; the configured default when it did not set one.
+def keep_alive_of(value: str | int | float | None, settings: Settings) -> float | None:
+    """A request's keep-alive in seconds; None when it did not set one.
 
-    Per request, as in Ollama, but not sticky: a request without keep_alive gets the default,
-    so one ``-1`` request does not pin the model for everyone after it.
+    Per request, as in Ollama, but not sticky: a request without keep_alive gets the one an
+    explicit ``load`` set, else the configured default (:meth:`Dispatch.keep_alive_for`), so
+    one ``-1`` request does not pin the model for everyone after it and a plain request does
+    not shorten what ``modeld load --keep-alive 1h`` asked for.
     """
-    return parse_keep_alive(value, settings.keep_alive)
+    return None if value is None else parse_keep_alive(value, settings.keep_alive)
 
 
 def requested_ctx(n_ctx: int | None) -> int | None:
@@ -206,6 +232,8 @@ def done_body(
         done["tool_calls"] = calls
     if isinstance(msg.get("stop_sequence"), str):
         done["stop_sequence"] = msg["stop_sequence"]
+    if isinstance(msg.get("length_reason"), str):
+        done["length_reason"] = msg["length_reason"]
     return done
 
 

@@ -14,7 +14,9 @@ exits, client cancels, vanished clients, explicit unloads and the timer.
 from __future__ import annotations
 
 import logging
+import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -68,6 +70,8 @@ class Scheduler:
         self.prompt_cache_dir: str | None = (
             str(paths.prompt_cache_dir()) if settings.prompt_cache_mib > 0 else None
         )
+        # a reload's handoff (runner/handoff.py): the file prefix and the old runner's pid
+        self.handoffs: dict[ModelKey, tuple[str, int]] = {}
 
     # ------------------------------------------------------------------ the parts' state
 
@@ -178,20 +182,23 @@ class Scheduler:
         runner = self.pool.take(fork=not rpc)
         if rpc:
             self.admission.leases.take(rpc, runner.id, name)
-        keep = next((j.keep_alive_s for j in jobs if j.keep_alive_s is not None), None)
+        for job in jobs:
+            if job.kind == "load":
+                self.dispatch.remember(job)
+        asked = self.dispatch.asked.get(key)
         self.cache.begin_load(
             key, size.need_bytes, size.n_ctx, size.reason, runner.id,
-            pinned=any(j.pinned for j in jobs),
-            keep_alive_s=keep if keep is not None else self.settings.keep_alive_s,
+            pinned=any(j.pinned for j in jobs) or (asked is not None and asked.pinned),
+            keep_alive_s=self.dispatch.keep_alive_for(
+                next((j for j in jobs if j.keep_alive_s is not None), jobs[0])),
         )  # fmt: skip
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
         slot.load_started = self._clock()
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
-        slot.asked_parallel = next((j.parallel for j in jobs if j.parallel is not None), None)
-        slot.asked_kv_type = next((j.kv_cache_type for j in jobs if j.kv_cache_type), None)
-        slot.asked_gpu_layers = next((j.gpu_layers for j in jobs if j.gpu_layers is not None),
-                                     None)  # fmt: skip
+        slot.asked_parallel = asked.parallel if asked is not None else None
+        slot.asked_kv_type = asked.kv_cache_type if asked is not None else None
+        slot.asked_gpu_layers = asked.gpu_layers if asked is not None else None
         slot.kv_type, slot.placement = size.kv_type, size.placement
         slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
@@ -213,23 +220,38 @@ class Scheduler:
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
             gpu_layers=size.placement.gpu_layers, tensor_split=size.placement.tensor_split,
             type_k=size.kv_type, type_v=size.kv_type,
-            **self.admission.rpc_sizing(jobs, size.n_ctx),
+            **self.admission.rpc_sizing(jobs, size.n_ctx), **self._handoff_for(key, rpc),
         )  # fmt: skip
         self.sup.send(runner.id, msg)
 
     def _reload(self, slot: Slot) -> None:
-        """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued."""
+        """Reload an idle entry (a larger context, another ``parallel``) for the jobs queued;
+        its runner first writes its sequences' cells for the next one (runner/handoff.py)."""
         jobs = list(slot.queue)
         slot.queue.clear()
+        runner = self.sup.runners.get(slot.runner_id)
+        if self.prompt_cache_dir is not None and not slot.rpc and runner is not None:
+            prefix = os.path.join(self.prompt_cache_dir, f"handoff-{slot.runner_id}-"
+                                  f"{uuid.uuid4().hex[:12]}")  # fmt: skip
+            if self.sup.send(slot.runner_id, runnerwire.handoff(prefix)):
+                self.handoffs[slot.key] = (prefix, runner.pid)
         for job in jobs:
             self.cache.dequeue(slot.key)
             job.waited_for_load = True  # its load_s is this reload's (it said 0 for 8 s)
         self.evict(slot.key, EvictionReason.RELOAD)
         self.carry_out(self.admission.requeue(slot.key, slot.name, jobs))
 
+    def _handoff_for(self, key: ModelKey, rpc: tuple[str, ...]) -> dict[str, Any]:
+        """The ``load`` fields that take over a reload's handoff for ``key`` (if one waits)."""
+        prefix, pid = self.handoffs.pop(key, ("", 0))
+        return {"handoff": prefix, "handoff_pid": pid} if prefix and not rpc else {}
+
     def evict(self, key: ModelKey, reason: EvictionReason) -> None:
-        """Take ``key`` out of service; its memory is freed when its runner has exited."""
+        """Take ``key`` out of service; its memory is freed when its runner has exited. What
+        a ``load`` set for it is forgotten, unless it is reloading."""
         slot = self.slots.pop(key, None)
+        if reason is not EvictionReason.RELOAD:
+            self.dispatch.asked.pop(key, None)
         if self.cache.get(key) is not None:
             self.cache.begin_unload(key, reason)
         if slot is not None:

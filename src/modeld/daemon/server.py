@@ -160,6 +160,9 @@ class Daemon:
         )
         log.info("%s", how)
         door = self._front_door()
+        if door is not None:  # the port it really has (``modeld launch`` reads it)
+            host, port = door.address[:2]
+            service.http_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             service.loop()
         finally:

@@ -63,6 +63,7 @@ class Service:
         self._clock = clock  # the one clock of the cache, the supervisor and the scheduler
         self.started = clock()
         self.stop_requested = False
+        self.http_address: str | None = None  # where the front door listens ("host:port")
         self.sched = Scheduler(settings, cache, supervisor, self._send_job, clock)
 
     def loop(self) -> None:
@@ -286,6 +287,7 @@ class Service:
             uptime_s=self._clock() - self.started,
             pid=os.getpid(),
             endpoint=self.endpoint,
+            http_address=self.http_address,
             version=__version__,
             usable_bytes=self.usable_bytes,
             memory_fraction=self.settings.memory_fraction,

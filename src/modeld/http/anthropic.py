@@ -23,6 +23,7 @@ from starlette.routing import Route
 from modeld.errors import ErrorCode, ModeldError
 from modeld.http.anthropicreq import messages_generate, one_call
 from modeld.http.common import API, message_of, model_ref, read_json, status_of, stream_or_error
+from modeld.http.ticks import ticking
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -50,6 +51,8 @@ def _usage(done: dict[str, Any]) -> dict[str, int]:
 def _stop(done: dict[str, Any], stops: list[str]) -> tuple[str, str | None]:
     """``stop_reason`` and ``stop_sequence``: the runner names the stop string it met."""
     reason = done.get("finish_reason")
+    if reason == "length" and done.get("length_reason") == "context_window":
+        return "model_context_window_exceeded", None  # as Anthropic says it, not max_tokens
     if reason == "length":
         return "max_tokens", None
     if reason == "tool_calls":
@@ -185,15 +188,21 @@ class AnthropicAPI(API):
             started = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
-                        if not started:  # after the daemon's first answer: errors stay HTTP
-                            started = True
+                    async for item in ticking(s.stream("generate", model=ref, **body)):
+                        if not started:  # the daemon's first answer, or a second of silence:
+                            started = True  # errors before this stay HTTP statuses
                             yield _sse("message_start", {"type": "message_start", "message": {
                                 "id": ident, "type": "message", "role": "assistant",
                                 "model": name, "content": [], "stop_reason": None,
                                 "stop_sequence": None,
                                 "usage": {"input_tokens": 0, "output_tokens": 0}}})
                             yield _sse("ping", {"type": "ping"})
+                            if item is None:
+                                continue
+                        if item is None:  # the prompt is still being evaluated
+                            yield _sse("ping", {"type": "ping"})
+                            continue
+                        kind, msg = item
                         if kind == "chunk":
                             for part in blocks.chunk(msg):
                                 yield part
@@ -210,6 +219,7 @@ class AnthropicAPI(API):
                     if not started:
                         raise
                     yield _sse("error", {"type": "error", "error": {
-                        "type": "api_error", "message": message_of(exc)}})
+                        "type": _TYPES.get(status_of(exc), "api_error"),
+                        "message": message_of(exc)}})
 
         return await stream_or_error(events(), "text/event-stream", error)

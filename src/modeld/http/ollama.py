@@ -289,14 +289,19 @@ class OllamaAPI(API):
         except ModeldError as exc:
             return error(exc)
         info = body.get("info", {})
+        model_info = {f"general.{k}": v for k, v in info.items()
+                      if isinstance(v, (str, int, float, bool))}
+        if info.get("architecture") and info.get("context_length"):  # where Ollama puts it
+            model_info[f"{info['architecture']}.context_length"] = info["context_length"]
+        n_ctx = body.get("n_ctx")
         return JSONResponse({
-            "license": "", "modelfile": "", "parameters": "",
-            "template": "", "details": _details(info),
-            "model_info": {f"general.{k}": v for k, v in info.items()
-                           if isinstance(v, (str, int, float, bool))},
+            "license": "", "modelfile": "",
+            "parameters": f"num_ctx {n_ctx}" if isinstance(n_ctx, int) else "",
+            "template": "", "details": _details(info), "model_info": model_info,
             "capabilities": await asyncio.to_thread(_capabilities, body),
-            "modeld": {k: body.get(k) for k in ("n_ctx", "ctx_reason", "estimate_bytes",
-                                               "fits", "plan", "plan_reason", "would_evict")},
+            "modeld": {k: body.get(k) for k in ("n_ctx", "n_ctx_max", "ctx_reason",
+                                               "estimate_bytes", "fits", "plan", "plan_reason",
+                                               "would_evict")},
         })  # fmt: skip
 
 

@@ -33,6 +33,7 @@ from modeld.http.common import (
     status_of,
     stream_or_error,
 )
+from modeld.http.ticks import SSE_KEEPALIVE, ticking
 
 _TYPES = {ErrorCode.MODEL_NOT_FOUND: "not_found_error", ErrorCode.INVALID_REQUEST:
           "invalid_request_error", ErrorCode.CONTEXT_EXCEEDED: "invalid_request_error",
@@ -57,6 +58,14 @@ def _usage(done: dict[str, Any]) -> dict[str, int]:
 def _finish(done: dict[str, Any]) -> str:
     reason = done.get("finish_reason")
     return str(reason) if reason in ("length", "tool_calls") else "stop"
+
+
+def _why(done: dict[str, Any]) -> dict[str, str]:
+    """A ``length`` choice's ``length_reason`` (modeld's: ``max_tokens`` or
+    ``context_window``), so a client can tell a full context from its own limit."""
+    reason = done.get("length_reason")
+    return {"length_reason": str(reason)} if done.get("finish_reason") == "length" and reason \
+        else {}
 
 
 class _Reply:
@@ -185,6 +194,7 @@ class OpenAIAPI(API):
             one = ({"index": 0, "message": reply.message(text, done), "logprobs": lp,
                     "finish_reason": _finish(done)} if chat else
                    {"index": 0, "text": text, "logprobs": lp, "finish_reason": _finish(done)})
+            one.update(_why(done))
             return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
                                  "choices": [one], "usage": _usage(done)})
 
@@ -202,14 +212,18 @@ class OpenAIAPI(API):
             sent = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
+                    async for item in ticking(s.stream("generate", model=ref, **body)):
+                        sent = True  # the first answer, or a second of silence: committed
+                        if item is None:  # the prompt is still being evaluated
+                            yield SSE_KEEPALIVE
+                            continue
+                        kind, msg = item
                         if kind == "chunk":
                             yield event([choice(msg, None, msg.get("logprobs") or [])])
                         else:
-                            yield event([choice(None, _finish(msg), None)])
+                            yield event([{**choice(None, _finish(msg), None), **_why(msg)}])
                             if include_usage:
                                 yield event([], _usage(msg))
-                        sent = True
                 except ModeldError as exc:
                     if not sent:
                         raise
@@ -278,7 +292,23 @@ class OpenAIAPI(API):
                              "results": results})
 
     async def models(self, request: Request) -> Response:
+        """The models, each with ``context_length`` (the context it has or would get now)
+        and ``max_context_length`` (what a long prompt can grow it to), as the daemon plans
+        them; a model whose file is not there yet (the default before its first use) or
+        that cannot be read lists without them."""
         listed = await asyncio.to_thread(list_models, self.settings)
+        rows = [m for m in listed["models"]]
+        shows = await asyncio.gather(*(self._context(m) for m in rows))
         return JSONResponse({"object": "list", "data": [
-            {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld"}
-            for m in listed["models"]]})
+            {"id": str(m["name"]), "object": "model", "created": 0, "owned_by": "modeld",
+             **show} for m, show in zip(rows, shows, strict=True)]})
+
+    async def _context(self, row: dict[str, Any]) -> dict[str, int]:
+        if not row.get("architecture"):
+            return {}
+        try:
+            body = await self.bridge.call("show", model=model_ref(str(row["name"])))
+        except ModeldError:
+            return {}
+        out = {"context_length": body.get("n_ctx"), "max_context_length": body.get("n_ctx_max")}
+        return {k: int(v) for k, v in out.items() if isinstance(v, int)}

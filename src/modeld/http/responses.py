@@ -27,6 +27,7 @@ from modeld.http.bridge import Bridge
 from modeld.http.common import API, message_of, model_ref, read_json, stream_or_error
 from modeld.http.openai import error
 from modeld.http.responsesreq import ResponseStore, reply_message, responses_generate
+from modeld.http.ticks import SSE_KEEPALIVE, ticking
 
 
 def _id(prefix: str) -> str:
@@ -74,7 +75,8 @@ class _Items:
                                   part={"type": "output_text", "text": "", "annotations": []}))
         return out
 
-    def close(self) -> list[bytes]:
+    def close(self, status: str = "completed") -> list[bytes]:
+        """Close the open item; ``status`` ``incomplete`` when the reply was cut there."""
         item = self.item
         if item is None:
             return []
@@ -90,11 +92,11 @@ class _Items:
                                   text=text, logprobs=[]))
             out.append(self.event("response.content_part.done", **where, content_index=0,
                                   part=part))
-            item = {**item, "status": "completed", "content": [part]}
+            item = {**item, "status": status, "content": [part]}
         else:
             out.append(self.event("response.function_call_arguments.done", **where,
                                   name=item["name"], arguments=text))
-            item = {**item, "status": "completed", "arguments": text}
+            item = {**item, "status": status, "arguments": text}
         out.append(self.event("response.output_item.done", output_index=self.index, item=item))
         self.done.append(item)
         self.item = None
@@ -135,8 +137,18 @@ class _Items:
                            **extra)]
 
 
+def _incomplete(done: dict[str, Any]) -> dict[str, str] | None:
+    """``incomplete_details`` of a reply cut short: by ``max_output_tokens``, or by the end of
+    the model's loaded context (``context_window``, modeld's reason), else None."""
+    if done.get("finish_reason") != "length":
+        return None
+    full = done.get("length_reason") == "context_window"
+    return {"reason": "context_window" if full else "max_output_tokens"}
+
+
 def _whole(text: str, done: dict[str, Any], one_call: bool) -> list[dict[str, Any]]:
-    """The output items of a reply read to its end."""
+    """The output items of a reply read to its end (the last one ``incomplete`` when the
+    reply was cut, as the response says)."""
     out: list[dict[str, Any]] = []
     if done.get("thinking"):
         out.append({"type": "reasoning", "id": _id("rs"), "summary": [],
@@ -149,6 +161,8 @@ def _whole(text: str, done: dict[str, Any], one_call: bool) -> list[dict[str, An
     for c in calls[:1] if one_call else calls:
         out.append({"type": "function_call", "id": _id("fc"), "call_id": c["id"],
                     "name": c["name"], "arguments": c["arguments"], "status": "completed"})
+    if out and _incomplete(done) and "status" in out[-1]:
+        out[-1]["status"] = "incomplete"
     return out
 
 
@@ -176,12 +190,12 @@ class ResponsesAPI(API):
         keep = doc.get("store") is not False
 
         def response(status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                     incomplete: bool = False) -> dict[str, Any]:
+                     incomplete: dict[str, str] | None = None) -> dict[str, Any]:
             return {
                 "id": ident, "object": "response", "created_at": created, "status": status,
                 "model": str(doc.get("model") or "default"), "output": output,
                 "error": None,
-                "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+                "incomplete_details": incomplete,
                 "instructions": doc.get("instructions"),
                 "max_output_tokens": doc.get("max_output_tokens"),
                 "parallel_tool_calls": not single,
@@ -196,9 +210,8 @@ class ResponsesAPI(API):
                    ) -> dict[str, Any]:
             if keep:
                 self.store.put(ident, [*conversation, reply_message(text, done)])
-            length = done.get("finish_reason") == "length"
-            return response("incomplete" if length else "completed", output, _usage(done),
-                            length)
+            cut = _incomplete(done)
+            return response("incomplete" if cut else "completed", output, _usage(done), cut)
 
         if not doc.get("stream"):
             try:
@@ -214,19 +227,24 @@ class ResponsesAPI(API):
             started = False
             async with self.bridge.session() as s:
                 try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
-                        if not started:  # after the daemon's first answer: errors stay HTTP
-                            started = True
+                    async for item in ticking(s.stream("generate", model=ref, **body)):
+                        if not started:  # the daemon's first answer, or a second of silence:
+                            started = True  # errors before this stay HTTP statuses
                             head = response("in_progress", [], None)
                             yield items.event("response.created", response=head)
                             yield items.event("response.in_progress", response=head)
+                        if item is None:  # the prompt is still being evaluated
+                            yield SSE_KEEPALIVE
+                            continue
+                        kind, msg = item
                         if kind == "chunk":
                             texts.append(str(msg.get("text") or ""))
                             thinking.append(str(msg.get("thinking") or ""))
                             for part in items.chunk(msg):
                                 yield part
                             continue
-                        for part in items.close():
+                        for part in items.close("incomplete" if _incomplete(msg) else
+                                                "completed"):
                             yield part
                         if any(thinking):
                             msg["thinking"] = "".join(thinking)

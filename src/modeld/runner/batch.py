@@ -75,6 +75,7 @@ class Stream:
     unsent: str = ""
     last_send: float = 0.0
     finish: str = "length"
+    context_full: bool = False  # it ended because its sequence's cells ran out
     batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
     grammar: Grammar | None = None  # the reply's constraint (a format, a forced tool call)
     parser: replyparse.ReplyParser | None = None  # finds thinking and tool calls in the text
@@ -401,12 +402,13 @@ class BatchEngine:
             self._flush(stream, now)
         if stream.text.stopped:
             stream.finish = "stop"
-        elif (
-            stream.completion < stream.spec.sampling.max_tokens
-            and len(stream.prompt) + stream.completion < self.n_ctx_seq
-        ):
+        elif stream.completion >= stream.spec.sampling.max_tokens:
+            pass
+        elif len(stream.prompt) + stream.completion < self.n_ctx_seq:
             stream.next_token = token
             return
+        else:
+            stream.context_full = True
         self._done(stream)
 
     # ---------------------------------------------------------------- the reply's parts
@@ -492,6 +494,8 @@ class BatchEngine:
             rp.done_generate(
                 stream.rid,
                 finish_reason=stream.finish,
+                length_reason=("context_window" if stream.context_full else "max_tokens")
+                if stream.finish == "length" else None,
                 prompt_tokens=len(stream.prompt),
                 prompt_tokens_reused=stream.reused,
                 completion_tokens=stream.completion,

@@ -282,6 +282,35 @@ class PromptState:
             self._saved_at, self._on_disk = None, ()
         self.store.clear()
 
+    def hand_off(self, path: str) -> int:
+        """Write this sequence's cells and tokens to ``path`` for the runner that reloads the
+        model with a larger context (:mod:`.handoff`); the tokens written (0: none)."""
+        n = len(self.tokens)
+        if n == 0:
+            return 0
+        tokens = (llama_cpp.llama_token * n)(*self.tokens)
+        written = llama_cpp.llama_state_seq_save_file(self.ctx, path.encode(), self.seq, tokens, n)
+        return n if written else 0
+
+    def take_over(self, path: str, stable: int) -> int:
+        """Restore the cells another runner wrote to ``path`` into this sequence; the tokens
+        restored (0: none, the sequence is then empty). ``stable`` is the writer's count:
+        restored cells equal the evaluation they came from (the sliding-window rule of
+        :meth:`_snapshot` still applies)."""
+        cap = int(llama_cpp.llama_n_ctx_seq(self.ctx))
+        out = (llama_cpp.llama_token * cap)()
+        count = ctypes.c_size_t(0)
+        self.reset()
+        read = llama_cpp.llama_state_seq_load_file(self.ctx, path.encode(), self.seq, out, cap,
+                                                   ctypes.byref(count))
+        if not read or not count.value:
+            self.reset()
+            return 0
+        self.tokens = list(out[: count.value])
+        self.stable = 0 if 0 < self.n_swa < len(self.tokens) else min(stable, len(self.tokens))
+        self.llm.n_tokens = len(self.tokens)
+        return len(self.tokens)
+
     # ---------------------------------------------------------------- tokens
 
     def sample(

@@ -38,7 +38,7 @@ from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, InsufficientMemoryError, InvalidRequestError, RpcWorkerError
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
-from modeld.runner import chat, llamalog, llamaopen, prompting, rank, rpcload, specs
+from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
@@ -203,6 +203,8 @@ class Runner(RunnerServer):
         if spec.warm_up:
             self.warm_up()
         warmup_s = time.perf_counter() - t1
+        if spec.handoff and self.engine is not None:
+            self._take_over(spec.handoff, spec.handoff_pid)
         memory = probe.own_memory(gpu=True)
         parallel = len(self.engine.states) if self.engine is not None else 1
         self.send(
@@ -386,6 +388,36 @@ class Runner(RunnerServer):
     def handle_memory(self) -> None:
         memory = probe.own_memory(gpu=True)
         self.send(rp.memory_reply(memory, _minus(memory, self.baseline)))
+
+    def handle_handoff(self, prefix: str) -> None:
+        """Write each sequence's cells for the runner that reloads this model with a larger
+        context (runner/handoff.py), then the manifest that says they are whole."""
+        if not prefix:
+            return
+        entries: list[handoff.Entry] = []
+        try:  # whatever fails, the manifest says what is there: the next runner never waits
+            Path(prefix).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for state in self.engine.states if self.engine is not None else []:
+                path = handoff.seq_file(prefix, state.seq)
+                if (n := state.hand_off(path)) > 0:
+                    entries.append({"seq": state.seq, "file": path, "tokens": n,
+                                    "stable": state.stable})
+        finally:
+            handoff.write_manifest(prefix, entries)
+        log.info("handoff: %d sequence(s), %d tokens written for the reload", len(entries),
+                 sum(e["tokens"] for e in entries))
+
+    def _take_over(self, prefix: str, writer: int | None) -> None:
+        """Restore the sequences the model's previous runner wrote (and delete its files)."""
+        assert self.engine is not None
+        t0 = time.perf_counter()
+        entries = handoff.wait_manifest(prefix, handoff.pid_alive(writer))
+        states = {s.seq: s for s in self.engine.states}
+        restored = sum(states[e["seq"]].take_over(str(e["file"]), int(e.get("stable", 0)))
+                       for e in entries if e.get("seq") in states)
+        handoff.remove(prefix, entries)
+        handoff.prune_stale(Path(prefix).parent)
+        log.info("handoff: %d tokens restored in %.2f s", restored, time.perf_counter() - t0)
 
     def handle_unload(self) -> None:
         """Close the model and hand its memory back, keeping the process (llama_cpp imported)

@@ -50,6 +50,8 @@ class LoadSpec:
     gpu_layers: int = 0  # layers on the GPUs (-1: all); 0: CPU only, no GPU touched at all
     type_k: str = "f16"  # KV cache types (memory.KV_CACHE_TYPES)
     type_v: str = "f16"
+    handoff: str | None = None  # file prefix of the previous runner's sequences (handoff.py)
+    handoff_pid: int | None = None  # that runner's process (its exit ends the wait)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         gpu_layers=_int(msg, "gpu_layers", -1, 1 << 16, 0),
         type_k=_kv_type(msg, "type_k"),
         type_v=_kv_type(msg, "type_v"),
+        handoff=_opt_str(msg, "handoff"),
+        handoff_pid=_int(msg, "handoff_pid", 1, 1 << 31) if "handoff_pid" in msg else None,
     )
 
 
@@ -139,6 +143,13 @@ def _kv_type(msg: Mapping[str, Any], key: str) -> str:
     if value not in KV_CACHE_TYPES:
         raise ProtocolError(f"load: {key!r} must be one of {', '.join(KV_CACHE_TYPES)}")
     return str(value)
+
+
+def _opt_str(msg: Mapping[str, Any], key: str) -> str | None:
+    value = msg.get(key)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ProtocolError(f"load: {key!r} must be a non-empty string")
+    return value
 
 
 def _rpc(value: object) -> tuple[str, ...]:

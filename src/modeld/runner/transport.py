@@ -74,6 +74,9 @@ class RunnerServer:
     def handle_unload(self) -> None:
         raise NotImplementedError
 
+    def handle_handoff(self, prefix: str) -> None:
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- I/O
 
     def send(self, msg: Mapping[str, Any]) -> None:
@@ -205,6 +208,8 @@ class RunnerServer:
                 self.handle_memory()
             elif kind == "unload":
                 self.handle_unload()
+            elif kind == "handoff":
+                self.handle_handoff(str(msg.get("prefix") or ""))
             elif kind == "shutdown":
                 self.stopping = True
             elif kind == "cancel":
