@@ -19,21 +19,20 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import llama_cpp
 import llama_cpp._internals
 
-from modeld import probe, replyparse
+from modeld import probe
 from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
-from modeld.replies import ToolCallDone
-from modeld.runner import microbatch, specs
+from modeld.runner import microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
-from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
+from modeld.runner.replyparts import ReplyParts, call_done
 from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
+from modeld.runner.streams import Host, Stream
 from modeld.runner.textstream import TextStream
 
 log = logging.getLogger("modeld.runner")
@@ -44,58 +43,7 @@ MIN_REUSE = 32
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 
 
-class Host(Protocol):
-    """What the engine needs from its runner: the prompt's tokens, replies, and the socket."""
-
-    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]: ...
-
-    def apply_threads(self, n_threads: int | None) -> None: ...
-
-    def send(self, msg: Mapping[str, Any]) -> None: ...
-
-    def between_steps(self, active: set[str]) -> list[dict[str, Any]]: ...
-
-
-@dataclass(eq=False)
-class Stream:
-    """One request on one sequence: its prompt still to evaluate, its sampler and its text."""
-
-    spec: specs.GenerateSpec
-    state: PromptState
-    prompt: list[int]
-    sampler: llama_cpp._internals.LlamaSampler
-    text: TextStream
-    strip_lead: bool
-    t0: float
-    todo: deque[Piece] = field(default_factory=deque)
-    reused: int = 0
-    next_token: int | None = None  # sampled, to be decoded in the next step
-    completion: int = 0
-    t_first: float | None = None
-    unsent: str = ""
-    last_send: float = 0.0
-    finish: str = "length"
-    context_full: bool = False  # it ended because its sequence's cells ran out
-    batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
-    grammar: Grammar | None = None  # the reply's constraint (a format, a forced tool call)
-    parser: replyparse.ReplyParser | None = None  # finds thinking and tool calls in the text
-    unsent_thinking: str = ""
-    unsent_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style deltas
-    unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
-    unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
-    calls: list[replyparse.ToolCall] = field(default_factory=list)
-    preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
-
-    @property
-    def rid(self) -> str:
-        return self.spec.rid
-
-    @property
-    def seq(self) -> int:
-        return self.state.seq
-
-
-class BatchEngine:
+class BatchEngine(ReplyParts):
     """Runs generate requests on ``parallel`` sequences of one context until none is left."""
 
     def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host,
@@ -132,7 +80,7 @@ class BatchEngine:
             text = f"{type(exc).__name__}: {exc}"
             for stream in list(self.streams):
                 stream.state.failed()
-                self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
+                self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
             for spec in self.waiting:
                 self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
             self.waiting.clear()
@@ -209,6 +157,7 @@ class BatchEngine:
                 return
             if len(tokens) >= self.n_ctx_seq:
                 raise context_exceeded(len(tokens), self.n_ctx_seq)
+            target = [*tokens, *spec.resume[:-1]]  # a resumed reply: what its cells held
             grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
         except ModeldError as exc:
             self.host.send(rp.error(spec.rid, exc.code, exc.message, exc.details, exc.hint))
@@ -219,13 +168,14 @@ class BatchEngine:
                                     f"the prompt could not be prepared: {type(exc).__name__}: "
                                     f"{_printable(str(exc))}"))
             return
-        state = self._free_state(tokens)
+        state = self._free_state(target)
         sampling = spec.sampling
         self.llm.set_seed(sampling.seed if sampling.seed >= 0 else RANDOM_SEED)
         stream = Stream(
             spec=spec,
             state=state,
-            prompt=tokens,
+            prompt=target,
+            prompt_tokens=len(tokens),
             sampler=make_sampler(self.llm, sampling),
             text=TextStream((*sampling.stop, *prompt.stops)),
             strip_lead=not spec.raw and self.chat_qa,
@@ -234,6 +184,9 @@ class BatchEngine:
             parser=prompt.parser(spec.forced_tools),
             preserve=self._marker_tokens(prompt.markers),
         )
+        if spec.resume:
+            resume.admit(self, stream)
+            return
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
         prepared, todo = state.begin(tokens, sampling.greedy)
         stream.reused, stream.todo = prepared.reused, deque(todo)
@@ -328,6 +281,9 @@ class BatchEngine:
             stream.state.evaluated((start, end), stream.prompt[start:end],
                                    alone=len(pieces) == 1)
         for stream, index in complete:
+            if stream.resume_next is not None:  # a resumed reply: its next token is known
+                stream.next_token, stream.resume_next = stream.resume_next, None
+                continue
             # the first token goes out before the snapshot is copied (the time to first token);
             # the state and the logits row stay as they are until the next decode
             self._sampled(stream, self._sample(stream, index))
@@ -369,7 +325,7 @@ class BatchEngine:
             log.exception("a decode of %d sequence(s) failed", len(streams))
             for stream in streams:
                 stream.state.failed()
-                self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
+                self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
                                            f"{type(exc).__name__}: {exc}"))
             return False
         return True
@@ -387,95 +343,41 @@ class BatchEngine:
             stream.t_first = now
         if llama_cpp.llama_vocab_is_eog(self.vocab, token):
             stream.finish = "stop"
-            self._done(stream)
+            self.done(stream)
             return
-        stream.completion += 1
         if stream.spec.sampling.logprobs:
             stream.unsent_logprobs.append(self._logprob(stream, token))
+        self.feed(stream, token)
+        if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
+            self.flush(stream, now)
+        if stream.text.stopped:
+            stream.finish = "stop"
+        elif stream.completion >= stream.spec.sampling.max_tokens:
+            pass
+        elif len(stream.state.tokens) + 1 < self.n_ctx_seq:  # a cell for it and one spare
+            stream.next_token = token
+            return
+        else:
+            stream.context_full = True
+            if stream.spec.grow:  # the daemon continues it in a larger context
+                resume.pause(self, stream)
+                return
+        self.done(stream)
+
+    def feed(self, stream: Stream, token: int) -> None:
+        """One more token of the reply: its text through stop strings and the parser."""
+        stream.completion += 1
+        stream.written.append(token)
         out = stream.text.feed(self.llm.detokenize([token], special=token in stream.preserve))
         if stream.strip_lead and out:  # the reply need not start with the space after "Answer:"
             out = out.lstrip()
             stream.strip_lead = not out
         if out:
             self._text(stream, out)
-        if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
-            self._flush(stream, now)
-        if stream.text.stopped:
-            stream.finish = "stop"
-        elif stream.completion >= stream.spec.sampling.max_tokens:
-            pass
-        elif len(stream.prompt) + stream.completion < self.n_ctx_seq:
-            stream.next_token = token
-            return
-        else:
-            stream.context_full = True
-        self._done(stream)
-
-    # ---------------------------------------------------------------- the reply's parts
-
-    def _text(self, stream: Stream, out: str) -> None:
-        """New reply text: content, or through the parser into thinking and tool calls."""
-        if stream.parser is None:
-            stream.unsent += out
-            return
-        for event in stream.parser.feed(out):
-            self._event(stream, event)
-
-    def _event(self, stream: Stream, event: replyparse.Event) -> None:
-        """One parsed piece; a chunk keeps the reply's order (thinking, text, calls), so a
-        piece of an earlier kind first sends what is pending."""
-        if isinstance(event, replyparse.ThinkingDelta):
-            if stream.unsent or stream.unsent_calls:
-                self._flush(stream, time.perf_counter())
-            stream.unsent_thinking += event.text
-        elif isinstance(event, replyparse.TextDelta):
-            if stream.unsent_calls:
-                self._flush(stream, time.perf_counter())
-            stream.unsent += event.text
-        elif isinstance(event, replyparse.ToolCallStart):
-            stream.unsent_calls.append({"index": event.index, "id": event.id,
-                                        "name": event.name, "arguments": ""})  # fmt: skip
-        elif isinstance(event, replyparse.ToolCallArgs):
-            last = stream.unsent_calls[-1] if stream.unsent_calls else None
-            if last is not None and last["index"] == event.index:
-                last["arguments"] += event.fragment
-            else:
-                stream.unsent_calls.append({"index": event.index, "arguments": event.fragment})
-        elif isinstance(event, replyparse.ToolCallEnd):
-            stream.calls.append(event.call)
-            stream.unsent_done.append(_call(event.call))
-
-    def _flush(self, stream: Stream, now: float) -> None:
-        """Send what is pending of ``stream``'s reply as one chunk."""
-        if not (stream.unsent or stream.unsent_thinking or stream.unsent_calls
-                or stream.unsent_logprobs or stream.unsent_done):
-            return
-        self.host.send(rp.chunk(stream.rid, stream.unsent, stream.completion,
-                                thinking=stream.unsent_thinking, tool_calls=stream.unsent_calls,
-                                calls_done=stream.unsent_done,
-                                logprobs=stream.unsent_logprobs))  # fmt: skip
-        stream.unsent, stream.unsent_thinking, stream.last_send = "", "", now
-        stream.unsent_calls, stream.unsent_logprobs, stream.unsent_done = [], [], []
-
-    def _logprob(self, stream: Stream, token: int) -> dict[str, Any]:
-        """OpenAI's logprobs entry of a sampled token (texts, bytes, alternatives)."""
-        entry = stream.state.logprobs(token, stream.spec.sampling.top_logprobs)
-
-        def text(tok: int) -> tuple[str, list[int]]:
-            raw = self.llm.detokenize([tok])
-            return raw.decode("utf-8", errors="replace"), list(raw)
-
-        tok_text, tok_bytes = text(token)
-        out: dict[str, Any] = {"token": tok_text, "logprob": entry["logprob"],
-                               "bytes": tok_bytes}  # fmt: skip
-        if "top" in entry:
-            out["top_logprobs"] = [{"token": t, "logprob": lp, "bytes": b}
-                                   for (t, b), lp in ((text(i), lp) for i, lp in entry["top"])]
-        return out
 
     # ---------------------------------------------------------------- endings
 
-    def _done(self, stream: Stream) -> None:
+    def done(self, stream: Stream) -> None:
         t_end = time.perf_counter()
         tail = stream.text.finish()
         if tail:
@@ -483,39 +385,39 @@ class BatchEngine:
         if stream.parser is not None:
             for event in stream.parser.finish():
                 self._event(stream, event)
-        self._flush(stream, t_end)
+        self.flush(stream, t_end)
         if stream.text.stopped:
             stream.finish = "stop"
         if stream.calls:
             stream.finish = "tool_calls"
         first = stream.t_first if stream.t_first is not None else t_end
-        self._end(
+        self.end(
             stream,
             rp.done_generate(
                 stream.rid,
                 finish_reason=stream.finish,
                 length_reason=("context_window" if stream.context_full else "max_tokens")
                 if stream.finish == "length" else None,
-                prompt_tokens=len(stream.prompt),
+                prompt_tokens=stream.prompt_tokens,
                 prompt_tokens_reused=stream.reused,
                 completion_tokens=stream.completion,
                 prompt_eval_s=first - stream.t0,
                 generation_s=t_end - first,
                 batched_max=stream.batched_max,
                 memory=probe.own_memory(),
-                tool_calls=[_call(c) for c in stream.calls],
+                tool_calls=[call_done(c) for c in stream.calls],
                 stop_sequence=stream.text.stop_hit,
             ),
         )
 
     def _cancel(self, stream: Stream, reason: str) -> None:
-        details = {"completion_tokens": stream.completion, "prompt_tokens": len(stream.prompt)}
+        details = {"completion_tokens": stream.completion, "prompt_tokens": stream.prompt_tokens}
         if stream.todo:  # its prompt is half evaluated: what the cache holds is still tracked
             stream.todo.clear()
-        self._end(stream, rp.error(stream.rid, ErrorCode.CANCELLED,
+        self.end(stream, rp.error(stream.rid, ErrorCode.CANCELLED,
                                    f"generation stopped: {reason}", details))
 
-    def _end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
+    def end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
         """Free the sequence (its cache stays for the next prompt's reuse) and reply."""
         self.streams.remove(stream)
         # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
@@ -523,10 +425,6 @@ class BatchEngine:
         if stream.grammar is not None:
             stream.grammar.close()
         self.host.send(reply)
-
-
-def _call(call: replyparse.ToolCall) -> ToolCallDone:
-    return {"id": call.id, "name": call.name, "arguments": call.arguments}
 
 
 def _printable(text: str) -> str:

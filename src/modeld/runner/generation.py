@@ -198,6 +198,11 @@ class PromptState:
                                  min(self.n_batch, FAST_PIECE), self.align)
         return Prepared(keep, source if keep else "none"), todo
 
+    def drop_logits(self) -> None:
+        """An exact hit whose stored logits will not be sampled (a resumed reply's next token
+        is known): the next :meth:`sample` reads the next decode's."""
+        self._pending = None
+
     def prompt_done(self, n_prompt: int, logits_index: int = -1) -> None:
         """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
         decode: keep a snapshot of it (if it fits)."""
