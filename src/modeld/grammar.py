@@ -16,7 +16,6 @@ llama_cpp is imported on first use only (a daemon that never sees a format never
 from __future__ import annotations
 
 import functools
-import json
 import os
 import tempfile
 import threading
@@ -111,17 +110,13 @@ def tool_call_schema(tools: Sequence[Tool], only: str | None,
 
 
 def from_schema(schema: dict[str, Any], what: str) -> str:
-    """GBNF for ``schema`` (llama.cpp's converter: raises on what it does not support)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """GBNF for ``schema`` (:mod:`modeld.schema`: raises naming what it cannot hold)."""
+    from modeld import schema as converter
 
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema)))
-    except RecursionError:
+        return converter.to_gbnf(schema, what, MAX_GRAMMAR_BYTES).gbnf
+    except RecursionError:  # bounded by the converter; kept as a last guard
         raise InvalidRequestError(f"{what}: the JSON Schema nests too deeply",
-                                  hint=_HINT) from None
-    except Exception as exc:  # the converter asserts on what it cannot translate
-        text = str(exc) or type(exc).__name__
-        raise InvalidRequestError(f"{what}: this JSON Schema cannot be used: {text[:300]}",
                                   hint=_HINT) from None
 
 
