@@ -42,7 +42,8 @@ def test_integer_bounds_are_exact(matcher: ByteMatcher) -> None:
     """Item 6: maximum/minimum hold on integers (any width of range, no enumeration)."""
     for lo, hi in [(-37, 1234), (5, 5), (0, 9), (17, 342), (-1000, -10)]:
         gbnf = _gbnf({"type": "integer", "minimum": lo, "maximum": hi})
-        wrong = [n for n in range(lo - 120, hi + 120) if matcher.matches(gbnf, str(n)) != (lo <= n <= hi)]
+        wrong = [n for n in range(lo - 120, hi + 120)
+                 if matcher.matches(gbnf, str(n)) != (lo <= n <= hi)]
         assert not wrong, (lo, hi, wrong[:5])
     year = _gbnf({"type": "object", "properties": {"year": {"type": "integer", "maximum": 5}},
                   "required": ["year"]})
@@ -172,7 +173,8 @@ def test_annotations_pass_and_unknown_formats_are_listed() -> None:
 def test_a_large_enum_is_a_prefix_tree_under_the_cap() -> None:
     """Item 4: 50,000 words become a tree whose alternatives at any character are few."""
     rng = random.Random(0)
-    words = sorted({"".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9)))
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = sorted({"".join(rng.choice(letters) for _ in range(rng.randint(3, 9)))
                     for _ in range(52_000)})[:50_000]
     gbnf = _gbnf({"enum": words})
     assert len(gbnf.encode()) < grammar.MAX_GRAMMAR_BYTES
