@@ -4,8 +4,9 @@ the daemon before any runner sees it.
 Sources: a ``format`` ("json" or a JSON Schema: Ollama's ``format``, OpenAI's
 ``response_format``, ``modeld run --format``) and forced tool calls (``tool_choice``
 ``required`` or one named tool: the reply is ``{"name": …, "arguments": …}`` whose arguments
-follow the tool's ``parameters``). Schemas become GBNF with llama-cpp-python's port of
-llama.cpp's converter; the text is then parsed by llama.cpp's own grammar parser. A grammar that
+follow the tool's ``parameters``). Schemas become GBNF with :mod:`modeld.schema` (bounded
+before it builds, every keyword enforced or refused); the text is then parsed by llama.cpp's
+own grammar parser. A grammar that
 parser rejects makes ``llama_sampler_init_grammar`` return NULL, and llama-cpp-python's sampler
 chain would add that NULL and crash the runner (llama.cpp#19051, #22396): here it is a 400
 naming what could not be used, and the model never runs unconstrained.
@@ -16,6 +17,7 @@ llama_cpp is imported on first use only (a daemon that never sees a format never
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import tempfile
 import threading
@@ -31,10 +33,10 @@ MAX_GRAMMAR_BYTES = 1 << 20
 #: Deepest nesting of groups handed to llama.cpp's parser (a schema's ``maxLength: 100000``
 #: nests 100000 deep and crashed it with a stack overflow: llama.cpp#22396's family).
 MAX_NESTING = 1024
-_HINT = "simplify the schema (llama.cpp's converter takes a subset of JSON Schema: local " \
-        "$refs only, patterns anchored with ^…$, small repetition bounds), or send " \
-        "'format': 'json'"  # fmt: skip
+_HINT = "simplify the schema (docs/protocol.md lists the JSON Schema subset modeld enforces), " \
+        "or send 'format': 'json'"  # fmt: skip
 _lock = threading.Lock()
+log = logging.getLogger("modeld.daemon")
 
 
 def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
@@ -114,10 +116,13 @@ def from_schema(schema: dict[str, Any], what: str) -> str:
     from modeld import schema as converter
 
     try:
-        return converter.to_gbnf(schema, what, MAX_GRAMMAR_BYTES).gbnf
+        built = converter.to_gbnf(schema, what, MAX_GRAMMAR_BYTES)
     except RecursionError:  # bounded by the converter; kept as a last guard
         raise InvalidRequestError(f"{what}: the JSON Schema nests too deeply",
                                   hint=_HINT) from None
+    if built.unchecked:  # annotations by JSON Schema's default: accepted, not held
+        log.info("%s: not checked (no grammar for them): %s", what, "; ".join(built.unchecked))
+    return built.gbnf
 
 
 def check(gbnf: str, what: str) -> str:

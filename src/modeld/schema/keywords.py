@@ -4,7 +4,7 @@ grammar: declared once here; the converter, its errors and docs/protocol.md's li
 Three kinds. *Enforced*: the grammar only lets the model write replies that satisfy it.
 *Annotation*: it says nothing about which replies are valid (JSON Schema's annotations, and
 ``format`` values modeld has no grammar for, which JSON Schema 2020-12 also treats as
-annotations by default); the reply's ``schema_unchecked`` names each such ``format``.
+annotations by default); the daemon's log names each such ``format`` of a request.
 Anything else is *refused*: a 400 naming the keyword and where it is.
 """
 
