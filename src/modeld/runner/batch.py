@@ -469,6 +469,7 @@ def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) 
         f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
         f"context holds {n_ctx}",
         hint="load the model with a larger n_ctx, or shorten the prompt",
-        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
+                 **({"prompt_tokens_at_least": True} if at_least else {})},
     )
 
