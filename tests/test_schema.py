@@ -202,3 +202,12 @@ def _widest_choice(gbnf: str) -> int:
             i += 1
         widest = max(widest, *counts)
     return widest
+
+
+def test_the_docs_list_every_keyword() -> None:
+    """docs/protocol.md's JSON Schemas list names every keyword modeld enforces or accepts."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
+    section = doc[doc.index("**JSON Schemas**"):]
+    missing = [k for k in (*keywords.ENFORCED, *keywords.ANNOTATIONS, *keywords.FORMATS)
+               if f"`{k}`" not in section and f"`{k}`/" not in section and f"/`{k}`" not in section]
+    assert not missing, missing
