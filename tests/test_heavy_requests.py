@@ -25,9 +25,8 @@ import httpx
 import jsonschema
 import pytest
 
-from agentutil import free_port
 from daemonutil import until
-from test_http import Served
+from test_http import Served, start_served
 
 GAP_BOUND = 8.0
 #: What the daemon may keep after the heavy requests (the bugs kept 973 MB).
@@ -40,20 +39,7 @@ NEIGHBOUR = {"model": "default", "prompt": "Write a long story about a lighthous
 def heavy(daemon_factory: Callable[..., Any], tiny_chat_model: Path) -> Iterator[Served]:
     """A daemon with HTTP whose models decode two sequences together (the heavy request
     shares the neighbour's batch), the tiny chat model as ``tiny``."""
-    port = free_port()
-    d = daemon_factory("--http", f"127.0.0.1:{port}", "--parallel", "2")
-    models = d.root / "models"
-    models.mkdir(exist_ok=True)
-    (models / "tiny.gguf").write_bytes(tiny_chat_model.read_bytes())
-    until(lambda: _answers(port), timeout=30, what="the HTTP front door")
-    yield Served(d, port)
-
-
-def _answers(port: int) -> bool:
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
+    yield start_served(daemon_factory, tiny_chat_model, "--parallel", "2")
 
 
 def _rss(pid: int) -> int:

@@ -48,6 +48,8 @@ TICK_S = 0.1  # timer resolution: dead runners are noticed within this (well und
 PROBE_S = 0.25
 PROBE = protocol.Message("probe", "modeld-probe")
 _DRAIN = 256  # messages handled per socket per loop turn, so timers keep running under load
+JobRequest = (protocol.GenerateRequest | protocol.EmbedRequest | protocol.RerankRequest
+              | protocol.LoadRequest)  # fmt: skip
 
 
 class Service:
@@ -239,21 +241,13 @@ class Service:
             return "generate"
         return info.natural_mode
 
-    def _submit(
-        self,
-        client: bytes,
-        rid: str,
-        req: protocol.GenerateRequest
-        | protocol.EmbedRequest
-        | protocol.RerankRequest
-        | protocol.LoadRequest,
-    ) -> None:
+    def _submit(self, client: bytes, rid: str, req: JobRequest) -> None:
         """Hand the request to the scheduler; one whose reply follows a grammar first has the
         grammar built on a thread (the loop goes on serving meanwhile)."""
         if not (isinstance(req, protocol.GenerateRequest) and needs_grammar(req)):
             self.sched.submit(self._job(client, rid, req))
             return
-        key, name = self._key(req.model, req.mode)
+        key, _ = self._key(req.model, req.mode)  # an unknown model: its error now
 
         def fail(exc: ModeldError) -> None:
             self._send(client, protocol.error_reply(rid, exc))
@@ -262,26 +256,17 @@ class Service:
             if self.sched.stopping:
                 return fail(ShuttingDownError("the daemon is shutting down"))
             try:
-                job = request_job(client, rid, req, key, name, self.settings, gbnf)
-                job.rpc = self.settings.rpc.get(name)
-                self.sched.submit(job)
+                self.sched.submit(self._job(client, rid, req, gbnf))
             except ModeldError as exc:
                 fail(exc)
 
         self.builds.start(Build(client, rid, then, fail), lambda: request_grammar(req, key))
 
-    def _job(
-        self,
-        client: bytes,
-        rid: str,
-        req: protocol.GenerateRequest
-        | protocol.EmbedRequest
-        | protocol.RerankRequest
-        | protocol.LoadRequest,
-    ) -> Job:
+    def _job(self, client: bytes, rid: str, req: JobRequest, gbnf: str | None = None) -> Job:
+        """``req``'s job (``gbnf``: a generate request's grammar, built already)."""
         if not isinstance(req, protocol.LoadRequest):
             key, name = self._key(req.model, req.mode)
-            job = request_job(client, rid, req, key, name, self.settings)
+            job = request_job(client, rid, req, key, name, self.settings, gbnf)
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
             return job
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
