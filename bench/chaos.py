@@ -366,6 +366,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         refs = References(c, models)
         for op in ("http_bad_text", "http_leave"):  # the HTTP side's lazily made descriptors
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
+        # issue 35: a first grammar imports llama_cpp in the daemon (its /dev/null pair)
+        c.generate(str(models[0]), "x", raw=True, format={"enum": ["a"]}, max_tokens=2).text()
         _quiesce(d, c)
         time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}

@@ -138,8 +138,14 @@ def check(gbnf: str, what: str) -> str:
             f"{what}: the grammar built from it nests {depth} groups deep (at most "
             f"{MAX_NESTING}): a repetition bound such as maxLength or maxItems is too large",
             hint=_HINT)
+    sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+    if sampler:
+        llama_cpp.llama_sampler_free(sampler)
+        return gbnf
+    # Rejected (rare: modeld.schema writes grammars the parser takes): parse again with fd 2
+    # on a file for llama.cpp's reason. Only here: this runs on a thread of the daemon, and a
+    # runner started meanwhile would inherit the file as its stderr.
     with _lock, tempfile.TemporaryFile() as err:
-        # llama.cpp prints the parser's reason with fprintf(stderr): keep it for the reply
         saved = os.dup(2)
         os.dup2(err.fileno(), 2)
         try:
@@ -147,13 +153,14 @@ def check(gbnf: str, what: str) -> str:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-        if not sampler:
-            err.seek(0)
-            lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
-            why = next((ln for ln in lines if "error" in ln), "it failed to parse")
-            raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
-                                      hint=_HINT)
-        llama_cpp.llama_sampler_free(sampler)
+        if sampler:  # not expected: the same text parsed twice
+            llama_cpp.llama_sampler_free(sampler)
+            return gbnf
+        err.seek(0)
+        lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
+        why = next((ln for ln in lines if "error" in ln), "it failed to parse")
+        raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
+                                  hint=_HINT)
     return gbnf
 
 
