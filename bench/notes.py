@@ -209,8 +209,8 @@ NOTES: dict[str, str] = {
         "and 0.22 s. The daemon keeps 70 MiB after the run (it kept 973 MiB after one minItems "
         "request before the fix; a malloc_trim follows each big grammar); in a separate check "
         "the 50,000-word enum's build kept 28 MiB and the 10 MB body 8 MiB. Sampler: masking "
-        "the whole 262k vocabulary with a 10,000-word enum took 18.6 s for one token as a flat alternation and 0.057 s as the "
-        "prefix tree."
+        "the whole 262k vocabulary with a 10,000-word enum took 18.6 s for one token as a flat "
+        "alternation and 0.057 s as the prefix tree."
     ),
     "structured": (
         "Run on an idle machine (load average 0.8), 5 interleaved rounds, greedy. The "
