@@ -134,11 +134,14 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
               tally: Tally, stop: float) -> None:
     from modeld.errors import ModeldError, RequestTimeoutError
 
+    heavy_left = HEAVY_PER_CLIENT
     while time.monotonic() < stop:
         m = str(rng.choice(models))
         op = rng.choices(("generate", "chat", "embed", "load", "unload", "cancel", "bad_text",
-                          "http_bad_text", "http_leave"),
-                         weights=(5, 3, 2, 1, 1, 1, 1, 1, 1))[0]
+                          "http_bad_text", "http_leave", "heavy"),
+                         weights=(5, 3, 2, 1, 1, 1, 1, 1, 1, 1))[0]
+        if op == "heavy" and heavy_left <= 0:
+            op = "generate"
         p = rng.choice(PROMPTS)
         try:
             if op == "generate":
@@ -164,6 +167,9 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
                 tally.add(op, "untyped", "a lone surrogate was accepted")
             elif op in ("http_bad_text", "http_leave"):
                 tally.add(op, _http(op, d.http_base, Path(m).stem, p))
+            elif op == "heavy":
+                heavy_left -= 1
+                tally.add(op, _heavy(c, d.http_base, m, rng))
             else:  # cancel after the first piece of a long reply
                 gen = c.generate(m, p, raw=True, temperature=0, max_tokens=400)
                 for _ in gen:
@@ -202,6 +208,46 @@ def _http(op: str, base: str, model: str, prompt: str) -> str:
         return "done"
     except httpx.TimeoutException:
         return "left"
+
+
+# ----------------------------------------------------------------------------- issue 35
+# Heavy and hostile requests (bench/b_heavy.py measures them one at a time), a bounded number
+# per client: each must get its typed answer (or its reply) and cost no one else anything.
+
+HEAVY_PER_CLIENT = 4
+_WORDS = [f"w{i:04d}x" for i in range(5000)]
+_HEAVY_SCHEMAS = (
+    {"type": "array", "items": {"type": "integer"}, "minItems": 100_000_000},  # refused
+    {"type": "string", "pattern": "^a{1000000000}$"},  # refused
+    {"type": "object", "properties": {f"p{i}": {} for i in range(2000)}},  # refused
+    {"enum": _WORDS},  # a prefix tree: answered
+)
+
+
+def _heavy(c: Any, base: str, model: str, rng: random.Random) -> str:
+    """One of: a schema with huge repetition bounds, 2,000 optional members or 5,000 enum
+    words; a prompt of 4 MB; a body nested 100,000 arrays deep (HTTP). The outcome is the
+    typed error, or "done" for the enum's reply."""
+    import httpx
+
+    from modeld.errors import ModeldError
+
+    kind = rng.randrange(len(_HEAVY_SCHEMAS) + 2)
+    try:
+        if kind < len(_HEAVY_SCHEMAS):
+            schema = _HEAVY_SCHEMAS[kind]
+            text = c.generate(model, "Pick one.", raw=True, format=schema, temperature=1.0,
+                              max_tokens=8).text()
+            return "done" if text else "untyped:empty"
+        if kind == len(_HEAVY_SCHEMAS):
+            c.generate(model, "hello world " * 350_000, raw=True, **_GREEDY).text()
+            return "untyped:a 4 MB prompt was accepted"
+    except ModeldError as exc:
+        return f"error:{exc.code.value}"
+    deep = "[" * 100_000 + "]" * 100_000
+    body = f'{{"model": "{Path(model).stem}", "prompt": "x", "format": {deep}}}'
+    r = httpx.post(f"{base}/api/generate", content=body, timeout=60)
+    return "error:invalid_request" if r.status_code == 400 else f"untyped:{r.status_code}"
 
 
 def _runner_pids(d: Any) -> list[int]:
@@ -320,6 +366,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         refs = References(c, models)
         for op in ("http_bad_text", "http_leave"):  # the HTTP side's lazily made descriptors
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
+        # issue 35: a first grammar imports llama_cpp in the daemon (its /dev/null pair)
+        c.generate(str(models[0]), "x", raw=True, format={"enum": ["a"]}, max_tokens=2).text()
         _quiesce(d, c)
         time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}

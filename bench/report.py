@@ -21,14 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
-from sections import agent_session, cli_floor, rpc, tree_memory
+from sections import agent_session, cli_floor, heavy, rpc, tree_memory
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
          "agent_session", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
-         "cluster")  # fmt: skip
+         "cluster", "heavy")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -444,6 +444,7 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "agent_turns": _agent, "agent_session": agent_session, "parallel": _parallel,
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
+           "heavy": heavy,
            "cli_floor": cli_floor}
 
 

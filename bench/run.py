@@ -31,8 +31,7 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "parallel",
-       "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc")
+       "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc", "heavy")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -128,6 +127,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_tree
 
         _record(ctx, "tree_memory", b_tree.tree_memory_bench)
+    if "heavy" in names and not ctx.smoke:  # its own daemon with HTTP, --parallel 2
+        import b_heavy
+
+        _record(ctx, "heavy", b_heavy.heavy)
     if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
         import b_pull
 

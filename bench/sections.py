@@ -110,3 +110,23 @@ def agent_session(doc: dict[str, Any]) -> list[str]:
                         f"**{part['evaluated_total']}** ({part['ratio']:.3f} x) | | "
                         f"session {part['total_s']:.0f} s | reloads {part['reloads']} | | |")
     return rows
+
+
+def heavy(doc: dict[str, Any]) -> list[str]:
+    """Issue 35: a stream's longest gap beside each heavy request (b_heavy.py)."""
+    rows = ["| beside | status | request s | stream's longest gap s | median gap s |",
+            "|---|---:|---:|---:|---:|"]
+    for name, r in doc.get("cases", {}).items():
+        gaps = r.get("gaps_s") or {}
+        seconds = r.get("seconds")
+        rows.append(f"| {name} | {r.get('status', '-')} | "
+                    f"{'-' if seconds is None else f'{seconds:.2f}'} | "
+                    f"{r.get('max_gap_s') or 0:.3f} | {gaps.get('median') or 0:.3f} |")
+    s = doc.get("sampler", {})
+    rows += ["", f"Daemon RSS {_mib(doc.get('daemon_rss_before'))} MiB before, "
+             f"{_mib(doc.get('daemon_rss_after'))} MiB after. Grammar sampler, a 10,000-word "
+             f"enum, worst token with the whole vocabulary masked: flat alternation "
+             f"{s.get('flat_worst_token_s', 0):.3f} s (made in {s.get('flat_init_s', 0):.3f} s), "
+             f"prefix tree {s.get('tree_worst_token_s', 0):.4f} s (made in "
+             f"{s.get('tree_init_s', 0):.3f} s)."]
+    return rows

@@ -51,13 +51,18 @@ class Served:
 def served(daemon_factory: Factory, tiny_chat_model: Path, tmp_path: Path) -> Iterator[Served]:
     """A daemon with HTTP on a free loopback port; the tiny chat model is ``tiny`` in its
     models dir (so names resolve as for the CLI)."""
+    yield start_served(daemon_factory, tiny_chat_model)
+
+
+def start_served(daemon_factory: Factory, tiny_chat_model: Path, *flags: str) -> Served:
+    """:func:`served`'s daemon, with more daemon ``flags``."""
     port = free_port()
-    d = daemon_factory("--http", f"127.0.0.1:{port}")
+    d = daemon_factory("--http", f"127.0.0.1:{port}", *flags)
     models = d.root / "models"
     models.mkdir(exist_ok=True)
     (models / "tiny.gguf").write_bytes(tiny_chat_model.read_bytes())
     until(lambda: _answers(port), timeout=30, what="the HTTP front door")
-    yield Served(d, port)
+    return Served(d, port)
 
 
 def _answers(port: int) -> bool:

@@ -34,6 +34,7 @@ PURE_MODULES = [
     "modeld.runner.promptfile",
     "modeld.cluster.placement",
     "modeld.cluster.asgi",
+    "modeld.schema",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml", "ray")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -32,7 +33,7 @@ from modeld.messages import (
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
-from modeld.textcheck import check_text
+from modeld.textcheck import check_text, too_deep
 
 #: Request types a client may send.
 REQUEST_TYPES = frozenset(
@@ -154,7 +155,11 @@ def decode(frames: list[bytes]) -> Message:
         )
     try:
         data = json.loads(body_frames[0].decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        deep = too_deep()
+        raise ProtocolError(deep.message, hint=deep.hint, details=deep.details,
+                            request_id=_leading_id(body_frames[0])) from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"frame is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ProtocolError(f"message must be a JSON object, got {type(data).__name__}")
@@ -173,12 +178,21 @@ def decode(frames: list[bytes]) -> Message:
     if not isinstance(type_, str):
         raise ProtocolError("'type' must be a string", request_id=request_id)
     body = body_of(data)
-    try:  # a lone surrogate must be refused here, not raise in a runner's tokenizer
+    try:  # a lone surrogate or deep nesting: refused here, not in a runner or a later walk
         check_text(body)
     except InvalidRequestError as exc:
         raise ProtocolError(exc.message, hint=exc.hint, details=exc.details,
                             request_id=request_id) from None
     return Message(type_, request_id, body, version)
+
+
+def _leading_id(frame: bytes) -> str | None:
+    """The ``id`` of a frame json could not parse, when it comes before any nested value (where
+    modeld's clients put it): its error then reaches the request that sent it."""
+    nested = min((i for i in (frame.find(b"[", 1), frame.find(b"{", 1)) if i > 0),
+                 default=len(frame))
+    found = re.search(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,%d})"' % MAX_ID_LENGTH, frame[:nested])
+    return found.group(1).decode() if found else None
 
 
 def reply_object(frames: list[bytes]) -> object:

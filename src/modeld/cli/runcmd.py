@@ -48,15 +48,22 @@ class RunOptions:
             return self.format
         import json
 
+        from modeld.textcheck import check_text, too_deep
+
         try:
             with open(self.format, encoding="utf-8") as f:
                 schema = json.load(f)
         except (OSError, ValueError) as exc:
             raise InvalidRequestError(f"--format {self.format}: cannot read a JSON Schema: "
                                       f"{exc}", hint='give "json" or a JSON Schema file') from None
+        except RecursionError:
+            deep = too_deep()
+            raise InvalidRequestError(f"--format {self.format}: {deep.message}", hint=deep.hint,
+                                      details=deep.details) from None
         if not isinstance(schema, dict):
             raise InvalidRequestError(f"--format {self.format}: the file is not a JSON object",
                                       hint="a JSON Schema is an object")
+        check_text(schema, "--format")  # deep nesting: its 400 here, not a RecursionError later
         return schema
 
     def sampling(self) -> dict[str, Any]:

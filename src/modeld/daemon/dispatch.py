@@ -291,6 +291,10 @@ class Dispatch:
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
+            if err.details.get("prompt_tokens_at_least"):  # counted from its bytes, a bound
+                exc.message = exc.message.replace(f"has {prompt_tokens} tokens",
+                                                  f"has at least {prompt_tokens} tokens")
+                exc.details["prompt_tokens_at_least"] = True
             self.finish(job, exc)
             return True
         job.ctx_retries += 1

@@ -152,6 +152,22 @@ def requested_ctx(n_ctx: int | None) -> int | None:
     return None if n_ctx is None else ctx.round_up(n_ctx)
 
 
+def needs_grammar(req: protocol.GenerateRequest) -> bool:
+    """Whether ``req``'s reply is held to a grammar (a format, a forced tool call)."""
+    return not req.count_only and (req.format is not None
+                                   or forces_call(req.tools, req.tool_choice))
+
+
+def request_grammar(req: protocol.GenerateRequest, key: ModelKey) -> str | None:
+    """``req``'s grammar, built and checked (raises InvalidRequestError): bounded, but slow
+    enough to run off the event loop (:mod:`modeld.daemon.builds`)."""
+    if not needs_grammar(req):
+        return None
+    family = grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice) \
+        else "generic"  # fmt: skip
+    return grammar.for_request(req.format, req.tools, req.tool_choice, family)
+
+
 def request_job(
     client: bytes,
     rid: str,
@@ -159,9 +175,11 @@ def request_job(
     key: ModelKey,
     name: str,
     settings: Settings,
+    gbnf: str | None = None,
 ) -> Job:
     """The job of a generate, embed or rerank request: its runner message, built by the runner
-    protocol's own builders (the scheduler sets the runner's rid when it dispatches)."""
+    protocol's own builders (the scheduler sets the runner's rid when it dispatches).
+    ``gbnf``: the generate request's grammar (:func:`request_grammar`)."""
     if isinstance(req, protocol.EmbedRequest):
         payload = rp.embed(rid, req.inputs)
         return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
@@ -179,11 +197,7 @@ def request_job(
         rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
-        grammar=None if req.count_only else grammar.for_request(
-            req.format, req.tools, req.tool_choice,
-            grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice)
-            else "generic"),
-        think=req.think, count_only=req.count_only, stream=req.stream,
+        grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),

@@ -15,7 +15,7 @@ from modeld.config import Settings
 from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
-from modeld.textcheck import check_text
+from modeld.textcheck import check_text, too_deep
 
 #: HTTP status for each modeld error code (both APIs use the same statuses).
 STATUS: dict[str, int] = {
@@ -69,12 +69,14 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
                                   hint='send a JSON object, e.g. {"model": "default", ...}')
     try:
         doc = json.loads(data)
+    except RecursionError:
+        raise too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the body is not JSON: {exc}",
                                   hint="send a JSON object") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
-    check_text(doc)  # a lone surrogate is this request's 400, never a runner's encode error
+    check_text(doc)  # a lone surrogate or deep nesting: this request's 400, never a 500 later
     check_common(doc)
     return doc
 

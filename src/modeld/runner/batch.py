@@ -19,21 +19,22 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, Protocol
 
 import llama_cpp
 import llama_cpp._internals
 
-from modeld import probe, replyparse
+from modeld import probe
 from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
-from modeld.replies import ToolCallDone
 from modeld.runner import microbatch, specs
 from modeld.runner.generation import DecodeBatch, PromptState
+from modeld.runner.prepare import Prepared, Preparer
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
+from modeld.runner.stream import Stream, call_done
 from modeld.runner.textstream import TextStream
 
 log = logging.getLogger("modeld.runner")
@@ -47,52 +48,14 @@ RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 class Host(Protocol):
     """What the engine needs from its runner: the prompt's tokens, replies, and the socket."""
 
-    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]: ...
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]:
+        """Called on the tokenizer thread (:mod:`modeld.runner.prepare`)."""
 
     def apply_threads(self, n_threads: int | None) -> None: ...
 
     def send(self, msg: Mapping[str, Any]) -> None: ...
 
     def between_steps(self, active: set[str]) -> list[dict[str, Any]]: ...
-
-
-@dataclass(eq=False)
-class Stream:
-    """One request on one sequence: its prompt still to evaluate, its sampler and its text."""
-
-    spec: specs.GenerateSpec
-    state: PromptState
-    prompt: list[int]
-    sampler: llama_cpp._internals.LlamaSampler
-    text: TextStream
-    strip_lead: bool
-    t0: float
-    todo: deque[Piece] = field(default_factory=deque)
-    reused: int = 0
-    next_token: int | None = None  # sampled, to be decoded in the next step
-    completion: int = 0
-    t_first: float | None = None
-    unsent: str = ""
-    last_send: float = 0.0
-    finish: str = "length"
-    context_full: bool = False  # it ended because its sequence's cells ran out
-    batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
-    grammar: Grammar | None = None  # the reply's constraint (a format, a forced tool call)
-    parser: replyparse.ReplyParser | None = None  # finds thinking and tool calls in the text
-    unsent_thinking: str = ""
-    unsent_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style deltas
-    unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
-    unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
-    calls: list[replyparse.ToolCall] = field(default_factory=list)
-    preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
-
-    @property
-    def rid(self) -> str:
-        return self.spec.rid
-
-    @property
-    def seq(self) -> int:
-        return self.state.seq
 
 
 class BatchEngine:
@@ -110,7 +73,9 @@ class BatchEngine:
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(llm._ctx.ctx))
         self.batch = DecodeBatch(llm)
         self.streams: list[Stream] = []  # admitted, in arrival order
-        self.waiting: deque[specs.GenerateSpec] = deque()  # more than parallel sent: wait a seq
+        # not admitted yet: their prompts being tokenized (off this loop), or no seq free
+        self.waiting: deque[tuple[specs.GenerateSpec, Future[Prepared]]] = deque()
+        self.preparer = Preparer(host.prompt_tokens)
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
         self._markers: dict[str, int | None] = {}  # marker text -> its single token
@@ -133,30 +98,46 @@ class BatchEngine:
             for stream in list(self.streams):
                 stream.state.failed()
                 self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
-            for spec in self.waiting:
+            for spec, _ in self.waiting:
                 self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
             self.waiting.clear()
 
     def _loop(self) -> None:
         while self.streams or self.waiting:
-            while self.waiting and len(self.streams) < len(self.states):
-                self._admit(self.waiting.popleft())
+            self._admit_ready()
             if self.streams:
                 self._step()
+            elif self.waiting:  # only prompts being tokenized: wait for one, or a message
+                wait([f for _, f in self.waiting], timeout=0.05, return_when=FIRST_COMPLETED)
             self._read_messages()
             if self.stop_all is not None:
                 for stream in list(self.streams):
                     self._cancel(stream, self.stop_all)
-                for spec in self.waiting:
+                for spec, _ in self.waiting:
                     self.host.send(rp.error(spec.rid, ErrorCode.CANCELLED,
                                             f"generation stopped: {self.stop_all}"))
                 self.waiting.clear()
 
     def submit(self, spec: specs.GenerateSpec) -> None:
-        self.waiting.append(spec)
+        """Queue ``spec``; its prompt starts being tokenized now, on the tokenizer thread."""
+        self.waiting.append((spec, self.preparer.start(spec)))
+
+    def _admit_ready(self) -> None:
+        """Admit the waiting requests whose prompts are ready, oldest first, while sequences
+        are free (a count or a failed preparation needs none); a prompt still being tokenized
+        holds back no one behind it."""
+        for item in list(self.waiting):
+            spec, future = item
+            if not future.done():
+                continue
+            needs_seq = not spec.count_only and future.exception() is None
+            if needs_seq and len(self.streams) >= len(self.states):
+                continue
+            self.waiting.remove(item)
+            self._admit(spec, future)
 
     def _read_messages(self) -> None:
-        active = {s.rid for s in self.streams} | {s.rid for s in self.waiting}
+        active = {s.rid for s in self.streams} | {s.rid for s, _ in self.waiting}
         for msg in self.host.between_steps(active):
             kind = msg["type"]
             if kind == "stop":
@@ -168,11 +149,12 @@ class BatchEngine:
                         self._cancel(stream, "cancelled")
                         break
                 else:
-                    for spec in list(self.waiting):
-                        if spec.rid == rid:
-                            self.waiting.remove(spec)
+                    for item in list(self.waiting):
+                        if item[0].rid == rid:
+                            self.waiting.remove(item)
                             self.host.send(rp.error(rid, ErrorCode.CANCELLED,
-                                                    "generation stopped: cancelled"))
+                                                    "generation stopped: cancelled",
+                                                    {"completion_tokens": 0}))
             elif kind == "generate":
                 try:
                     self.submit(specs.parse_generate(msg))
@@ -195,12 +177,12 @@ class BatchEngine:
 
         return max(free, key=score)
 
-    def _admit(self, spec: specs.GenerateSpec) -> None:
-        """Tokenize, plan the prompt on a free sequence, and make its sampler; errors are
-        this request's reply only."""
+    def _admit(self, spec: specs.GenerateSpec, ready: Future[Prepared]) -> None:
+        """Plan the tokenized prompt on a free sequence and make its sampler; errors (its
+        preparation's too) are this request's reply only."""
         try:
             self.host.apply_threads(spec.n_threads)
-            tokens, prompt = self.host.prompt_tokens(spec)
+            tokens, prompt = ready.result()
             if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
                 self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
                                                 prompt_tokens=len(tokens), prompt_tokens_reused=0,
@@ -397,9 +379,9 @@ class BatchEngine:
             out = out.lstrip()
             stream.strip_lead = not out
         if out:
-            self._text(stream, out)
+            stream.text_out(self.host.send, out)
         if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
-            self._flush(stream, now)
+            stream.flush(self.host.send, now)
         if stream.text.stopped:
             stream.finish = "stop"
         elif stream.completion >= stream.spec.sampling.max_tokens:
@@ -410,52 +392,6 @@ class BatchEngine:
         else:
             stream.context_full = True
         self._done(stream)
-
-    # ---------------------------------------------------------------- the reply's parts
-
-    def _text(self, stream: Stream, out: str) -> None:
-        """New reply text: content, or through the parser into thinking and tool calls."""
-        if stream.parser is None:
-            stream.unsent += out
-            return
-        for event in stream.parser.feed(out):
-            self._event(stream, event)
-
-    def _event(self, stream: Stream, event: replyparse.Event) -> None:
-        """One parsed piece; a chunk keeps the reply's order (thinking, text, calls), so a
-        piece of an earlier kind first sends what is pending."""
-        if isinstance(event, replyparse.ThinkingDelta):
-            if stream.unsent or stream.unsent_calls:
-                self._flush(stream, time.perf_counter())
-            stream.unsent_thinking += event.text
-        elif isinstance(event, replyparse.TextDelta):
-            if stream.unsent_calls:
-                self._flush(stream, time.perf_counter())
-            stream.unsent += event.text
-        elif isinstance(event, replyparse.ToolCallStart):
-            stream.unsent_calls.append({"index": event.index, "id": event.id,
-                                        "name": event.name, "arguments": ""})  # fmt: skip
-        elif isinstance(event, replyparse.ToolCallArgs):
-            last = stream.unsent_calls[-1] if stream.unsent_calls else None
-            if last is not None and last["index"] == event.index:
-                last["arguments"] += event.fragment
-            else:
-                stream.unsent_calls.append({"index": event.index, "arguments": event.fragment})
-        elif isinstance(event, replyparse.ToolCallEnd):
-            stream.calls.append(event.call)
-            stream.unsent_done.append(_call(event.call))
-
-    def _flush(self, stream: Stream, now: float) -> None:
-        """Send what is pending of ``stream``'s reply as one chunk."""
-        if not (stream.unsent or stream.unsent_thinking or stream.unsent_calls
-                or stream.unsent_logprobs or stream.unsent_done):
-            return
-        self.host.send(rp.chunk(stream.rid, stream.unsent, stream.completion,
-                                thinking=stream.unsent_thinking, tool_calls=stream.unsent_calls,
-                                calls_done=stream.unsent_done,
-                                logprobs=stream.unsent_logprobs))  # fmt: skip
-        stream.unsent, stream.unsent_thinking, stream.last_send = "", "", now
-        stream.unsent_calls, stream.unsent_logprobs, stream.unsent_done = [], [], []
 
     def _logprob(self, stream: Stream, token: int) -> dict[str, Any]:
         """OpenAI's logprobs entry of a sampled token (texts, bytes, alternatives)."""
@@ -479,11 +415,11 @@ class BatchEngine:
         t_end = time.perf_counter()
         tail = stream.text.finish()
         if tail:
-            self._text(stream, tail)
+            stream.text_out(self.host.send, tail)
         if stream.parser is not None:
             for event in stream.parser.finish():
-                self._event(stream, event)
-        self._flush(stream, t_end)
+                stream.event(self.host.send, event)
+        stream.flush(self.host.send, t_end)
         if stream.text.stopped:
             stream.finish = "stop"
         if stream.calls:
@@ -503,7 +439,7 @@ class BatchEngine:
                 generation_s=t_end - first,
                 batched_max=stream.batched_max,
                 memory=probe.own_memory(),
-                tool_calls=[_call(c) for c in stream.calls],
+                tool_calls=[call_done(c) for c in stream.calls],
                 stop_sequence=stream.text.stop_hit,
             ),
         )
@@ -525,19 +461,18 @@ class BatchEngine:
         self.host.send(reply)
 
 
-def _call(call: replyparse.ToolCall) -> ToolCallDone:
-    return {"id": call.id, "name": call.name, "arguments": call.arguments}
-
-
 def _printable(text: str) -> str:
     """``text`` with anything UTF-8 cannot carry escaped, so the reply itself can be sent."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
+def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> ModeldError:
+    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
     return ContextExceededError(
-        f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
+        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
+        f"context holds {n_ctx}",
         hint="load the model with a larger n_ctx, or shorten the prompt",
-        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
+                 **({"prompt_tokens_at_least": True} if at_least else {})},
     )
 

@@ -42,6 +42,7 @@ from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, r
 from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
+from modeld.runner.prepare import TokenBound
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.textstream import pool_and_normalize
@@ -78,6 +79,7 @@ class Runner(RunnerServer):
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: sequence 0 (owns persistence)
         self.engine: BatchEngine | None = None  # generate mode: all sequences, decoded together
+        self.token_bound: TokenBound | None = None  # the fewest tokens a prompt's bytes make
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -195,6 +197,7 @@ class Runner(RunnerServer):
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
                                       max_rows=llamaopen.max_rows(n_seq))
             self.engine.chat_qa = self.chat_format == chat.QA
+            self.token_bound = TokenBound(llm)
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
                 if restored:
@@ -260,7 +263,7 @@ class Runner(RunnerServer):
         if self.state is not None:
             self.state.close()  # the store all sequences share
             self.state = None
-        self.engine = None
+        self.engine = self.token_bound = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None
@@ -283,7 +286,15 @@ class Runner(RunnerServer):
         llm = self._require("generate")
         model = ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
         prompt = prompting.build(spec, model, render_template)
-        tokens = llm.tokenize(prompt.text.encode("utf-8"), add_bos=prompt.add_bos, special=True)
+        data = prompt.text.encode("utf-8")
+        limit = self.engine.n_ctx_seq if self.engine is not None else 0
+        # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
+        # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
+        if not spec.count_only and limit and len(data) > 8 * limit and self.token_bound:
+            least = self.token_bound.at_least(len(data))
+            if least >= limit:
+                raise context_exceeded(least, limit, at_least=True)
+        tokens = llm.tokenize(data, add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
         return tokens, prompt

@@ -1,0 +1,432 @@
+"""The schema walk: each (sub)schema becomes a rule, each keyword is enforced, annotated or
+refused with its path (``#/properties/year``), and every count is bounded before it is used.
+
+Each ``$ref`` target is one rule, named before its body is built, so recursive schemas
+terminate; members follow the schema's order, required ones first, and each optional one may
+be left out (a chain of one rule per optional member: linear, where llama.cpp's converter
+recursed once per member and was quadratic).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from modeld.errors import InvalidRequestError
+from modeld.schema import numbers, pattern
+from modeld.schema.gbnf import Rules, alternation, json_text, literal, other_key, repeat
+from modeld.schema.keywords import (
+    ANNOTATIONS,
+    ENFORCED,
+    FORMATS,
+    MAX_ALTERNATIVES,
+    MAX_OPTIONAL,
+    MAX_REPEAT,
+    refused_hint,
+)
+
+_HINT = "see docs/protocol.md for the JSON Schema subset modeld enforces, or send " \
+        "'format': 'json'"  # fmt: skip
+#: Schemas visited inside one another (nesting and $refs together) before the schema counts as
+#: too deep (the JSON itself nests at most 64 levels: modeld.textcheck).
+MAX_VISIT_DEPTH = 100
+_KINDS = {  # the type a keyword implies when a schema names none
+    "properties": "object", "additionalProperties": "object", "required": "object",
+    "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
+    "minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
+    "minimum": "number", "maximum": "number", "exclusiveMinimum": "number",
+    "exclusiveMaximum": "number",
+}  # fmt: skip
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_STRUCTURE = {"$defs", "definitions"}
+
+
+@dataclass
+class Built:
+    """A schema's grammar, and the ``format`` values in it that no grammar holds."""
+
+    gbnf: str
+    unchecked: list[str] = field(default_factory=list)
+
+
+def to_gbnf(schema: dict[str, Any], what: str, max_bytes: int) -> Built:
+    """The grammar of the JSON texts ``schema`` allows (raises InvalidRequestError naming
+    what it cannot hold, where)."""
+    conv = _Converter(schema, what, max_bytes)
+    root = conv.visit(schema, "#", "root")
+    return Built(conv.rules.text(root), list(dict.fromkeys(conv.unchecked)))
+
+
+class _Converter:
+    def __init__(self, root: dict[str, Any], what: str, max_bytes: int) -> None:
+        self.root, self.what = root, what
+        self.rules = Rules(max_bytes, self._grammar_error)
+        self.refs: dict[str, str] = {}
+        self.unchecked: list[str] = []
+        self.depth = 0
+
+    def _grammar_error(self, message: str, hint: str) -> InvalidRequestError:
+        return InvalidRequestError(f"{self.what}: {message}", hint=hint)
+
+    def fail(self, path: str, message: str, hint: str = _HINT) -> InvalidRequestError:
+        return InvalidRequestError(f"{self.what}: {message} (at {path[:200]})", hint=hint,
+                                   details={"schema_path": path[:200]})
+
+    # ------------------------------------------------------------------ dispatch
+
+    def visit(self, schema: Any, path: str, hint: str) -> str:
+        """A rule name matching the JSON of ``schema``."""
+        if schema is True or schema == {}:
+            return self.rules.primitive("value")
+        if not isinstance(schema, dict):
+            raise self.fail(path, "a schema must be an object or true")
+        self.depth += 1
+        try:
+            if self.depth > MAX_VISIT_DEPTH:
+                raise self.fail(path, f"the schema nests over {MAX_VISIT_DEPTH} schemas deep "
+                                "(its $refs included)", "flatten it")
+            return self._visit(schema, path, hint)
+        finally:
+            self.depth -= 1
+
+    def _visit(self, schema: dict[str, Any], path: str, hint: str) -> str:
+        keys = self._constraints(schema, path)
+        if "$ref" in keys:
+            if keys - {"$ref"}:
+                raise self.fail(path, f"'{sorted(keys - {'$ref'})[0]}' beside '$ref' is not "
+                                "supported", "move it into the schema the $ref names")
+            return self._ref(schema["$ref"], path)
+        if "allOf" in keys:
+            return self.visit(self._all_of(schema, path), path, hint)
+        if "anyOf" in keys or "oneOf" in keys:
+            word = "anyOf" if "anyOf" in keys else "oneOf"
+            if keys - {word}:
+                raise self.fail(path, f"'{sorted(keys - {word})[0]}' beside '{word}' is not "
+                                "supported", f"move it into each of the {word} alternatives")
+            return self._union(schema[word], f"{path}/{word}", hint)
+        if "const" in keys or "enum" in keys:
+            return self._constants(schema, keys, path, hint)
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            if not kind or not all(k in _TYPES for k in kind):
+                raise self.fail(path, "'type' must name JSON types")
+            alts = [self.visit({**schema, "type": k}, path, f"{hint}-{k}") for k in kind]
+            return self.rules.define(hint, " | ".join(alts))
+        if kind is None:
+            implied = {_KINDS[k] for k in keys if k in _KINDS}
+            if len(implied) > 1:
+                raise self.fail(path, f"keywords of several types ({', '.join(sorted(implied))})"
+                                " without a 'type'", "give the schema a 'type'")
+            kind = implied.pop() if implied else None
+        elif kind not in _TYPES:
+            raise self.fail(path, f"'type' {kind!r} is not a JSON type")
+        if kind is None:
+            return self.rules.primitive("value")
+        return getattr(self, f"_{kind}")(schema, keys, path, hint)  # type: ignore[no-any-return]
+
+    def _constraints(self, schema: dict[str, Any], path: str) -> set[str]:
+        """The keywords of ``schema`` that constrain (annotations left out); refuses those
+        modeld cannot enforce."""
+        keys = set()
+        for key, value in schema.items():
+            if key in ANNOTATIONS or key.startswith("x-") or key in _STRUCTURE:
+                continue
+            where = f"{path}/{key}"
+            if key not in ENFORCED:
+                raise self.fail(where, f"the keyword '{key}' is not supported",
+                                refused_hint(key))
+            if key == "uniqueItems":
+                if value is True:
+                    raise self.fail(where, "'uniqueItems': true cannot be enforced",
+                                    refused_hint(key))
+                continue
+            if key in ("unevaluatedProperties", "unevaluatedItems"):
+                continue  # the grammar writes only what the schema declares: always met
+            if key == "format" and value not in FORMATS:
+                self.unchecked.append(f"format {value!r} at {path}")
+                continue
+            keys.add(key)
+        return keys
+
+    # ------------------------------------------------------------------ references, unions
+
+    def _ref(self, ref: Any, path: str) -> str:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise self.fail(path, f"the $ref {str(ref)[:100]!r} is not local",
+                            "only references into the schema itself (#/$defs/…) are followed")
+        if ref in self.refs:
+            return self.refs[ref]
+        target = self._target(ref, path)
+        name = self.rules.name(ref.rsplit("/", 1)[-1] or "self")
+        self.refs[ref] = name  # before its body: a recursive reference ends here
+        self.rules.add(name, self.visit(target, ref, name))
+        return name
+
+    def _target(self, ref: str, path: str) -> Any:
+        """What the local JSON pointer ``ref`` names in the schema."""
+        target: Any = self.root
+        for part in ref[1:].split("/")[1:] if ref != "#" else []:
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                raise self.fail(path, f"the $ref {ref[:100]!r} names nothing in the schema")
+        return target
+
+    def _union(self, alts: Any, path: str, hint: str) -> str:
+        if not isinstance(alts, list) or not alts:
+            raise self.fail(path, "must be a non-empty list of schemas")
+        constants = [a for a in alts if isinstance(a, dict) and set(a) - ANNOTATIONS == {"const"}]
+        others = [a for a in alts if not any(a is c for c in constants)]
+        if len(others) > MAX_ALTERNATIVES:
+            raise self.fail(path, f"{len(others)} alternatives (at most {MAX_ALTERNATIVES} that "
+                            "are not constants: each one costs every token of the reply)",
+                            "use fewer alternatives, or enum/const values (those have no limit)")
+        rules = [self.visit(a, f"{path}/{i}", f"{hint}-{i}") for i, a in enumerate(others)]
+        if constants:
+            tree = alternation(self.rules, f"{hint}-const",
+                               (json_text(c["const"]) for c in constants))
+            rules.append(self.rules.define(hint, f"{tree} space"))
+        return self.rules.define(hint, " | ".join(rules))
+
+    def _all_of(self, schema: dict[str, Any], path: str) -> dict[str, Any]:
+        """``allOf`` as one schema: its only member, or object schemas merged."""
+        parts = schema["allOf"]
+        if not isinstance(parts, list) or not parts:
+            raise self.fail(f"{path}/allOf", "must be a non-empty list of schemas")
+        rest = {k: v for k, v in schema.items() if k != "allOf"}
+        if len(parts) == 1 and not self._constraints(rest, path):
+            return parts[0] if isinstance(parts[0], dict) else {}
+        merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+        for i, part in enumerate([rest, *parts]):
+            where = f"{path}/allOf/{i - 1}" if i else path
+            while isinstance(part, dict) and set(part) - ANNOTATIONS == {"$ref"}:
+                if not isinstance(part["$ref"], str) or not part["$ref"].startswith("#"):
+                    raise self.fail(where, "allOf with a $ref that is not local")
+                part = self._target(part["$ref"], where)
+            extra = self._constraints(part, where) - {"type", "properties", "required"} \
+                if isinstance(part, dict) else {"?"}  # fmt: skip
+            if extra or part.get("type", "object") != "object":
+                raise self.fail(where, "allOf of schemas that are not plain objects is not "
+                                "supported", "merge them into one schema")
+            merged["properties"].update(part.get("properties", {}))
+            merged["required"] += list(part.get("required", []))
+        return merged
+
+    def _constants(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        if keys - {"const", "enum", "type"}:
+            raise self.fail(path, f"'{sorted(keys - {'const', 'enum', 'type'})[0]}' beside "
+                            "enum/const is not supported", "list only the values you want")
+        values = [schema["const"]] if "const" in keys else schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise self.fail(f"{path}/enum", "must be a non-empty list")
+        kinds = schema.get("type")
+        if kinds is not None:
+            allowed = set(kinds if isinstance(kinds, list) else [kinds])
+            values = [v for v in values if _json_type(v) in allowed
+                      or ("number" in allowed and _json_type(v) == "integer")]
+            if not values:
+                raise self.fail(path, "no enum/const value has the schema's type")
+        tree = alternation(self.rules, f"{hint}-value", (json_text(v) for v in values))
+        return self.rules.define(hint, f"{tree} space")
+
+    # ------------------------------------------------------------------ types
+
+    def _object(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        extra = schema.get("additionalProperties")
+        if not isinstance(props, dict) or not isinstance(required, list) or \
+                not all(isinstance(r, str) for r in required):  # fmt: skip
+            raise self.fail(path, "'properties' must be an object and 'required' a list of names")
+        if not props and not required and extra in (None, True):
+            return self.rules.primitive("object")
+        members = dict(props)
+        for name in required:  # required but not declared: its schema is additionalProperties'
+            if name not in members:
+                if extra is False:
+                    raise self.fail(path, f"'{name[:100]}' is required but not allowed")
+                members[name] = {} if extra in (None, True) else extra
+        kv = {}
+        for name, sub in members.items():
+            value = self.visit(sub, f"{path}/properties/{_pointer(name)}", name)
+            kv[name] = self.rules.define(f"{name}-kv", f'{_key(name)} space ":" space {value}')
+        needed = [kv[n] for n in members if n in required]
+        optional = [kv[n] for n in members if n not in required]
+        if extra is not None and extra is not False:
+            value = self.visit(extra, f"{path}/additionalProperties", f"{hint}-extra")
+            key = other_key(self.rules, f"{hint}-key", members) if members else \
+                self.rules.primitive("string")  # fmt: skip
+            pair = self.rules.define(f"{hint}-extra-kv", f'{key} ":" space {value}')
+            optional.append(self.rules.define(f"{hint}-extras", f'{pair} ("," space {pair})*'))
+        if len(optional) > MAX_OPTIONAL:
+            raise self.fail(path, f"{len(optional)} optional members (at most {MAX_OPTIONAL}: "
+                            "each one costs every token of the reply)",
+                            "make members required, or split the object")
+        body = ' "," space '.join(needed)
+        if optional:
+            chain = self._optional_chain(optional, hint)
+            if needed:
+                body += f" {chain[0]}"
+            else:  # the first member present may be any optional one
+                firsts = [f"{o} {c}" if c else o
+                          for o, c in zip(optional, [*chain[1:], ""], strict=True)]
+                body = "(" + " | ".join(firsts) + ")?"
+        return self.rules.define(hint, f'"{{" space {body} "}}" space')
+
+    def _optional_chain(self, optional: list[str], hint: str) -> list[str]:
+        """Rules ``rest[i]``: optional members i.. in order, each after a comma or left out."""
+        names: list[str] = [""] * len(optional)
+        after = ""
+        for i in range(len(optional) - 1, -1, -1):
+            body = f'("," space {optional[i]})? {after}'.strip()
+            names[i] = after = self.rules.define(f"{hint}-rest", body)
+        return names
+
+    def _array(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        low, high = self._count(schema, "minItems", path), self._count(schema, "maxItems", path)
+        prefix = schema.get("prefixItems", [])
+        items = schema.get("items", True)
+        if isinstance(items, list):  # draft 7 tuples
+            prefix, items = items, False
+        if not isinstance(prefix, list):
+            raise self.fail(f"{path}/prefixItems", "must be a list of schemas")
+        if len(prefix) > MAX_REPEAT:
+            raise self.fail(f"{path}/prefixItems", f"over {MAX_REPEAT} elements")
+        parts = [self.visit(s, f"{path}/prefixItems/{i}", f"{hint}-{i}")
+                 for i, s in enumerate(prefix)]
+        if high is not None and high < len(parts):
+            raise self.fail(path, "maxItems is below the number of prefixItems")
+        body = ' "," space '.join(parts)
+        if items is not False:
+            item = self.visit(items, f"{path}/items", f"{hint}-item")
+            more_low = max(low - len(parts), 0)
+            more_high = None if high is None else high - len(parts)
+            if parts:
+                more = repeat(f'("," space {item})', more_low, more_high)
+                body = f"{body} {more}".strip()
+            else:
+                body = repeat(item, more_low, more_high, sep='"," space')
+        elif low > len(parts):
+            raise self.fail(path, "minItems is above the number of elements allowed")
+        return self.rules.define(hint, f'"[" space {body} "]" space')
+
+    def _string(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        fmt = schema.get("format")
+        if "pattern" in keys:
+            if keys & {"minLength", "maxLength", "format"}:
+                raise self.fail(path, "'pattern' beside minLength, maxLength or format is not "
+                                "supported", "put the lengths into the pattern ({m,n})")
+            text = schema["pattern"]
+            if not isinstance(text, str):
+                raise self.fail(f"{path}/pattern", "must be a string")
+            return self.rules.define(hint, pattern.to_gbnf(
+                text, lambda why: self.fail(f"{path}/pattern", f"the pattern {why}")))
+        if "format" in keys:
+            if keys & {"minLength", "maxLength"}:
+                raise self.fail(path, "'format' beside minLength or maxLength is not supported")
+            return self.rules.primitive("uuid" if fmt == "uuid" else f"{fmt}-string")
+        low, high = self._count(schema, "minLength", path), self._count(schema, "maxLength", path)
+        if low == 0 and high is None:
+            return self.rules.primitive("string")
+        char = self.rules.primitive("char")
+        return self.rules.define(hint, f'"\\"" {repeat(char, low, high)} "\\"" space')
+
+    def _integer(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        bounds = self._bounds(schema, path)
+        if not bounds:
+            return self.rules.primitive("integer")
+        lo, hi = numbers.integer_bounds(bounds)
+        if lo > hi:
+            raise self.fail(path, "no integer is within its bounds")
+        return self.rules.define(hint, f"({numbers.integer_range(lo, hi)}) space")
+
+    def _number(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        bounds = self._bounds(schema, path)
+        if not bounds:
+            return self.rules.primitive("number")
+        for key, value in bounds.items():
+            if not float(value).is_integer():
+                raise self.fail(f"{path}/{key}", f"a bound of {value} on a number is not "
+                                "supported (whole-number bounds are)",
+                                "use a whole-number bound, or an integer scaled by 10^k")
+        lo, lo_open, hi, hi_open = -numbers.LIMIT, False, numbers.LIMIT, False
+        for key, value in bounds.items():
+            if abs(value) > numbers.LIMIT:  # past what the grammar writes (16 digits)
+                if (value > 0) == key.endswith("inimum"):
+                    raise self.fail(path, "no number the grammar writes (16 digits at most) is "
+                                    "within its bounds")
+                continue  # a bound past the limit on the open side: the limit holds it
+            v = int(value)
+            if key in ("minimum", "exclusiveMinimum") and (v > lo or (v == lo and not lo_open)):
+                lo, lo_open = v, key == "exclusiveMinimum"
+            if key in ("maximum", "exclusiveMaximum") and (v < hi or (v == hi and not hi_open)):
+                hi, hi_open = v, key == "exclusiveMaximum"
+        body = numbers.number_range(lo, lo_open, hi, hi_open) if lo <= hi else ""
+        if not body:
+            raise self.fail(path, "no number is within its bounds")
+        return self.rules.define(hint, f"({body}) space")
+
+    def _boolean(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        return self.rules.primitive("boolean")
+
+    def _null(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        return self.rules.primitive("null")
+
+    # ------------------------------------------------------------------ checks
+
+    def _count(self, schema: dict[str, Any], key: str, path: str) -> Any:
+        value = schema.get(key)
+        if value is None:
+            return 0 if key.startswith("min") else None
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
+                not float(value).is_integer():  # fmt: skip
+            raise self.fail(f"{path}/{key}", "must be a non-negative integer")
+        if value > MAX_REPEAT:
+            raise self.fail(f"{path}/{key}", f"{key} {int(value)} is over {MAX_REPEAT}, the "
+                            "most a grammar repeats", f"use {key} of at most {MAX_REPEAT}")
+        return int(value)
+
+    def _bounds(self, schema: dict[str, Any], path: str) -> dict[str, float]:
+        """The numeric bounds (draft 4's boolean exclusive flags turned into values)."""
+        out: dict[str, float] = {}
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            value = schema.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) and key.startswith("exclusive"):
+                base = key.replace("exclusiveM", "m")
+                if value and base in schema:
+                    out[key] = out.pop(base, schema[base])
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not math.isfinite(value):  # fmt: skip
+                raise self.fail(f"{path}/{key}", "must be a number")
+            out.setdefault(key, value)
+        return out
+
+
+def _key(name: str) -> str:
+    return literal(json_text(name))
+
+
+def _pointer(name: str) -> str:
+    return name.replace("~", "~0").replace("/", "~1")[:100]
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "integer" if value.is_integer() else "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
