@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
-from modeld import ctx, protocol, runnerwire, sizing
+from modeld import ctx, placement, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import crashinfo
@@ -213,7 +213,9 @@ class Dispatch:
                 f"lowered from {entry.n_ctx} so every rpc worker's share fits its memory"
             )
         self.cache.load_succeeded(
-            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
+            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s,
+            None if slot.vram_measured is None
+            else placement.split_like(slot.vram_measured, slot.placement.vram),
         )
         log.info(
             "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)%s",

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, planning, protocol, runnerwire
+from modeld import paths, placement, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.admission import Admission, rpc_of
@@ -191,6 +191,7 @@ class Scheduler:
             pinned=any(j.pinned for j in jobs) or (asked is not None and asked.pinned),
             keep_alive_s=self.dispatch.keep_alive_for(
                 next((j for j in jobs if j.keep_alive_s is not None), jobs[0])),
+            vram=size.placement.vram, gpu_layers=size.placement.gpu_layers,
         )  # fmt: skip
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
         slot.load_started = self._clock()
@@ -507,7 +508,10 @@ class Scheduler:
         out = planning.show_data(
             self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
             None if slot is None else (slot.parallel, slot.parallel_reason),
+            self.admission.where(key, name, []),
         )  # fmt: skip
+        if slot is not None and out.get("plan") == "loaded":
+            out["placement"] = placement.describe(slot.placement, slot.kv_type)
         out["loaded"] = self.row(key) if slot is not None else None
         return out
 
