@@ -132,6 +132,29 @@ def test_openai_chat_completions_embeddings_models(served: Served) -> None:
     assert "tiny" in [m.id for m in c.models.list()]
 
 
+def test_ollama_style_options_are_honoured_on_both_apis(served: Served) -> None:
+    """``num_gpu`` (Ollama's GPU layers), ``num_ctx`` and ``keep_alive``, in Ollama's
+    ``options`` and at the top level of an OpenAI request (as Ollama's OpenAI API takes them:
+    they were accepted there and dropped, issue 34). On a CPU build GPU layers change nothing,
+    so they cost no reload; a larger context does."""
+    o, ps = served.ollama, lambda: served.d.client().ps()
+    o.generate(model="tiny", prompt="hi", options={**GREEDY, "num_predict": 2, "num_ctx": 512,
+                                                   "num_gpu": 99})  # fmt: skip
+    (row,) = ps()
+    assert row["n_ctx"] == 512 and row["processor"] == "100% CPU" and row["gpu_layers"] == 0
+    r = httpx.post(f"{served.base}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "keep_alive": "7m", "num_ctx": 1024, "num_gpu": 0, **GREEDY})  # fmt: skip
+    assert r.status_code == 200, r.text
+    (row,) = ps()
+    assert row["n_ctx"] == 1024 and row["keep_alive_s"] == 420  # honoured, not dropped
+    o.generate(model="tiny", prompt="hi", options={**GREEDY, "num_predict": 2, "num_gpu": 5})
+    assert served.stats()["evictions"]["reload"] == 1  # the context's; none for num_gpu
+    bad = httpx.post(f"{served.base}/api/generate", timeout=60, json={
+        "model": "tiny", "prompt": "hi", "options": {"num_gpu": "all"}})  # fmt: skip
+    assert bad.status_code == 400 and "gpu_layers" in bad.json()["error"], bad.text
+
+
 def test_errors_have_the_apis_shapes_and_statuses(served: Served) -> None:
     with pytest.raises(ollama.ResponseError) as info:
         served.ollama.generate(model="no-such-model", prompt="x")

@@ -13,10 +13,13 @@ from typing import Any
 import pytest
 
 from fakenvml import FakeCard, FakeNvml
-from modeld.cache.policy import EvictionReason
+from modeld import protocol
+from modeld.cache.policy import EvictionReason, ModelKey
 from modeld.daemon import forkserver
+from modeld.daemon.jobs import Job, request_job
+from modeld.options import Sampling
 from modeld.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
-from test_scheduler import Harness, make
+from test_scheduler import CLIENT, Harness, make
 
 MiB, GiB = 1 << 20, 1 << 30
 #: 8 blocks of 512 wide f32: ~17 MB a layer, so layers (not the CUDA context) fill a card
@@ -159,3 +162,33 @@ def test_the_dry_run_says_which_layers_go_where_and_what_leaves_which_tier(
     assert part["layers"] == {"RAM": f"0-{LAYERS - 5}", "CUDA0": f"{LAYERS - 4}-{LAYERS - 1}"}
     assert part["processor"] == f"{round(100 * (LAYERS - 4) / LAYERS)}%/" \
         f"{round(100 * 4 / LAYERS)}% CPU/GPU"
+
+
+def test_num_gpu_on_a_request_places_the_layers_and_reloads_only_for_a_change(
+    card: FakeCard, models: tuple[Path, Path]
+) -> None:
+    """Ollama's ``num_gpu`` (a request's ``gpu_layers``): honoured at the load; the same
+    count, or none, reuses the model; another count, or -1 (as many as fit), reloads it."""
+    h = make(budget=8 * GiB)
+    key = ModelKey.for_file(str(models[0]), "generate")
+
+    def ask(rid: str, layers: int | None) -> Job:
+        req = protocol.GenerateRequest(str(models[0]), "hi", None, protocol.GenerateOptions(
+            Sampling(max_tokens=2), gpu_layers=layers))  # fmt: skip
+        job = request_job(CLIENT, rid, req, key, models[0].stem, h.sched.settings)
+        h.sched.submit(job)
+        return job
+
+    first = ask("a", 4)
+    assert load_of(h, "r1")["gpu_layers"] == 4
+    ready_on_card(h, card, "r1")
+    h.done("r1", first.runner_rid)
+    for rid, layers in (("b", 4), ("c", None)):
+        job = ask(rid, layers)
+        h.done("r1", job.runner_rid)  # served by r1: no reload
+    assert len(h.sup.messages("r1", "load")) == 1 and h.sup.spawned == ["r1"]
+    ask("e", -1)  # as many as fit: another placement
+    assert h.cache.stats()["evictions"][EvictionReason.RELOAD] == 1
+    h.sup.runners["r1"].popen.code = 0  # type: ignore[attr-defined]
+    h.sched.tick()
+    assert load_of(h, h.sup.spawned[-1])["gpu_layers"] == LAYERS

@@ -24,6 +24,7 @@ again then (with fewer layers if that is what fits, rather than a refusal).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,17 @@ class Placement:
     vram: tuple[int, ...] = ()  # bytes per card (the CUDA context included)
     tensor_split: tuple[float, ...] = ()  # llama.cpp's split between the cards (empty: one)
     reason: str = "CPU only"
+    cards: int = 0  # cards it was planned against (0: no GPU)
+    asked: int | None = None  # the layers asked (at most ``n_layers``; None: as many as fit)
+
+    def wants_reload(self, gpu_layers: int | None) -> bool:
+        """Whether a request's ``gpu_layers`` (-1: as many as fit; None: says nothing) asks
+        for another placement than this one: never without a card, never when it has what
+        is asked (so a count that does not fit is not reloaded for again and again)."""
+        if gpu_layers is None or not self.cards:
+            return False
+        want = None if gpu_layers < 0 else min(gpu_layers, self.n_layers)
+        return want != self.asked and (want is None or want != self.gpu_layers)
 
     @property
     def on_gpu(self) -> bool:
@@ -234,14 +246,15 @@ def place(
     """How many layers go on the cards: ``asked`` (None: as many as fit), never more than fit
     the cards' budgets; split between the cards by their budgets."""
     n_layers = info.block_count + 1
+    want = n_layers if asked is None else min(asked, n_layers)
+    none = functools.partial(Placement, 0, n_layers, cards=len(gpus),
+                             asked=None if asked is None else want)  # fmt: skip
     if not gpus or asked == 0 or info.block_count <= 0:
-        why = "no GPU" if not gpus else "gpu_layers 0: CPU only"
-        return Placement(0, n_layers, reason=why)
+        return none(reason="no GPU" if not gpus else "gpu_layers 0: CPU only")
     room = budgets(gpus, margin)
     usable = [i for i, r in enumerate(room) if r > CUDA_PROCESS_BYTES]
     if not usable:
-        return Placement(0, n_layers, reason="no card has room for the CUDA context and a layer")
-    want = n_layers if asked is None else min(asked, n_layers)
+        return none(reason="no card has room for the CUDA context and a layer")
 
     def fits(layers: int) -> tuple[int, ...] | None:
         est = with_layers(info, n_ctx, layers, mode=mode, parallel=parallel, kv_type=kv_type)
@@ -268,7 +281,7 @@ def place(
         else:
             hi = mid - 1
     if best is None:
-        return Placement(0, n_layers, reason="not one layer fits the free VRAM")
+        return none(reason="not one layer fits the free VRAM")
     layers, vram = best
     used = [i for i, b in enumerate(vram) if b > 0]
     split = tuple(round(vram[i] / sum(vram), 4) for i in range(len(gpus))) if len(used) > 1 else ()
@@ -278,4 +291,5 @@ def place(
         why = f"{asked} layers asked"
     else:
         why = f"{layers} of {n_layers} layers fit the free VRAM; the rest in RAM"
-    return Placement(layers, n_layers, vram, split, why)
+    return Placement(layers, n_layers, vram, split, why, len(gpus),
+                     None if asked is None else want)  # fmt: skip

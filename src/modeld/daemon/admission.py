@@ -110,7 +110,7 @@ class Admission:
             name, "gpu_layers", self.settings)  # fmt: skip
         layers = None if layers is not None and layers < 0 else layers
         cards: tuple[placement.Gpu, ...] = ()
-        if self.cuda_devices() and layers != 0:
+        if self.cuda_devices():  # read with gpu_layers 0 too: the placement says it had cards
             found = self.read_cards()
             rooms = self.cache.vram_available_for(key)
             cards = tuple(placement.Gpu(g.index, g.name, g.total, room)

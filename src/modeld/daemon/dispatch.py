@@ -146,8 +146,8 @@ class Dispatch:
             return True  # other RPC workers (or the first ones) than it was loaded with
         if job.kind == "load" and job.kv_cache_type not in (None, slot.kv_type):
             return True  # another KV cache type
-        if job.kind == "load" and job.gpu_layers not in (None, slot.asked_gpu_layers):
-            return True  # other GPU layers asked than loaded with
+        if slot.placement.wants_reload(job.gpu_layers):
+            return True  # other GPU layers asked than loaded with (num_gpu, --gpu-layers)
         return (
             job.kind == "load"
             and job.parallel is not None

@@ -110,7 +110,6 @@ class Slot:
     layers_offloaded: str | None = None
     kv_type: str = "f16"  # the KV cache type it was loaded with
     asked_kv_type: str | None = None  # the load request's own (another one reloads)
-    asked_gpu_layers: int | None = None  # the load request's own (another one reloads)
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
     vram_estimate: int = 0  # planned bytes on the GPUs
     vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)
@@ -166,7 +165,7 @@ def request_job(
         payload = rp.embed(rid, req.inputs)
         return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
                    keep_alive_s=keep_alive_of(req.keep_alive, settings),
-                   n_ctx=requested_ctx(req.n_ctx))  # fmt: skip
+                   n_ctx=requested_ctx(req.n_ctx), gpu_layers=req.gpu_layers)  # fmt: skip
     if isinstance(req, protocol.RerankRequest):
         payload = rp.rerank(rid, req.query, req.documents, req.top_n)
         return Job(client=client, rid=rid, kind="rerank", key=key, name=name, payload=payload,
@@ -187,7 +186,7 @@ def request_job(
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
-               alone=alone)  # fmt: skip
+               alone=alone, gpu_layers=o.gpu_layers)  # fmt: skip
 
 
 def done_body(

@@ -199,7 +199,6 @@ class Scheduler:
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = asked.parallel if asked is not None else None
         slot.asked_kv_type = asked.kv_cache_type if asked is not None else None
-        slot.asked_gpu_layers = asked.gpu_layers if asked is not None else None
         slot.kv_type, slot.placement = size.kv_type, size.placement
         slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
