@@ -192,3 +192,32 @@ def test_num_gpu_on_a_request_places_the_layers_and_reloads_only_for_a_change(
     h.sup.runners["r1"].popen.code = 0  # type: ignore[attr-defined]
     h.sched.tick()
     assert load_of(h, h.sup.spawned[-1])["gpu_layers"] == LAYERS
+
+
+def test_stats_name_the_backend_and_each_card(card: FakeCard, models: tuple[Path, Path]) -> None:
+    h = make(budget=8 * GiB)
+    job = h.submit(models[0], "a")
+    planned = ready_on_card(h, card, "r1")
+    h.done("r1", job.runner_rid)
+    stats = h.sched.stats()
+    assert stats["backend"] == "CUDA"
+    cpu, cuda0 = stats["devices"]
+    assert cpu["name"] == "CPU" and "total_bytes" not in cpu
+    assert cuda0["name"] == "CUDA0" and cuda0["total_bytes"] == card.total
+    assert cuda0["used_bytes"] == cuda0["estimate_bytes"] == planned
+    assert cuda0["budget_bytes"] == card.total - VRAM_MARGIN  # only modeld's runner on it
+    assert stats["vram_used_bytes"] == [planned]
+    shown = h.sched.show(job.key, models[0].stem, None)
+    assert shown["backend"] == "CUDA" and shown["placement"]["backend"] == "CUDA"
+
+
+def test_without_a_cuda_build_the_backend_is_the_cpu(models: tuple[Path, Path]) -> None:
+    h = make(budget=8 * GiB)
+    job = h.serve_one(models[0])
+    stats = h.sched.stats()
+    assert stats["backend"] == "CPU" and stats["vram_budget_bytes"] == []
+    assert [d["name"] for d in stats["devices"]] == ["CPU"]
+    row = h.sched.row(job.key)
+    assert row is not None and row["processor"] == "100% CPU" and row["size_vram"] == 0
+    shown = h.sched.show(job.key, models[0].stem, None)
+    assert shown["placement"]["layers"] == {"RAM": f"0-{LAYERS - 1}"}

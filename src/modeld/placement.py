@@ -215,7 +215,8 @@ def describe(p: Placement, kv_type: str) -> dict[str, Any]:
     """Where a load's layers go, for ``show`` and ``ps``: the processor split as ``ollama ps``
     says it, which layers sit in RAM and on each card, the bytes each card holds, why."""
     names = [f"CUDA{i}" for i in range(len(p.vram))]
-    return {"processor": processor(p.gpu_layers, p.n_layers), "gpu_layers": p.gpu_layers,
+    return {"backend": "CUDA" if p.gpu_layers > 0 else "CPU",
+            "processor": processor(p.gpu_layers, p.n_layers), "gpu_layers": p.gpu_layers,
             "n_layers": p.n_layers, "layers": layer_map(p, names), "vram_bytes": list(p.vram),
             "reason": p.reason, "kv_cache_type": kv_type}  # fmt: skip
 

@@ -75,6 +75,7 @@ def show_data(
     )
     if workers:
         out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
+        out["placement"]["backend"] = "RPC"
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
     return _with_max(out, info, key, cache, baseline, settings)

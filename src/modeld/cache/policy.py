@@ -117,6 +117,11 @@ class CachePolicy:
         has not allocated yet still counts, so loads planned together never share the room."""
         return tuple(self._room().used(1 + i) for i in range(len(self.vram_budgets)))
 
+    def vram_planned(self) -> tuple[int, ...]:
+        """The plans' bytes on each card (what :meth:`vram_used` charges before NVML says)."""
+        return tuple(sum(e.vram[i] for e in self.entries() if i < len(e.vram))
+                     for i in range(len(self.vram_budgets)))  # fmt: skip
+
     def vram_available_for(self, key: ModelKey) -> tuple[int, ...]:
         """Bytes a (re)load of ``key`` may plan with on each card: free + what evictable
         entries and its own idle entry hold there (the VRAM twin of
@@ -472,6 +477,7 @@ class CachePolicy:
             "max_models": self.max_models,
             "vram_budget_bytes": list(self.vram_budgets),
             "vram_used_bytes": list(self.vram_used()),
+            "vram_estimate_bytes": list(self.vram_planned()),
             "eviction_policy": self._scorer.policy,
             "models_loaded": self.slots_used(),
             "cooling_down": [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from modeld import placement, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
@@ -128,6 +128,23 @@ class Admission:
 
             self._cuda_built = "cuda" in forkserver.gpu_backends()
         return 1 << 10 if self._cuda_built else 0
+
+    def devices(self) -> tuple[str, list[dict[str, Any]]]:
+        """(backend, devices) for ``stats``: ``CUDA`` or ``CPU`` (the runners' llama.cpp,
+        from their hello, else from the libraries beside llama_cpp), and llama.cpp's devices,
+        each card with NVML's total and free bytes and the cache's budget, its models'
+        accounted (measured where known) and planned bytes there."""
+        cards = self.read_cards() if self.cuda_devices() else ()
+        used, planned = self.cache.vram_used(), self.cache.vram_planned()
+        listed = [dict(d) for d in self.pool.devices] or [{"name": "CPU", "type": "cpu"}]
+        for d in listed:
+            name = str(d.get("name", ""))
+            i = int(name[4:]) if name.startswith("CUDA") and name[4:].isdigit() else -1
+            if 0 <= i < len(cards):
+                d.update(total_bytes=cards[i].total, free_bytes=cards[i].free,
+                         budget_bytes=self.cache.vram_budgets[i], used_bytes=used[i],
+                         estimate_bytes=planned[i])  # fmt: skip
+        return ("CUDA" if self.cuda_devices() else "CPU"), listed
 
     def read_cards(self) -> tuple[GpuMemory, ...]:
         """Read the cards (NVML), charge each ready model what NVML says its runner holds

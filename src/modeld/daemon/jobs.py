@@ -236,17 +236,19 @@ def done_body(
     return done
 
 
-def add_gpu(out: PsRow, slot: Slot) -> None:
+def add_gpu(out: PsRow, slot: Slot, entry: Entry) -> None:
     """A row's KV cache type and where its layers are: ``processor`` as ``ollama ps`` says it,
-    ``size_vram`` as NVML measured its runner (the plan until measured), the plan's reason."""
+    ``size_vram`` what the cache charges the cards (NVML's bytes of its runner once measured,
+    the plan until then), ``vram_measured`` (None: not yet), the plan, its layers, its reason."""
     p = slot.placement
     out["kv_cache_type"], out["processor"] = slot.kv_type, "100% CPU"
-    out["gpu_layers"], out["size_vram"] = p.gpu_layers, 0
+    out["gpu_layers"], out["size_vram"], out["n_layers"] = p.gpu_layers, 0, p.n_layers
     if p.gpu_layers > 0:
         out["processor"] = placement.processor(p.gpu_layers, p.n_layers)
-        measured = slot.vram_measured
-        out["size_vram"] = measured if measured is not None else slot.vram_estimate
+        out["size_vram"] = sum(entry.accounted_vram)
+        out["vram_measured"] = None if entry.vram_measured is None else sum(entry.vram_measured)
         out["vram_estimate"], out["vram_per_gpu"] = slot.vram_estimate, list(p.vram)
+        out["layers"] = placement.describe(p, slot.kv_type)["layers"]
         out["gpu_reason"] = p.reason
 
 
@@ -303,7 +305,7 @@ def ps_rows(
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
         if slot is not None:
-            add_gpu(rows[-1], slot)
+            add_gpu(rows[-1], slot, entry)
         if slot is not None and slot.rpc:
             rows[-1]["rpc"] = list(slot.rpc)
             rows[-1]["devices"] = list(slot.devices)

@@ -488,8 +488,11 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
+        backend, devices = self.admission.devices()  # reads the cards: before the cache's stats
         stats: dict[str, Any] = dict(self.cache.stats())
         stats.update(
+            backend=backend,  # the runners' llama.cpp: CUDA or CPU (rpc_supported: RPC too)
+            devices=devices,
             runner_baseline_bytes=self.baseline,
             spare_runner=self.spare is not None,
             fork_server_pid=self.sup.fork_server_pid(),
@@ -511,6 +514,9 @@ class Scheduler:
         )  # fmt: skip
         if slot is not None and out.get("plan") == "loaded":
             out["placement"] = placement.describe(slot.placement, slot.kv_type)
+            if slot.rpc:
+                out["placement"]["backend"] = "RPC"
+        out["backend"], out["devices"] = self.admission.devices()  # the daemon's
         out["loaded"] = self.row(key) if slot is not None else None
         return out
 
