@@ -77,6 +77,7 @@ def test_the_first_load_goes_on_the_card_before_any_hello(
     job = h.submit(models[0], "a")
     load = load_of(h, "r1")  # sent before the runner's hello
     assert load["gpu_layers"] == LAYERS
+    assert [d["name"] for d in h.sched.stats()["devices"]] == ["CPU", "CUDA0"]  # from NVML
     planned = ready_on_card(h, card, "r1")
     assert planned > CUDA_PROCESS_BYTES
     row = h.sched.row(job.key)
@@ -221,3 +222,12 @@ def test_without_a_cuda_build_the_backend_is_the_cpu(models: tuple[Path, Path]) 
     assert row is not None and row["processor"] == "100% CPU" and row["size_vram"] == 0
     shown = h.sched.show(job.key, models[0].stem, None)
     assert shown["placement"]["layers"] == {"RAM": f"0-{LAYERS - 1}"}
+
+
+def test_vram_cap_bounds_each_cards_budget(card: FakeCard, models: tuple[Path, Path]) -> None:
+    h = make(budget=8 * GiB, vram_cap_bytes=800 * MiB)
+    job = h.submit(models[0], "a")
+    assert h.cache.vram_budgets == (800 * MiB,)  # not the 80 GiB card's
+    entry = h.cache.get(job.key)
+    assert entry is not None and sum(entry.vram) <= 800 * MiB
+    assert 0 < load_of(h, "r1")["gpu_layers"] < LAYERS

@@ -136,7 +136,9 @@ class Admission:
         accounted (measured where known) and planned bytes there."""
         cards = self.read_cards() if self.cuda_devices() else ()
         used, planned = self.cache.vram_used(), self.cache.vram_planned()
-        listed = [dict(d) for d in self.pool.devices] or [{"name": "CPU", "type": "cpu"}]
+        listed: list[dict[str, Any]] = [dict(d) for d in self.pool.devices] or [
+            {"name": "CPU", "type": "cpu"}, *({"name": f"CUDA{i}", "description": g.name,
+                                              "type": "gpu"} for i, g in enumerate(cards))]
         for d in listed:
             name = str(d.get("name", ""))
             i = int(name[4:]) if name.startswith("CUDA") and name[4:].isdigit() else -1
@@ -149,24 +151,26 @@ class Admission:
     def read_cards(self) -> tuple[GpuMemory, ...]:
         """Read the cards (NVML), charge each ready model what NVML says its runner holds
         on each, and give the cache each card's budget: its total less what other processes
-        hold and the margin (:func:`modeld.placement.vram_budget`)."""
+        hold and the margin (:func:`modeld.placement.vram_budget`), at most ``vram_cap``."""
         from modeld import probe
 
         found = probe.gpu_memory()[: self.cuda_devices()]
         runners = self.pool.sup.runners
-        pids = {r.pid for r in runners.values()}
-        named = all(g.processes is not None for g in found)
         entries = self.cache.entries()
+        # the runners the cache charges (a spare's bytes, if any, count as another process's)
+        pids = {runners[e.runner_id].pid for e in entries if e.runner_id in runners}
+        named = all(g.processes is not None for g in found)
         for entry in entries:
             runner = runners.get(entry.runner_id)
             if named and runner is not None and entry.state is EntryState.READY:
                 self.cache.update_vram(entry.key, tuple(dict(g.processes or ()).get(runner.pid, 0)
                                                         for g in found))  # fmt: skip
+        cap = self.settings.vram_cap_bytes
         self.cache.set_vram_budgets(tuple(
-            placement.vram_budget(
+            min(cap if cap else 1 << 62, placement.vram_budget(
                 placement.Card(g.index, g.name, g.total, g.used,
                                None if g.processes is None else dict(g.processes)),
-                pids, sum(e.vram_on(i) for e in entries))
+                pids, sum(e.vram_on(i) for e in entries)))
             for i, g in enumerate(found)))  # fmt: skip
         return found
 
