@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
-from sections import agent_session, cli_floor, heavy, rpc, tree_memory
+from sections import agent_session, cli_floor, gpu, heavy, kv_cache_type, rpc, tree_memory
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
-         "agent_session", "chaos",
+         "agent_session", "kv_cache_type", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
          "cluster", "heavy")  # fmt: skip
 
@@ -445,7 +445,7 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
            "heavy": heavy,
-           "cli_floor": cli_floor}
+           "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

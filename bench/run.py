@@ -11,7 +11,8 @@ http_api, parallel and parallel_sampled (their own daemons, and llama.cpp's llam
 from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
-agent_session (its own daemons: a 10-turn session that outgrows its context).
+agent_session (its own daemons: a 10-turn session that outgrows its context),
+kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured).
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc", "heavy")
+       "kv_cache_type", "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull",
+       "rpc", "heavy")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -112,6 +114,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_session
 
         _record(ctx, "agent_session", b_session.agent_session)
+    if "kv_cache_type" in names:  # its own daemon, the prompt cache off
+        import b_kvtype
+
+        _record(ctx, "kv_cache_type", b_kvtype.kv_cache_type)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)

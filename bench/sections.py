@@ -57,8 +57,8 @@ def cli_floor(doc: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _f1(x: Any) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _f1(x: Any, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _rate(r: dict[str, Any]) -> str:
@@ -129,4 +129,35 @@ def heavy(doc: dict[str, Any]) -> list[str]:
              f"{s.get('flat_worst_token_s', 0):.3f} s (made in {s.get('flat_init_s', 0):.3f} s), "
              f"prefix tree {s.get('tree_worst_token_s', 0):.4f} s (made in "
              f"{s.get('tree_init_s', 0):.3f} s)."]
+    return rows
+
+
+def kv_cache_type(doc: dict[str, Any]) -> list[str]:
+    rows = ["| n_ctx | KV type | estimate MiB | measured MiB | error | saved vs f16: measured / "
+            "estimated MiB |", "|---:|---|---:|---:|---:|---:|"]
+    for r in doc.get("rows", []):
+        saved = "" if r["kv_cache_type"] == "f16" else (
+            f"{_mib(r.get('saved_measured'))} / {_mib(r.get('saved_estimated'))}")
+        rows.append(f"| {r['n_ctx']} | {r['kv_cache_type']} | {_mib(r['estimate_bytes'])} | "
+                    f"{_mib(r['measured_bytes'])} | {r['error'] * 100:+.1f}% | {saved} |")
+    return rows
+
+
+def gpu(doc: dict[str, Any]) -> list[str]:
+    """The card run (bench/gpu_bench.py on scripts/gpu-check.sh's machine)."""
+    rows = [f"Card: {doc.get('card')}.", "", "| n_ctx x sequences | NVML per process MiB | "
+            "estimate MiB | error |", "|---|---:|---:|---:|"]
+    rows += [f"| {v['n_ctx']} x {v['n_seq']} | {_mib(v['nvml'])} | {_mib(v['estimate'])} | "
+             f"{v['error'] * 100:+.1f}% |" for v in doc.get("vram", [])]
+    server = {r["np"]: r for r in doc.get("server", [])}
+    rows += ["", "| clients | llama-server -np N tok/s | modeld parallel N tok/s |",
+             "|---:|---:|---:|"]
+    for r in doc.get("modeld", []):
+        s = server.get(r.get("clients"), {})
+        rows.append(f"| {r.get('clients')} | {_f1(s.get('aggregate_tok_s'))} | "
+                    f"{_f1(r.get('aggregate_tok_s'))} |")
+    cold, first = doc.get("cold_load") or {}, server.get(1, {})
+    rows += ["", f"Cold load: modeld `load` {_f1(cold.get('wall_s'), 2)} s (runner "
+             f"{_f1(cold.get('load_seconds'), 2)} s), llama-server start to ready "
+             f"{_f1(first.get('ready_s'), 2)} s."]
     return rows

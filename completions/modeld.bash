@@ -49,8 +49,8 @@ _modeld_spec() {
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --rpc --help -h"
-            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --rpc --gpu-layers --help -h"
+            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc --gpu-layers"
             positional=(model none)
             ;;
         "embed")

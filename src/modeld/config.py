@@ -104,11 +104,16 @@ class Settings:
     memory_fraction: float = field(default=0.75, metadata=_spec(
         env="MODELD_MEMORY_FRACTION", parse=parse_float,
         check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
-        help="Share of available memory (RAM capped by a cgroup limit, or VRAM) the cache may"
-        " use, in (0, 1]."))
+        help="Share of available RAM (capped by a cgroup limit) the cache may use, in (0, 1]."
+        " Each card has a budget of its own (vram_cap)."))
     memory_cap_bytes: int | None = field(default=None, metadata=_spec(
         env="MODELD_MEMORY_CAP", parse=parse_optional_bytes, synonyms=("memory_cap",),
         help="Hard cap on the cache budget, e.g. 8GiB or 512M; none or 0 removes it."))
+    vram_cap_bytes: int | None = field(default=None, metadata=_spec(
+        env="MODELD_VRAM_CAP", parse=parse_optional_bytes, synonyms=("vram_cap",),
+        help="Hard cap on what modeld's models may hold on each GPU, e.g. 12GiB (a card shared"
+        " with other work); none: the card's memory less what other processes hold and 512"
+        " MiB."))
     rpc_worker_memory_bytes: int | None = field(default=None, metadata=_spec(
         env="MODELD_RPC_WORKER_MEMORY", parse=parse_optional_bytes,
         synonyms=("rpc_worker_memory",),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeld import ctx, memory, sizing
-from modeld.cache.policy import CachePolicy, Entry, ModelKey
+from modeld import ctx, memory, placement, sizing
+from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import ModeldError, format_bytes
 from modeld.modelinfo import ModelInfo
+from modeld.placement import Where
 
 
 def show_data(
@@ -26,9 +27,11 @@ def show_data(
     settings: Settings,
     n_ctx: int | None = None,
     loaded_parallel: tuple[int, str] | None = None,
+    where: Where | None = None,
 ) -> dict[str, Any]:
     """The show document for ``key`` planned against ``cache`` (not mutated);
-    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it)."""
+    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it);
+    ``where``: its KV cache type and the room on each card (None: CPU only, f16)."""
     out: dict[str, Any] = {
         "name": name,
         "path": key.path,
@@ -47,12 +50,12 @@ def show_data(
         out["rpc"] = list(workers)
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings,
-                               offload=bool(workers))  # fmt: skip
+                               offload=bool(workers), where=where)  # fmt: skip
     except ModeldError as exc:
         out["fits"] = False
         out["error"] = exc.to_dict()
         return out
-    plan = cache.plan(key, size.need_bytes)
+    plan = cache.plan(key, size.need_bytes, size.placement.vram)
     out.update(
         fits=plan.action != "refuse",
         n_ctx=size.n_ctx,
@@ -62,17 +65,29 @@ def show_data(
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
         estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel,
-                                  offload=bool(workers)),
+                                  offload=bool(workers), where=where),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,
         would_evict=[v.name for v in plan.victims if v != key],
+        evicts=[_victim(cache, v, plan.victim_reason(v)) for v in plan.victims if v != key],
+        placement=placement.describe(size.placement, size.kv_type),
     )
     if workers:
         out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
+        out["placement"]["backend"] = "RPC"
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
     return _with_max(out, info, key, cache, baseline, settings)
+
+
+def _victim(cache: CachePolicy, key: ModelKey, reason: EvictionReason) -> dict[str, Any]:
+    """A model the plan evicts: why (``memory``: RAM, ``vram``: a card, ``slots``, ``reload``)
+    and what it frees in each tier."""
+    entry = cache.get(key)
+    return {"name": key.name, "reason": reason.value,
+            "ram_bytes": entry.accounted_bytes if entry else 0,
+            "vram_bytes": list(entry.accounted_vram) if entry else []}  # fmt: skip
 
 
 def _with_max(out: dict[str, Any], info: ModelInfo, key: ModelKey, cache: CachePolicy,

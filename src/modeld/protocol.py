@@ -58,7 +58,9 @@ MAX_ID_LENGTH = 128
 #: this only splits a context into slivers on a CPU).
 MAX_PARALLEL = 64
 #: Options of a generate request that are not sampling: the model's lifetime and context.
-_LIFETIME_OPTIONS = frozenset({"keep_alive", "n_ctx", "raw", "deterministic"})
+_LIFETIME_OPTIONS = frozenset({"keep_alive", "n_ctx", "raw", "deterministic", "gpu_layers"})
+#: ``gpu_layers``: the most layers a request may ask on the GPUs (-1: as many as fit)
+MAX_GPU_LAYERS = 1 << 16
 #: Most documents one rerank request scores (each is one query-document pair to evaluate).
 MAX_DOCUMENTS = 4096
 
@@ -220,6 +222,7 @@ class GenerateOptions:
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
     raw: bool = False
+    gpu_layers: int | None = None  # layers on the GPUs, -1 auto (None: as loaded / the config's)
     #: Greedy output must not depend on other requests (None: true at temperature 0). Such a
     #: request runs alone on its runner when batching could change its tokens.
     deterministic: bool | None = None
@@ -253,6 +256,7 @@ class EmbedRequest:
     inputs: tuple[str, ...]
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
+    gpu_layers: int | None = None  # as for a generate request
 
 
 @dataclass(frozen=True)
@@ -354,7 +358,8 @@ def parse_request(msg: Message) -> ParsedRequest:
             inputs = tuple(raw_inputs)
         else:
             raise b.fail("'inputs' must be a string or a non-empty list of strings")
-        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx())
+        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx(),
+                            b.gpu_layers())
     if t == "rerank":
         query = b.opt_str("query")
         if query is None:
@@ -378,7 +383,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
             b.rpc(),
             b.kv_cache_type(),
-            b.int_field(b.body, "gpu_layers", -1, 1 << 16, None),
+            b.gpu_layers(),
         )
     if t == "unload":
         everything = b.flag("all")
@@ -480,6 +485,10 @@ class _Body:
     def n_ctx(self, src: dict[str, Any] | None = None) -> int | None:
         return self.int_field(self.body if src is None else src, "n_ctx", 1, 1 << 24, None)
 
+    def gpu_layers(self, src: dict[str, Any] | None = None) -> int | None:
+        return self.int_field(self.body if src is None else src, "gpu_layers", -1,
+                              MAX_GPU_LAYERS, None)  # fmt: skip
+
     def keep_alive(self, src: dict[str, Any] | None = None) -> str | int | float | None:
         value = (self.body if src is None else src).get("keep_alive")
         if value is None:
@@ -514,5 +523,6 @@ class _Body:
             keep_alive=self.keep_alive(src),
             n_ctx=self.n_ctx(src),
             raw=raw,
+            gpu_layers=self.gpu_layers(src),
             deterministic=deterministic,
         )

@@ -144,6 +144,9 @@ class PsRow(TypedDict):
     processor: NotRequired[str]  # as ollama ps: "100% GPU", "35%/65% CPU/GPU", "100% CPU"
     gpu_layers: NotRequired[int]  # layers planned on the GPUs
     size_vram: NotRequired[int]  # bytes on the GPUs: NVML's for its runner, else the plan
+    vram_measured: NotRequired[int | None]  # NVML's bytes of its runner (None: not yet)
+    n_layers: NotRequired[int]  # its layers, the output layer counted (llama.cpp's count)
+    layers: NotRequired[dict[str, str]]  # which layers where: {"RAM": "0-9", "CUDA0": "10-22"}
     vram_estimate: NotRequired[int]  # the plan's bytes on the GPUs
     vram_per_gpu: NotRequired[list[int]]  # the plan, per card
     gpu_reason: NotRequired[str]  # why that many layers

@@ -233,6 +233,7 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
     no_pull: NoPullOpt = False,
     rpc: RpcOpt = None,
+    gpu_layers: GpuOpt = None,
 ) -> None:
     """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
     from modeld.cli.pullcmd import ensure_pulled
@@ -256,6 +257,7 @@ def run(
         format=format,
         think=think,
         rpc=rpc,
+        gpu_layers=_placement_opts(None, gpu_layers).get("gpu_layers"),
     )
     run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
 

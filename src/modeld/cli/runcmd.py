@@ -41,6 +41,7 @@ class RunOptions:
     format: str | None = None  # "json" or the path of a JSON Schema file
     think: bool | None = None
     rpc: str | None = None  # llama.cpp RPC workers to load the model with first
+    gpu_layers: int | None = None  # layers on the GPUs (-1: as many as fit; None: as loaded)
 
     def output_format(self) -> str | dict[str, Any] | None:
         """``--format``: "json", or the JSON Schema read from the file it names."""
@@ -121,7 +122,7 @@ def _load_on_workers(client: Client, model: str | None, opts: RunOptions) -> Cli
         from modeld.rpc import parse_endpoints
 
         client.load(model, n_ctx=opts.n_ctx, keep_alive=opts.keep_alive,
-                    rpc=parse_endpoints(opts.rpc))  # fmt: skip
+                    rpc=parse_endpoints(opts.rpc), gpu_layers=opts.gpu_layers)  # fmt: skip
     return client
 
 
@@ -183,7 +184,8 @@ def _start(
     opts: RunOptions,
 ) -> Generation:
     common: dict[str, Any] = {"keep_alive": opts.keep_alive, "n_ctx": opts.n_ctx,
-                              "format": opts.output_format(), **opts.sampling()}  # fmt: skip
+                              "format": opts.output_format(), "gpu_layers": opts.gpu_layers,
+                              **opts.sampling()}  # fmt: skip
     if opts.raw:
         text = f"{opts.system}\n\n{prompt}" if opts.system else prompt
         return client.generate(model, text, raw=True, **common)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
-from modeld import ctx, protocol, runnerwire, sizing
+from modeld import ctx, placement, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import crashinfo
@@ -146,8 +146,8 @@ class Dispatch:
             return True  # other RPC workers (or the first ones) than it was loaded with
         if job.kind == "load" and job.kv_cache_type not in (None, slot.kv_type):
             return True  # another KV cache type
-        if job.kind == "load" and job.gpu_layers not in (None, slot.asked_gpu_layers):
-            return True  # other GPU layers asked than loaded with
+        if slot.placement.wants_reload(job.gpu_layers):
+            return True  # other GPU layers asked than loaded with (num_gpu, --gpu-layers)
         return (
             job.kind == "load"
             and job.parallel is not None
@@ -213,7 +213,9 @@ class Dispatch:
                 f"lowered from {entry.n_ctx} so every rpc worker's share fits its memory"
             )
         self.cache.load_succeeded(
-            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
+            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s,
+            None if slot.vram_measured is None
+            else placement.split_like(slot.vram_measured, slot.placement.vram),
         )
         log.info(
             "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)%s",

@@ -110,7 +110,6 @@ class Slot:
     layers_offloaded: str | None = None
     kv_type: str = "f16"  # the KV cache type it was loaded with
     asked_kv_type: str | None = None  # the load request's own (another one reloads)
-    asked_gpu_layers: int | None = None  # the load request's own (another one reloads)
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
     vram_estimate: int = 0  # planned bytes on the GPUs
     vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)
@@ -184,7 +183,7 @@ def request_job(
         payload = rp.embed(rid, req.inputs)
         return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
                    keep_alive_s=keep_alive_of(req.keep_alive, settings),
-                   n_ctx=requested_ctx(req.n_ctx))  # fmt: skip
+                   n_ctx=requested_ctx(req.n_ctx), gpu_layers=req.gpu_layers)  # fmt: skip
     if isinstance(req, protocol.RerankRequest):
         payload = rp.rerank(rid, req.query, req.documents, req.top_n)
         return Job(client=client, rid=rid, kind="rerank", key=key, name=name, payload=payload,
@@ -201,7 +200,7 @@ def request_job(
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
-               alone=alone)  # fmt: skip
+               alone=alone, gpu_layers=o.gpu_layers)  # fmt: skip
 
 
 def done_body(
@@ -251,17 +250,19 @@ def done_body(
     return done
 
 
-def add_gpu(out: PsRow, slot: Slot) -> None:
+def add_gpu(out: PsRow, slot: Slot, entry: Entry) -> None:
     """A row's KV cache type and where its layers are: ``processor`` as ``ollama ps`` says it,
-    ``size_vram`` as NVML measured its runner (the plan until measured), the plan's reason."""
+    ``size_vram`` what the cache charges the cards (NVML's bytes of its runner once measured,
+    the plan until then), ``vram_measured`` (None: not yet), the plan, its layers, its reason."""
     p = slot.placement
     out["kv_cache_type"], out["processor"] = slot.kv_type, "100% CPU"
-    out["gpu_layers"], out["size_vram"] = p.gpu_layers, 0
+    out["gpu_layers"], out["size_vram"], out["n_layers"] = p.gpu_layers, 0, p.n_layers
     if p.gpu_layers > 0:
         out["processor"] = placement.processor(p.gpu_layers, p.n_layers)
-        measured = slot.vram_measured
-        out["size_vram"] = measured if measured is not None else slot.vram_estimate
+        out["size_vram"] = sum(entry.accounted_vram)
+        out["vram_measured"] = None if entry.vram_measured is None else sum(entry.vram_measured)
         out["vram_estimate"], out["vram_per_gpu"] = slot.vram_estimate, list(p.vram)
+        out["layers"] = placement.describe(p, slot.kv_type)["layers"]
         out["gpu_reason"] = p.reason
 
 
@@ -318,7 +319,7 @@ def ps_rows(
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
         if slot is not None:
-            add_gpu(rows[-1], slot)
+            add_gpu(rows[-1], slot, entry)
         if slot is not None and slot.rpc:
             rows[-1]["rpc"] = list(slot.rpc)
             rows[-1]["devices"] = list(slot.devices)

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, planning, protocol, runnerwire
+from modeld import paths, placement, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.admission import Admission, rpc_of
@@ -191,6 +191,7 @@ class Scheduler:
             pinned=any(j.pinned for j in jobs) or (asked is not None and asked.pinned),
             keep_alive_s=self.dispatch.keep_alive_for(
                 next((j for j in jobs if j.keep_alive_s is not None), jobs[0])),
+            vram=size.placement.vram, gpu_layers=size.placement.gpu_layers,
         )  # fmt: skip
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
         slot.load_started = self._clock()
@@ -198,7 +199,6 @@ class Scheduler:
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = asked.parallel if asked is not None else None
         slot.asked_kv_type = asked.kv_cache_type if asked is not None else None
-        slot.asked_gpu_layers = asked.gpu_layers if asked is not None else None
         slot.kv_type, slot.placement = size.kv_type, size.placement
         slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
@@ -488,8 +488,11 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
+        backend, devices = self.admission.devices()  # reads the cards: before the cache's stats
         stats: dict[str, Any] = dict(self.cache.stats())
         stats.update(
+            backend=backend,  # the runners' llama.cpp: CUDA or CPU (rpc_supported: RPC too)
+            devices=devices,
             runner_baseline_bytes=self.baseline,
             spare_runner=self.spare is not None,
             fork_server_pid=self.sup.fork_server_pid(),
@@ -507,7 +510,13 @@ class Scheduler:
         out = planning.show_data(
             self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
             None if slot is None else (slot.parallel, slot.parallel_reason),
+            self.admission.where(key, name, []),
         )  # fmt: skip
+        if slot is not None and out.get("plan") == "loaded":
+            out["placement"] = placement.describe(slot.placement, slot.kv_type)
+            if slot.rpc:
+                out["placement"]["backend"] = "RPC"
+        out["backend"], out["devices"] = self.admission.devices()  # the daemon's
         out["loaded"] = self.row(key) if slot is not None else None
         return out
 

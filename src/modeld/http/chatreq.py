@@ -20,9 +20,12 @@ from modeld.errors import InvalidRequestError
 OPENAI_FIELDS = frozenset({
     "model", "messages", "prompt", "stream", "stream_options", "tools", "tool_choice",
     "parallel_tool_calls", "response_format", "logprobs", "top_logprobs", "n",
-    "reasoning_effort", "keep_alive", "num_ctx", "user", "metadata", "store", "service_tier",
-    "echo", "best_of", "suffix",
+    "reasoning_effort", "keep_alive", "num_ctx", "num_gpu", "user", "metadata", "store",
+    "service_tier", "echo", "best_of", "suffix",
 })  # fmt: skip
+#: Ollama's fields that OpenAI-API clients of Ollama send at the top level (ollama#9355):
+#: the keep-alive, the context and the GPU layers, in modeld's option names
+OLLAMA_EXTRAS = {"keep_alive": "keep_alive", "num_ctx": "n_ctx", "num_gpu": "gpu_layers"}
 _NO_EFFECT = ("user", "metadata", "store", "service_tier")
 #: Top-level fields of Ollama's /api/chat and /api/generate.
 OLLAMA_FIELDS = frozenset({
@@ -64,8 +67,8 @@ def openai_generate(doc: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     if doc.get("best_of") not in (None, 1):
         raise _bad("'best_of' must be 1")
     body: dict[str, Any] = {}
-    opts = {ours: doc[api] for api, ours in options.api_fields("openai").items()
-            if doc.get(api) is not None}  # fmt: skip
+    opts = {ours: doc[api] for api, ours in {**options.api_fields("openai"), **OLLAMA_EXTRAS}
+            .items() if doc.get(api) is not None}  # fmt: skip
     if chat:
         body["messages"] = openai_messages(doc.get("messages"))
         if doc.get("logprobs") is not None:

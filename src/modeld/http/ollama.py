@@ -37,8 +37,9 @@ from modeld.http.common import (
 )
 from modeld.replyparse import template_capabilities
 
-#: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, and the context.
-OPTIONS = {**options.api_fields("ollama"), "num_ctx": "n_ctx"}
+#: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, the context and the
+#: layers on the GPUs (``num_gpu``; -1 as Ollama: as many as fit).
+OPTIONS = {**options.api_fields("ollama"), "num_ctx": "n_ctx", "num_gpu": "gpu_layers"}
 NS = 1_000_000_000
 
 
@@ -231,7 +232,8 @@ class OllamaAPI(API):
             body = await self.bridge.call(
                 "embed", model=model_ref(doc.get("model")), inputs=[str(i) for i in inputs],
                 keep_alive=doc.get("keep_alive"),
-                n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None)
+                n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None,
+                gpu_layers=opts.get("num_gpu") if isinstance(opts, dict) else None)
         except ModeldError as exc:
             return error(exc)
         t = body.get("timings", {})
