@@ -17,6 +17,7 @@ from modeld import paths
 from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
 from modeld.memory import MiB
+from modeld.pull.store import PARTIAL_MAX_AGE_S
 from modeld.settingvalues import (
     parse_aliases,
     parse_api_key,
@@ -151,6 +152,11 @@ class Settings:
         check=_not_negative,
         help="Seconds without a new runner after which the fork server exits (its own ~10 MiB"
         " go back); the next runner starts it again, ~0.2 s."))
+    partial_max_age_s: float = field(default=PARTIAL_MAX_AGE_S, metadata=_spec(
+        env="MODELD_PARTIAL_MAX_AGE", parse=parse_float, synonyms=("partial_max_age",),
+        check=_not_negative,
+        help="Seconds after which a pull's partial download that no pull is using counts as"
+        " abandoned: the next pull deletes it from the models dir's .partial/ (7 days)."))
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_aliases,
         help='Model names for paths: a table name = "path" (NAME=PATH,... as a flag).'))

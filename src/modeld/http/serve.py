@@ -55,7 +55,10 @@ class FrontDoor:
         self.thread.start()
 
     def stop(self) -> None:
+        from modeld.http.pull import ACTIVE
+
         self.server.should_exit = True
+        ACTIVE.stop(3.0)  # cancelled pulls shut their connections and remove their locks
         self.thread.join(5)
         self.bridge.close()
         self.sock.close()
