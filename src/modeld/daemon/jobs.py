@@ -10,6 +10,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ class Job:
     client_gone: bool = False
     parallel: int | None = None  # a load's own ``parallel`` (None: the setting)
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
+    rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 

@@ -397,6 +397,9 @@ class Scheduler:
             entry = self.cache.get(slot.key)
             if entry is None:
                 continue
+            if self.dispatch.checked_workers(slot):
+                self._pump(slot)  # its RPC workers answered (or failed) their HELLO
+                continue
             if slot.retire is not None and self.dispatch.idle(slot):
                 self.evict(slot.key, slot.retire)
             elif entry.state is EntryState.LOADING and (
