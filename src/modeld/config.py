@@ -201,6 +201,20 @@ class Settings:
     http_origins: tuple[str, ...] = field(default=(), metadata=_spec(
         env="MODELD_HTTP_ORIGINS", parse=parse_origins,
         help="Comma-separated browser origins allowed to call the HTTP API (CORS)."))
+    http_header_timeout_s: float = field(default=10.0, metadata=_spec(
+        env="MODELD_HTTP_HEADER_TIMEOUT", parse=parse_float, synonyms=("http_header_timeout",),
+        check=_positive,
+        help="Seconds an HTTP connection may take to send a request's headers (408 and closed"
+        " after)."))
+    http_body_timeout_s: float = field(default=20.0, metadata=_spec(
+        env="MODELD_HTTP_BODY_TIMEOUT", parse=parse_float, synonyms=("http_body_timeout",),
+        check=_positive,
+        help="Seconds an HTTP request's body may take, plus 1 s per 16 KiB received (408 and"
+        " closed after)."))
+    http_client_connections: int = field(default=32, metadata=_spec(
+        env="MODELD_HTTP_CLIENT_CONNECTIONS", parse=parse_int, check=_at_least(1),
+        help="Most HTTP connections one client address may have sending a request at once;"
+        " one more closes its oldest (429)."))
     parallel: int | None = field(default=None, metadata=_spec(
         env="MODELD_PARALLEL", parse=parse_optional_int,
         check=lambda v: None if 1 <= v <= 64 else "must be between 1 and 64 (or 0/auto)",
