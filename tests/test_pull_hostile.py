@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,24 +34,14 @@ EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
 @pytest.fixture()
-def hub() -> Iterator[FakeHub]:
-    with FakeHub() as h:
-        yield h
-
-
-@pytest.fixture()
-def cli(hub: FakeHub) -> Iterator[CliEnv]:
-    env = CliEnv.create()
-    env.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1",
-                   HF_HOME=str(env.root / "hf"))  # fmt: skip
-    env.env.pop("HF_TOKEN", None)
-    (env.root / "outside").mkdir()
-    (env.root / "outside" / "victim").write_bytes(b"precious")
-    (env.root / "outside" / "victim.part").write_bytes(b"precious partial")
-    try:
-        yield env
-    finally:
-        env.cleanup()
+def outside(cli: CliEnv) -> Path:
+    """A folder beside the models dir (``cli`` and ``hub``: conftest.py) with files a lying
+    listing points at."""
+    folder = cli.root / "outside"
+    folder.mkdir()
+    (folder / "victim").write_bytes(b"precious")
+    (folder / "victim.part").write_bytes(b"precious partial")
+    return folder
 
 
 def snapshot(folder: Path) -> dict[str, tuple[Any, ...]]:
@@ -119,7 +108,7 @@ NEEDLES = {"sha256": "is not 64 hex digits", "git oid": "is not 40 hex digits",
 
 @pytest.mark.parametrize("lie", list(_lies(Path("/r"))))
 def test_a_lying_listing_is_refused_before_anything_is_written(cli: CliEnv, hub: FakeHub,
-                                                               lie: str) -> None:
+                                                               outside: Path, lie: str) -> None:
     name, hub_file = _lies(cli.root)[lie]  # a Q4_K_M file, the one the pull chooses
     hub.add("org/r", {name: hub_file})
     before = snapshot(cli.root / "outside")
@@ -162,9 +151,8 @@ def test_api_pull_refuses_a_lying_listing_with_a_status_not_a_500(
 
 
 def test_links_planted_in_partial_or_the_repo_folder_are_never_followed(
-        cli: CliEnv, hub: FakeHub) -> None:
+        cli: CliEnv, hub: FakeHub, outside: Path) -> None:
     hub.add("org/r", {Q4: DATA})
-    outside = cli.root / "outside"
     part = partial(hub, "org/r", models_dir=models(cli))
     part.parent.mkdir(parents=True)
     part.symlink_to(outside / "victim.part")  # a link where the partial download goes
@@ -192,7 +180,7 @@ def test_links_planted_in_partial_or_the_repo_folder_are_never_followed(
 
 
 def test_sigterm_during_a_stalled_pull_leaves_no_lock_and_nothing_outside(
-        cli: CliEnv, hub: FakeHub) -> None:
+        cli: CliEnv, hub: FakeHub, outside: Path) -> None:
     data = DATA * 4  # 40 KiB: 4 KiB arrive, then the hub stalls for 20 s
     hub.add("org/stall", {Q4: HubFile(data=data, fault=Fault(bytes_per_s=200))})
     before = snapshot(cli.root / "outside")

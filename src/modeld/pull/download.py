@@ -391,20 +391,18 @@ def _interrupt_on(cancel: threading.Event | None,
     over = threading.Event()
 
     def watch() -> None:
-        while not over.is_set():
-            if cancel.wait(CANCEL_POLL_S):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                return
+        with sock:  # a duplicate of the response's descriptor: closing it closes nothing else
+            while not over.is_set():
+                if cancel.wait(CANCEL_POLL_S):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    return
 
-    watcher = threading.Thread(target=watch, name="pull-cancel", daemon=True)
-    watcher.start()
+    threading.Thread(target=watch, name="pull-cancel", daemon=True).start()
     try:
         yield
     finally:
-        over.set()
-        watcher.join()
-        sock.close()
+        over.set()  # the watcher ends within CANCEL_POLL_S
 
 
 def _receive(t: Transfer, resp: http.client.HTTPResponse, sink: _Sink, report: ProgressFn,
