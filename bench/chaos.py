@@ -325,6 +325,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         refs = References(c, models)
         for op in ("http_bad_text", "http_leave"):  # the HTTP side's lazily made descriptors
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
+        hostile.warm(port)  # issue 35: the hub connection huggingface_hub keeps open
         _quiesce(d, c)
         time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}

@@ -67,6 +67,14 @@ class Hostile:
         self.hub.add("evil/nul", {"m-Q4_K_M\0.gguf": HubFile(data=data)})
         self.before = _snapshot(self.victim)
 
+    def warm(self, http_port: int) -> None:
+        """One lying pull before the run's descriptors are counted: huggingface_hub keeps a
+        pooled connection to the hub open in the daemon from its first listing on."""
+        import httpx
+
+        httpx.post(f"http://127.0.0.1:{http_port}/api/pull", timeout=60,
+                   json={"model": "hf.co/evil/lie:Q4_K_M", "stream": False})
+
     def loop(self, d: Any, tally: Any, stop: float, model: str, http_port: int) -> None:
         kinds = ("h35_pull_lie", "h35_orphan_tool", "h35_slow_head", "h35_rpc_not_worker")
         i = 0

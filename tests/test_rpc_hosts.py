@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from daemonutil import until
 from modeld import rpc
 from modeld.errors import InvalidRequestError, RpcWorkerError
 from test_rpc_daemon import Worker, _env, _free_port, needs_rpc
@@ -72,6 +73,24 @@ def test_a_load_onto_ports_that_are_no_workers_keeps_the_loaded_model(
     assert not row.get("rpc")
     assert "(reload)" not in d.log_text()  # nothing was unloaded for the failed loads
     assert c.generate(str(tiny_model), "still here", max_tokens=2).text() is not None
+    # a model not loaded: the workers are asked before admission (which could evict idle
+    # models for it) and before a plain request for the model could join its load
+    c.unload(str(tiny_model))
+    until(lambda: tiny_model.stem not in {r["name"] for r in c.ps()}, 20, "unloaded")
+    def loads() -> int:
+        return (d.log_dir / "modeld.log").read_text().count(f"loading {tiny_model.stem} ")
+
+    loads_before = loads()
+    failed.clear()
+    endpoint = f"127.0.0.1:{port}"
+    t = threading.Thread(target=load)
+    t.start()
+    plain = c.generate(str(tiny_model), "plain", max_tokens=2).text()  # loads it locally
+    t.join(30)
+    assert plain is not None
+    assert len(failed) == 1 and failed[0].details["problem"] == "version"  # type: ignore[attr-defined]
+    assert loads() == loads_before + 1  # the plain request's; none for the refused one
+    assert {r["name"] for r in c.ps()} == {tiny_model.stem, q8_model.stem}  # nothing evicted
 
 
 def test_ipv6_hosts_are_refused_with_the_reason() -> None:

@@ -3,16 +3,19 @@
 everyone else meanwhile: a port that is no worker (an HTTP server), a worker of another
 version, a busy or an unreachable one fails the request while the working model stays loaded
 and answers. A TCP connection alone (what was checked before) let any listening port pass, and
-the healthy model was unloaded for a load that could not start.
+the healthy model was unloaded for a load that could not start. A model not loaded yet is
+checked the same way before admission (:class:`Prechecks`), which could evict idle models
+for it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 
-from modeld.errors import RpcWorkerError
+from modeld.daemon.jobs import Job
+from modeld.errors import ModeldError, RpcWorkerError
 from modeld.rpc import probe, require_reachable, worker_error
 
 
@@ -41,3 +44,31 @@ def start(endpoints: Iterable[str], serving: Iterable[str]) -> Future[None]:
 
     threading.Thread(target=run, name="rpc-check", daemon=True).start()
     return done
+
+
+class Prechecks:
+    """Requests to load a model that is not loaded onto RPC workers, held until their workers
+    answered ``HELLO``: before admission, which may evict idle models to make room, and before
+    other requests for the model join a load that cannot start."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+
+    def hold(self, job: Job) -> bool:
+        """Start asking ``job``'s workers (True: it is held now); False once they answered."""
+        if job.rpc_check is not None:
+            return False
+        job.rpc_check = start(job.rpc or (), serving=())
+        self.jobs.append(job)
+        return True
+
+    def settled(self, open_jobs: Mapping[tuple[bytes, str], Job]
+                ) -> Iterator[tuple[Job, ModeldError | None]]:
+        """The held requests whose check ended, with its error (None: go on); cancelled ones
+        (no longer in ``open_jobs``) are dropped."""
+        done = [j for j in self.jobs if j.rpc_check is not None and j.rpc_check.done()]
+        for job in done:
+            self.jobs.remove(job)
+            if open_jobs.get((job.client, job.rid)) is job:
+                err = job.rpc_check.exception() if job.rpc_check is not None else None
+                yield job, err if isinstance(err, ModeldError) else None
