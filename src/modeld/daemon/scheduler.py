@@ -392,11 +392,7 @@ class Scheduler:
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
-        for job, err in self.prechecks.settled(self.jobs):
-            if err is None:
-                self._route(job)
-            else:
-                self.dispatch.finish(job, err)  # nothing was evicted or started for it
+        self.prechecks.settle(self.jobs, self._route, self.dispatch.finish)
         now = self._clock()
         if now - self._last_file_check > 1.0:
             self._last_file_check = now

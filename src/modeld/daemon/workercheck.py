@@ -11,7 +11,7 @@ for it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 
 from modeld.daemon.jobs import Job
@@ -62,13 +62,17 @@ class Prechecks:
         self.jobs.append(job)
         return True
 
-    def settled(self, open_jobs: Mapping[tuple[bytes, str], Job]
-                ) -> Iterator[tuple[Job, ModeldError | None]]:
-        """The held requests whose check ended, with its error (None: go on); cancelled ones
-        (no longer in ``open_jobs``) are dropped."""
+    def settle(self, open_jobs: Mapping[tuple[bytes, str], Job], route: Callable[[Job], None],
+               fail: Callable[[Job, ModeldError], None]) -> None:
+        """The held requests whose check ended go on (``route``) or fail with its error (no
+        model was evicted or started for them); cancelled ones (no longer in ``open_jobs``)
+        are dropped."""
         done = [j for j in self.jobs if j.rpc_check is not None and j.rpc_check.done()]
         for job in done:
             self.jobs.remove(job)
             if open_jobs.get((job.client, job.rid)) is job:
                 err = job.rpc_check.exception() if job.rpc_check is not None else None
-                yield job, err if isinstance(err, ModeldError) else None
+                if isinstance(err, ModeldError):
+                    fail(job, err)
+                else:
+                    route(job)

@@ -29,12 +29,11 @@ import http.client
 import io
 import os
 import queue
-import socket
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, cast
@@ -49,6 +48,7 @@ from modeld.errors import (
     VerificationError,
     format_bytes,
 )
+from modeld.pull.interrupt import interrupt_on
 from modeld.pull.store import (
     PARTIAL_DIR,
     contained,
@@ -66,7 +66,6 @@ RING = SINK_QUEUE + 3  # receive buffers: queued, being written, being filled, s
 READ_TIMEOUT_S = 60.0
 RETRIES = 5  # consecutive failed attempts (no byte gained) before giving up
 WAIT_POLL_S = 0.2
-CANCEL_POLL_S = 0.1  # how soon a cancelled pull shuts a stalled connection down
 
 #: (phase, completed bytes, total bytes); phases: "waiting" (another pull has the file),
 #: "resuming" (re-hashing what is on disk), "downloading", "verifying".
@@ -363,7 +362,7 @@ def _attempt(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn,
         raise _http_error(exc, t) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retryable(_reason(exc)) from exc
-    with resp, _interrupt_on(cancel, resp):
+    with resp, interrupt_on(cancel, resp):
         if sink.done and (resp.status != 206 or not _range_starts_at(resp, sink.done)):
             sink.restart()  # the server ignored Range (or sent another): the whole body
             if resp.status == 206:
@@ -372,37 +371,6 @@ def _attempt(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn,
             _receive(t, resp, sink, report, cancel, result)
         finally:
             sink.drain()  # written and hashed before anyone reads sink.done or the file
-
-
-@contextlib.contextmanager
-def _interrupt_on(cancel: threading.Event | None,
-                  resp: http.client.HTTPResponse) -> Iterator[None]:
-    """While in the block: once ``cancel`` is set, shut the response's connection down, so a
-    read blocked on a hub that stalls returns at once instead of after the read timeout
-    (the ``/api/pull`` of a daemon that stops, a client that leaves)."""
-    if cancel is None:
-        yield
-        return
-    try:
-        sock = socket.socket(fileno=os.dup(resp.fileno()))
-    except (OSError, ValueError):  # no socket under it (closed already)
-        yield
-        return
-    over = threading.Event()
-
-    def watch() -> None:
-        with sock:  # a duplicate of the response's descriptor: closing it closes nothing else
-            while not over.is_set():
-                if cancel.wait(CANCEL_POLL_S):
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-                    return
-
-    threading.Thread(target=watch, name="pull-cancel", daemon=True).start()
-    try:
-        yield
-    finally:
-        over.set()  # the watcher ends within CANCEL_POLL_S
 
 
 def _receive(t: Transfer, resp: http.client.HTTPResponse, sink: _Sink, report: ProgressFn,
