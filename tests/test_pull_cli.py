@@ -194,7 +194,7 @@ def test_ctrl_c_or_a_killed_pull_resumes_where_it_stopped(cli: CliEnv, hub: Fake
 
 
 def test_two_pulls_of_one_file_share_one_download(cli: CliEnv, hub: FakeHub) -> None:
-    data = bytes(range(199)) * 1500  # ~300 KB at 100 KB/s: the second starts well before
+    data = bytes(range(199)) * 3000  # ~600 KB at 100 KB/s: the second starts well before (6 s)
     _slow(hub, data, 100_000)
     first = cli.popen("pull", "org/slow", "--json", stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE)
