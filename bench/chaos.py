@@ -36,6 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
+from chaos_hostile import ARGS as HOSTILE_ARGS  # issue 35's hostile requests (own block)
+from chaos_hostile import Hostile
 from chaos_leave import leave_trials
 from harness import BIN, RESULTS, Context, daemon, smaps_rollup, write_result
 
@@ -360,7 +362,10 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
     port = harness.free_port()
     args = ("--memory-cap", str(budget), "--runner-stall", str(STALL_S), "--max-models", "3",
             "--keep-alive", "30s", "--http", f"127.0.0.1:{port}")
-    with daemon(*args) as d:
+    # issue 35 (Hostile, HOSTILE_ARGS): a lying hub, ports that are no RPC workers, orphan
+    # tool results and slow clients, from a thread of their own in bounded counts
+    with Hostile() as hostile, daemon(*args, *HOSTILE_ARGS, env=hostile.env) as d:
+        hostile.prepare(d)
         d.http_base = f"http://127.0.0.1:{port}"
         c = d.client(timeout=120.0)
         refs = References(c, models)
@@ -368,6 +373,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
         # issue 35: a first grammar imports llama_cpp in the daemon (its /dev/null pair)
         c.generate(str(models[0]), "x", raw=True, format={"enum": ["a"]}, max_tokens=2).text()
+        hostile.warm(port)  # issue 35: the hub connection huggingface_hub keeps open
         _quiesce(d, c)
         time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
@@ -380,6 +386,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
                    for i in range(CLIENTS)]
         threads.append(threading.Thread(target=_fault_loop, args=(d, models, tally, stop, seed),
                                         daemon=True))
+        threads.append(threading.Thread(target=hostile.loop, daemon=True,  # issue 35
+                                        args=(d, tally, stop, str(models[0]), port)))
         for t in threads:
             t.start()
         for t in threads:
@@ -406,6 +414,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         _quiesce(d, c)
         time.sleep(1.0)  # closed client connections leave the daemon's descriptor table
         after = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
+        hostile_targets, hostile_summary = hostile.targets(d), hostile.summary()  # issue 35
     leave = leave_trials(leave_rounds or (1 if ctx.smoke else 5))
     requests = sum(sum(v.values()) for v in tally.by_op.values())
     lost = tally.total("lost") + tally.total("untyped") + hung + sum(
@@ -430,13 +439,16 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
                        leave["disconnect_to_idle_all_s"].get("max"), 1.0, "<="),
         harness.target("|accounted - prompt-cache reservation - measured| / measured",
                        abs(acc_err) if acc_err is not None else None, 0.10, "<="),
+        *hostile_targets,  # issue 35
     ]
     return {
         "title": "Reliability: chaos run",
         "what": f"{CLIENTS} clients x {duration_s:.0f} s on 3 generated models under a budget "
                 "that fits 2, with client kills, runner SIGKILL/SIGSTOP, spare SIGSTOP, a "
-                "model file replaced, lone-surrogate requests (ZeroMQ and HTTP) and HTTP "
-                f"clients that leave; runner_stall_s {STALL_S:g}. Then leave trials on the "
+                "model file replaced, lone-surrogate requests (ZeroMQ and HTTP), HTTP "
+                "clients that leave and (issue 35) a hub whose listing lies, loads onto a port "
+                "that is no RPC worker, orphan tool results and slow request heads; "
+                f"runner_stall_s {STALL_S:g}. Then leave trials on the "
                 "default model (bench/chaos_leave.py).",
         "command": f".venv/bin/python bench/chaos.py --duration {duration_s:g} --seed {seed}"
                    + (f" --leave-rounds {leave_rounds}" if leave_rounds else ""),
@@ -451,7 +463,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         "samples": sampler.samples, "samples_over_budget": sampler.over,
         "accounted_bytes": accounted, "measured_bytes": measured, "accounting_error": acc_err,
         "prompt_cache_reserved_bytes": reserved,
-        "wedged_models": wedged, **leave,
+        "wedged_models": wedged, **leave, **hostile_summary,
         "daemon_alive": alive, "runner_stalls": stats.get("runner_stalls"),
         "evictions": stats.get("evictions"),
         "targets": targets,

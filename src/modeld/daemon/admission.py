@@ -19,13 +19,12 @@ from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Waiting
-from modeld.daemon.leases import RpcLeases
+from modeld.daemon.leases import leased_error
 from modeld.daemon.pool import BASELINE_WAIT_S, RunnerPool
 from modeld.errors import (
     ContextExceededError,
     ModeldError,
     RequestTimeoutError,
-    RpcWorkerError,
     format_bytes,
 )
 from modeld.modelinfo import ModelInfo
@@ -66,7 +65,7 @@ class Admission:
         self._clock = clock
         self.waiting: dict[ModelKey, Waiting] = {}
         self.infos: dict[ModelKey, ModelInfo] = {}
-        self.leases = RpcLeases()
+        self.leases = dispatch.leases  # who holds which RPC worker (dispatch checks too)
         self._cuda_built: bool | None = None  # a CUDA library beside llama_cpp (read once)
 
     def model_info(self, key: ModelKey) -> ModelInfo:
@@ -276,14 +275,7 @@ class Admission:
         for lease in held:
             slot = self.dispatch.slot_of(lease.runner_id)
             if slot is not None and slot.key != key:
-                self.fail(key, jobs, RpcWorkerError(
-                    f"rpc worker {lease.endpoint} is in use by {lease.model} (runner "
-                    f"{lease.runner_id}); a worker serves one model at a time",
-                    hint=f"unload it first (modeld unload {lease.model}), or give {name} "
-                    "other workers (modeld rpc-worker --port N on another port)",
-                    details={"endpoint": lease.endpoint, "problem": "leased",
-                             "leased_to": lease.model},
-                ))  # fmt: skip
+                self.fail(key, jobs, leased_error(lease, name))
                 return False
         if waiting is None:
             waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)

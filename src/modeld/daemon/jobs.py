@@ -10,6 +10,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ class Job:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
+    rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from modeld import paths, placement, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
+from modeld.daemon import workercheck
 from modeld.daemon.admission import Admission, rpc_of
 from modeld.daemon.decisions import AnswerLoad, Decision, Evict, Pump, Reload, StartLoad
 from modeld.daemon.dispatch import Dispatch
@@ -65,6 +66,7 @@ class Scheduler:
         self.dispatch = Dispatch(settings, cache, supervisor, send)
         self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
         self.stopping = False
+        self.prechecks = workercheck.Prechecks()  # loads onto RPC workers, asked HELLO first
         self._last_file_check = 0.0
         # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
         self.prompt_cache_dir: str | None = (
@@ -112,7 +114,7 @@ class Scheduler:
                 job, protocol.ProtocolError(f"request id {job.rid!r} is in use")
             )
             return
-        queued = self.dispatch.queued() + self.admission.queued()
+        queued = self.dispatch.queued() + self.admission.queued() + len(self.prechecks.jobs)
         if queued >= self.settings.max_queue:
             self.dispatch.reply_error(
                 job,
@@ -141,6 +143,9 @@ class Scheduler:
             self.dispatch.enqueue(slot, job)
             self._pump(slot)
             return
+        if job.rpc and slot is None and not self.admission.leases.held(job.rpc) \
+                and self.prechecks.hold(job):
+            return  # its workers are asked HELLO first; the tick routes it again
         self.cache.record_miss()
         job.waited_for_load = True
         if not self.admission.join(job, draining=slot is not None):
@@ -418,6 +423,7 @@ class Scheduler:
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
+        self.prechecks.settle(self.jobs, self._route, self.dispatch.finish)
         now = self._clock()
         if now - self._last_file_check > 1.0:
             self._last_file_check = now
@@ -427,6 +433,9 @@ class Scheduler:
         for slot in list(self.slots.values()):
             entry = self.cache.get(slot.key)
             if entry is None:
+                continue
+            if self.dispatch.checked_workers(slot):
+                self._pump(slot)  # its RPC workers answered (or failed) their HELLO
                 continue
             if slot.retire is not None and self.dispatch.idle(slot):
                 self.evict(slot.key, slot.retire)

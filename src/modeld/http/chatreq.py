@@ -119,7 +119,7 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
     msgs = _list(raw, "messages")
     if not msgs:
         raise _bad("'messages' must be a non-empty list")
-    names: dict[str, str] = {}  # tool call id -> the function's name
+    names: dict[str, str] = {}  # tool call id -> name: the calls tool messages may answer
     out: list[dict[str, Any]] = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
@@ -135,21 +135,34 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
         if content is None and role != "assistant":
             raise _bad(f"{where}.content is required for a {role} message")
         msg: dict[str, Any] = {"role": role, "content": _openai_content(content, where)}
+        if role != "tool":  # only the tool messages right after an assistant's calls answer them
+            names = {}
         if m.get("tool_calls"):
             msg["tool_calls"] = _calls(m["tool_calls"], where)
-            names.update({c["id"]: str(c["name"]) for c in msg["tool_calls"] if "id" in c})
+            names = {c["id"]: str(c["name"]) for c in msg["tool_calls"] if "id" in c}
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise _bad(f"{where}.tool_call_id is required for a tool message")
+            if call_id not in names:
+                raise unanswered_call(f"{where}.tool_call_id", call_id, "the assistant "
+                                      "message with 'tool_calls' just before it")
             msg["tool_call_id"] = call_id
-            if call_id in names:
-                msg["tool_name"] = names[call_id]
+            msg["tool_name"] = names[call_id]
         thinking = m.get("reasoning_content", m.get("reasoning"))
         if isinstance(thinking, str) and thinking:
             msg["thinking"] = thinking
         out.append(msg)
     return out
+
+
+def unanswered_call(where: str, call_id: str, needs: str) -> InvalidRequestError:
+    """A tool result that answers no call (what OpenAI's and Anthropic's APIs refuse)."""
+    return InvalidRequestError(
+        f"{where}: {call_id!r} answers no tool call: a tool result must answer a call of "
+        f"{needs}",
+        hint="send the tool call before its result (with the same id), or drop the result",
+        details={"call_id": call_id})
 
 
 def _calls(raw: Any, where: str) -> list[dict[str, Any]]:

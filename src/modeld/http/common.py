@@ -7,12 +7,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from modeld import options
 from modeld.config import Settings
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import CancelledError, ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
 from modeld.textcheck import check_text, too_deep
@@ -60,10 +60,13 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(limit)
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise BodyTooLarge(limit)
+    try:
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise BodyTooLarge(limit)
+    except ClientDisconnect:  # it left, or its body was too slow (limits.py): nobody to tell
+        raise CancelledError("the client left before its request's body arrived") from None
     if not data.strip():
         raise InvalidRequestError("the request has no body",
                                   hint='send a JSON object, e.g. {"model": "default", ...}')

@@ -24,7 +24,7 @@ from typing import Any
 
 from modeld import options
 from modeld.errors import InvalidRequestError
-from modeld.http.chatreq import refuse_unknown, tool_list
+from modeld.http.chatreq import refuse_unknown, tool_list, unanswered_call
 
 FIELDS = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
@@ -154,11 +154,11 @@ def input_messages(raw: Any, history: list[dict[str, Any]]) -> list[dict[str, An
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise _bad(f"{where}.call_id must be the call_id of a function_call")
-            tool: dict[str, Any] = {"role": "tool", "tool_call_id": call_id,
-                                    "content": _content(item.get("output"), where, "output")}
-            if call_id in names:
-                tool["tool_name"] = names[call_id]
-            out.append(tool)
+            if call_id not in names:  # OpenAI: "No tool call found for function call output"
+                raise unanswered_call(f"{where}.call_id", call_id, "a function_call item "
+                                      "before it (or in the previous_response_id's)")
+            out.append({"role": "tool", "tool_call_id": call_id, "tool_name": names[call_id],
+                        "content": _content(item.get("output"), where, "output")})
         elif kind == "reasoning":
             parts = (item.get("content") or []) + (item.get("summary") or [])
             texts = [p.get("text") for p in parts if isinstance(p, dict)]

@@ -21,7 +21,7 @@ from modeld.errors import (
     format_bytes,
     unusable_path,
 )
-from modeld.pull import hub, names, store
+from modeld.pull import hub, listing, names, store
 from modeld.pull.download import Transfer, fetch
 
 EventFn = Callable[[dict[str, Any]], None]
@@ -42,20 +42,23 @@ def parse_ref(text: str) -> names.HubRef:
 
 
 def pull(text: str, models_dir: Path, on_event: EventFn | None = None,
-         cancel: threading.Event | None = None) -> dict[str, Any]:
+         cancel: threading.Event | None = None,
+         partial_max_age_s: float = store.PARTIAL_MAX_AGE_S) -> dict[str, Any]:
     """Pull the model ``text`` names into ``models_dir``; returns the ``success`` event's data
-    (``path`` of the model file, first shard for a split model)."""
+    (``path`` of the model file, first shard for a split model). What earlier pulls abandoned
+    in ``.partial/`` is swept first (:func:`store.sweep_partials`)."""
     try:
-        return _pull(text, models_dir, on_event, cancel)
+        return _pull(text, models_dir, on_event, cancel, partial_max_age_s)
     except OSError as exc:  # the models dir itself is unusable (permissions, a file there)
         raise unusable_path(exc, "MODELD_MODELS") from exc
 
 
 def _pull(text: str, models_dir: Path, on_event: EventFn | None,
-          cancel: threading.Event | None) -> dict[str, Any]:
+          cancel: threading.Event | None, partial_max_age_s: float) -> dict[str, Any]:
     emit = on_event or (lambda event: None)
     ref = parse_ref(text)
     hub.check_online(ref.name)
+    store.sweep_partials(models_dir, partial_max_age_s)
     emit({"event": "manifest", "model": ref.name, "repo": ref.repo_id,
           "endpoint": hub.endpoint()})  # fmt: skip
     listed = hub.list_files(ref.repo_id, ref.revision)
@@ -69,7 +72,7 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
             "a quantisation that is there (ORG/REPO:QUANT) or one file (ORG/REPO/FILE.gguf)",
             details={"repo": ref.repo_id, "asked": ref.quant or ref.filename},
         ) from None
-    files = [by_path[p] for p in choice.files]
+    files = [listing.checked(by_path[p], ref.repo_id) for p in choice.files]
     canonical = _canonical(ref, choice)
     transfers = [_transfer(ref, f, models_dir, canonical, choice.quant) for f in files]
     emit({"event": "chosen", "model": canonical, "quant": choice.quant, "reason": choice.reason,
@@ -119,7 +122,7 @@ def _transfer(ref: names.HubRef, f: hub.RemoteFile, models_dir: Path, canonical:
         url=hub.file_url(ref.repo_id, f.path, ref.revision),
         size=f.size, sha256=f.sha256, git_oid=f.git_oid,
         target=store.target_path(models_dir, ref.repo_id, f.path),
-        partial_dir=store.partial_dir(models_dir),
+        models_dir=models_dir, repo_id=ref.repo_id,
         headers=hub.auth_headers(),
         record={"model": canonical, "repo": ref.repo_id, "revision": ref.revision,
                 "repo_path": f.path, "quant": quant},
