@@ -10,7 +10,6 @@ Each check runs in a child process: a native abort must fail one test, not pytes
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import subprocess
 import sys
@@ -18,14 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import ggufgen
+import imageutil
 
 pytestmark = pytest.mark.slow
 
-PIL = pytest.importorskip("PIL.Image")
 
 SCRIPT = r"""
 import ctypes, hashlib, json, sys
@@ -102,12 +100,8 @@ print(json.dumps(out))
 """
 
 
-def noise_png(path: Path, seed: int, size: int = 40) -> Path:
-    """A ``size`` square of random colours as PNG (distinct seeds: distinct images)."""
-    pixels = np.random.default_rng(seed).integers(0, 255, (size, size, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    PIL.fromarray(pixels).save(buf, "PNG")
-    path.write_bytes(buf.getvalue())
+def noise_png(path: Path, seed: int) -> Path:
+    path.write_bytes(imageutil.noise(seed))
     return path
 
 

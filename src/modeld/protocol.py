@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from modeld import options
+from modeld import images, options
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
 from modeld.messages import (
     ChatMessage,
@@ -244,6 +244,12 @@ class GenerateRequest:
     count_only: bool = False
     #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
     stream: bool = True
+    #: base64 images shown before ``prompt`` (messages carry their own)
+    images: tuple[str, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images) or any(m.images for m in self.messages or ())
 
 
 @dataclass(frozen=True)
@@ -332,6 +338,8 @@ def parse_request(msg: Message) -> ParsedRequest:
         if (prompt is None) == (raw_messages is None):
             raise b.fail("give exactly one of 'prompt' or 'messages'")
         messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
+        if messages is not None and msg.body.get("images"):
+            raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
         tools = parse_tools(msg.body.get("tools"), b.fail)
         think = msg.body.get("think")
         if think is not None and not isinstance(think, bool):
@@ -341,6 +349,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
             parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
             b.flag("stream", default=True),
+            images.parse_list(msg.body.get("images"), "'images'", b.fail),
         )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")

@@ -198,6 +198,7 @@ def request_job(
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
         grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
+        images=req.images,
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
