@@ -285,6 +285,7 @@ class LoadRequest:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
     kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
     gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
+    mmproj: str | None = None  # the image projector to load with ("": none; None: found)
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.rpc(),
             b.kv_cache_type(),
             b.int_field(b.body, "gpu_layers", -1, 1 << 16, None),
+            b.opt_str("mmproj"),
         )
     if t == "unload":
         everything = b.flag("all")

@@ -148,6 +148,8 @@ class Dispatch:
             return True  # another KV cache type
         if job.kind == "load" and job.gpu_layers not in (None, slot.asked_gpu_layers):
             return True  # other GPU layers asked than loaded with
+        if job.kind == "load" and job.mmproj not in (None, slot.mmproj or ""):
+            return True  # another image projector (or none) than loaded with
         return (
             job.kind == "load"
             and job.parallel is not None

@@ -57,6 +57,7 @@ class Job:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
+    mmproj: str | None = None  # a load's own image projector ("": none; None: found)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
@@ -72,6 +73,7 @@ class Asked:
     pinned: bool = False
     kv_cache_type: str | None = None
     gpu_layers: int | None = None
+    mmproj: str | None = None
 
     def take(self, job: Job) -> None:
         """Remember what the ``load`` ``job`` set."""
@@ -82,6 +84,7 @@ class Asked:
         self.pinned = self.pinned or job.pinned
         self.kv_cache_type = job.kv_cache_type or self.kv_cache_type
         self.gpu_layers = job.gpu_layers if job.gpu_layers is not None else self.gpu_layers
+        self.mmproj = job.mmproj if job.mmproj is not None else self.mmproj
 
 
 @dataclass(eq=False)
@@ -111,6 +114,7 @@ class Slot:
     kv_type: str = "f16"  # the KV cache type it was loaded with
     asked_kv_type: str | None = None  # the load request's own (another one reloads)
     asked_gpu_layers: int | None = None  # the load request's own (another one reloads)
+    mmproj: str | None = None  # the image projector loaded beside the model (issue 38)
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
     vram_estimate: int = 0  # planned bytes on the GPUs
     vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)

@@ -309,11 +309,13 @@ def _capabilities(show: dict[str, Any]) -> list[str]:
     """What the model can do here, as Ollama names it: completion (a generative model; every
     one can call tools: natively when its template knows tools, else shown them as text and
     answering in JSON, or forced by a grammar), thinking when its template thinks, embedding
-    for a pooling model. Never vision (modeld has no image support)."""
+    for a pooling model, vision when it has an image projector."""
     info = show.get("info", {})
     if info.get("pooling_type"):
         return ["embedding"]
     caps = ["completion", "tools"]
+    if show.get("mmproj"):  # an image projector beside it or set for it (issue 38)
+        caps.append("vision")
     try:
         template = read_chat_template(str(show.get("path")))
     except (OSError, ValueError):
