@@ -2,9 +2,11 @@
 
 In order: the one a ``load`` named (``--mmproj``), the config's ``[mmproj]`` table (a model
 name = a path; an empty path: none), else the one beside the model: a ``.gguf`` in the same
-folder with "mmproj" in its name (how Hugging Face repositories and LM Studio ship them); with
-several there, the one whose ``clip.vision.projection_dim`` is the model's width, else the one
-whose name holds the model's. Pure: file names and GGUF headers only.
+folder with "mmproj" in its name (how Hugging Face repositories and LM Studio ship them, a
+folder per model): the only one in a folder of one model, else the one whose name holds the
+model's (a folder of many models: ``seer.gguf`` and ``mmproj-seer.gguf``), else among those
+the one whose ``clip.vision.projection_dim`` is the model's width. Pure: file names and
+GGUF headers only.
 """
 
 from __future__ import annotations
@@ -33,25 +35,27 @@ def beside(model: Path, width: int) -> str | None:
     """The projector in the model's folder, when exactly one fits (see the module's doc)."""
     folder = model.parent
     try:
-        names = sorted(n for n in os.listdir(folder)
-                       if n.lower().endswith(".gguf") and "mmproj" in n.lower()
-                       and n != model.name)  # fmt: skip
+        ggufs = [n for n in os.listdir(folder) if n.lower().endswith(".gguf")]
     except OSError:
         return None
-    if len(names) <= 1:
-        return str(folder / names[0]) if names else None
+    names = sorted(n for n in ggufs if "mmproj" in n.lower() and n != model.name)
+    if not names:
+        return None
+    alone = len(ggufs) - len(names) == 1  # the model's own folder (a pulled repository)
+    if len(names) == 1 and alone:
+        return str(folder / names[0])
+    stem = model_stem(model).lower().split("-q")[0]
+    named = [n for n in names if stem and stem in n.lower()]
+    if len(named) == 1:
+        return str(folder / named[0])
     fitting = []
-    for n in names:
+    for n in named or (names if alone else []):
         try:
             if read_projector_info(folder / n).projection_dim == width:
                 fitting.append(n)
         except ModeldError:
             continue
-    if len(fitting) == 1:
-        return str(folder / fitting[0])
-    stem = model_stem(model).lower().split("-q")[0]
-    named = [n for n in (fitting or names) if stem and stem in n.lower()]
-    return str(folder / named[0]) if len(named) == 1 else None
+    return str(folder / fitting[0]) if len(fitting) == 1 else None
 
 
 def find(model: Path, info: ModelInfo, name: str, settings: Settings,

@@ -35,6 +35,7 @@ from modeld.http.common import (
     status_of,
     stream_or_error,
 )
+from modeld.http.imageparts import ollama_images
 from modeld.replyparse import template_capabilities
 
 #: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, and the context.
@@ -120,16 +121,22 @@ class OllamaAPI(API):
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string", hint="send text")
             body = ollama_generate(doc)
-            if not prompt and not doc.get("system"):
+            images = ollama_images(doc.get("images"), "images")
+            if not prompt and not doc.get("system") and not images:
                 return await self._load_or_unload(doc, ref, "response")
             body["options"] = _options(doc)
             if doc.get("raw"):
                 body["prompt"] = prompt
                 body["options"]["raw"] = True
+                if images:
+                    body["images"] = images
             else:
                 messages = [{"role": "system", "content": str(doc["system"])}] \
                     if doc.get("system") else []
-                messages.append({"role": "user", "content": prompt})
+                user: dict[str, Any] = {"role": "user", "content": prompt}
+                if images:
+                    user["images"] = images
+                messages.append(user)
                 body["messages"] = messages
         except ModeldError as exc:
             return error(exc)
