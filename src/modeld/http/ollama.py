@@ -147,6 +147,10 @@ class OllamaAPI(API):
             doc = await read_json(request, self.limit)
             ref = model_ref(doc.get("model"))
             body = ollama_generate(doc)
+            if doc.get("images"):
+                raise InvalidRequestError("'images' goes on a message in /api/chat",
+                                          hint='send {"role": "user", "content": …, '
+                                          '"images": […]}')  # fmt: skip
             messages = ollama_messages(doc.get("messages") or [])
             if not messages:
                 return await self._load_or_unload(doc, ref, "message")
