@@ -26,9 +26,14 @@ if TYPE_CHECKING:
 
 #: Images whose embeddings a runner keeps beside the one it encodes (runner/vision.py).
 KEPT_IMAGES = 4
-#: Activations of the vision tower per patch and width, as bytes (f32 values held at once by
-#: ggml's graph allocator: the layer input, q, k, v, attention out and the feed-forward).
-_ACTIVATIONS_PER_PATCH = 6
+#: Activations of the vision tower per patch and unit of width (f32 values ggml's graph
+#: allocator holds at once), fitted with the fixed cost below to two generated projectors.
+_ACTIVATIONS_PER_PATCH = 3
+#: What libmtmd's context costs whatever the projector. Measured on CPU (a runner's load
+#: footprint with the projector minus without, after mtmd's warm-up encode): a 0.1 MiB
+#: projector +3.3 MiB anonymous; a 13.2 MiB one (224 px, 256 patches, width 256) +17.4 MiB,
+#: charged 19.8 MiB by this formula.
+CONTEXT_BYTES = 3 * 1024 * 1024
 
 
 def beside(model: Path, width: int) -> str | None:
@@ -74,10 +79,10 @@ def find(model: Path, info: ModelInfo, name: str, settings: Settings,
 def memory_bytes(p: ProjectorInfo, text_width: int) -> int:
     """What a projector adds to its runner: its weights (read into memory, not mapped), the
     vision tower's compute for one image, the image's preprocessed pixels, and the embeddings
-    of the images kept for reuse. Calibrated on CPU: docs/benchmarks.md, vision."""
+    of the images kept for reuse (measured: :data:`CONTEXT_BYTES`)."""
     patches = (p.image_size // p.patch_size) ** 2 if p.patch_size else 0
     activations = patches * (_ACTIVATIONS_PER_PATCH * p.embedding_length
                              + 2 * p.feed_forward_length) * 4  # fmt: skip
     pixels = 3 * p.image_size * p.image_size * 4
     embeddings = (KEPT_IMAGES + 1) * patches * text_width * 4
-    return p.tensor_bytes + activations + pixels + embeddings
+    return CONTEXT_BYTES + p.tensor_bytes + activations + pixels + embeddings
