@@ -32,6 +32,7 @@ from modeld.settingvalues import (
     parse_keep_alive_text,
     parse_kv_cache_type,
     parse_log_level,
+    parse_mmproj,
     parse_model_options,
     parse_optional_bytes,
     parse_optional_int,
@@ -173,6 +174,10 @@ class Settings:
         env=None, parse=parse_rpc,
         help='llama.cpp RPC workers per model name: a table name = ["HOST:PORT", ...]; every'
         " request for that name loads it with its layers on them (docs/rpc.md)."))
+    mmproj: dict[str, str] = field(default_factory=dict, metadata=_spec(
+        env=None, parse=parse_mmproj,
+        help='Image projectors per model: a table name = "path" (an empty path: none); by'
+        " default the mmproj file beside the model is used (issue 38)."))
     log_dir: Path = field(default_factory=paths.log_dir, metadata=_spec(
         env="MODELD_LOG_DIR", parse=parse_path,
         help="Directory for the daemon log and one log per runner."))

@@ -8,9 +8,10 @@ same way.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from modeld import ctx, memory, placement, sizing
+from modeld import ctx, memory, placement, projector, sizing
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import ModeldError, format_bytes
@@ -41,6 +42,16 @@ def show_data(
         "runner_baseline_bytes": baseline,
     }
     requested = None if n_ctx is None else ctx.round_up(n_ctx)
+    vision = 0
+    try:  # the image projector it loads with (issue 38)
+        proj = projector.find(Path(key.path), info, name, settings) \
+            if key.mode == "generate" else None  # fmt: skip
+    except ModeldError as exc:
+        out["mmproj_error"] = exc.to_dict()
+        proj = None
+    if proj is not None:
+        vision = projector.memory_bytes(proj, info.embedding_length)
+        out.update(mmproj=proj.path, mmproj_bytes=vision)
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
         out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
@@ -50,7 +61,7 @@ def show_data(
         out["rpc"] = list(workers)
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings,
-                               offload=bool(workers), where=where)  # fmt: skip
+                               offload=bool(workers), where=where, projector=vision)  # fmt: skip
     except ModeldError as exc:
         out["fits"] = False
         out["error"] = exc.to_dict()

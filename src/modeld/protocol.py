@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from modeld import options
+from modeld import images, options
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
 from modeld.messages import (
     ChatMessage,
@@ -247,6 +247,12 @@ class GenerateRequest:
     count_only: bool = False
     #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
     stream: bool = True
+    #: base64 images shown before ``prompt`` (messages carry their own)
+    images: tuple[str, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images) or any(m.images for m in self.messages or ())
 
 
 @dataclass(frozen=True)
@@ -283,6 +289,7 @@ class LoadRequest:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
     kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
     gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
+    mmproj: str | None = None  # the image projector to load with ("": none; None: found)
 
 
 @dataclass(frozen=True)
@@ -336,6 +343,8 @@ def parse_request(msg: Message) -> ParsedRequest:
         if (prompt is None) == (raw_messages is None):
             raise b.fail("give exactly one of 'prompt' or 'messages'")
         messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
+        if messages is not None and msg.body.get("images"):
+            raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
         tools = parse_tools(msg.body.get("tools"), b.fail)
         think = msg.body.get("think")
         if think is not None and not isinstance(think, bool):
@@ -345,6 +354,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
             parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
             b.flag("stream", default=True),
+            images.parse_list(msg.body.get("images"), "'images'", b.fail),
         )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")
@@ -384,6 +394,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.rpc(),
             b.kv_cache_type(),
             b.gpu_layers(),
+            b.opt_str("mmproj"),
         )
     if t == "unload":
         everything = b.flag("all")

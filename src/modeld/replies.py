@@ -208,6 +208,7 @@ class RunnerLoaded(TypedDict):
     mode: NotRequired[str]
     architecture: NotRequired[str]
     has_chat_template: NotRequired[bool]
+    vision: NotRequired[bool]  # an image projector was loaded beside the model (issue 38)
     devices: NotRequired[list[DeviceShare]]  # with rpc workers: what each device holds
     layers_offloaded: NotRequired[str]  # with rpc workers: "N/M" as llama.cpp logged
 

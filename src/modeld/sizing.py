@@ -236,6 +236,7 @@ def size_for(
     parallel: int | None = None,
     offload: bool = False,
     where: Where | None = None,
+    projector: int = 0,
 ) -> Sizing:
     """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
@@ -245,12 +246,14 @@ def size_for(
     own value (None: the setting, else automatic); lowered until its contexts fit.
     ``offload``: the layers go to RPC workers; only what stays local is charged here.
     ``where``: the KV cache type and the cards: layers on them are charged to them, not to
-    the RAM budget (:mod:`modeld.placement`).
+    the RAM budget (:mod:`modeld.placement`). ``projector``: the bytes of an image projector
+    loaded beside the model (:func:`modeld.projector.memory_bytes`), reserved with it.
     """
     check_mode(info, mode, key.path)
     if where is not None:
         check_kv_type(info, where.kv_type)
-    extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
+    # reserved beside the model's estimate
+    extra = baseline + prompt_cache_bytes(mode, settings) + projector
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)
     try:

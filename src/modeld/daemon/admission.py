@@ -10,10 +10,11 @@ daemon's event loop (no locks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from modeld import placement, sizing
+from modeld import placement, projector, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
@@ -27,6 +28,7 @@ from modeld.errors import (
     RequestTimeoutError,
     format_bytes,
 )
+from modeld.gguf import ProjectorInfo
 from modeld.modelinfo import ModelInfo
 
 if TYPE_CHECKING:
@@ -72,6 +74,17 @@ class Admission:
         if key not in self.infos:
             self.infos[key] = sizing.read_info(key.path)
         return self.infos[key]
+
+    def projector(self, key: ModelKey, name: str,
+                  jobs: Sequence[Job] = ()) -> ProjectorInfo | None:
+        """The image projector ``key`` loads with (generate mode): what a ``load`` named (this
+        one's, else an earlier one's), the config's, or the one beside it (projector.py)."""
+        if key.mode != "generate":
+            return None
+        before = self.dispatch.asked.get(key)
+        asked = next((j.mmproj for j in jobs if j.mmproj is not None),
+                     before.mmproj if before else None)  # fmt: skip
+        return projector.find(Path(key.path), self.model_info(key), name, self.settings, asked)
 
     def queued(self) -> int:
         return sum(len(w.jobs) for w in self.waiting.values())
@@ -191,9 +204,11 @@ class Admission:
         rpc = rpc_of(jobs)
         try:
             info = self.model_info(key)
+            proj = self.projector(key, name, jobs)
             size = sizing.size_for(
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
                 asked, offload=bool(rpc), where=self.where(key, name, jobs),
+                projector=projector.memory_bytes(proj, info.embedding_length) if proj else 0,
             )  # fmt: skip
         except ModeldError as exc:
             self.fail(key, jobs, exc)
@@ -235,7 +250,7 @@ class Admission:
             waiting.need_bytes = size.need_bytes
             return
         self.waiting.pop(key, None)
-        yield StartLoad(key, name, jobs, info, size)
+        yield StartLoad(key, name, jobs, info, size, proj.path if proj else None)
 
     def _sized_with_measured_baseline(
         self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None

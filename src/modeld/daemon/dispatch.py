@@ -164,6 +164,8 @@ class Dispatch:
             return True  # another KV cache type
         if slot.placement.wants_reload(job.gpu_layers):
             return True  # other GPU layers asked than loaded with (num_gpu, --gpu-layers)
+        if job.kind == "load" and job.mmproj not in (None, slot.mmproj or ""):
+            return True  # another image projector (or none) than loaded with
         return (
             job.kind == "load"
             and job.parallel is not None

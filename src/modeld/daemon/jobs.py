@@ -59,6 +59,7 @@ class Job:
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
     rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
+    mmproj: str | None = None  # a load's own image projector ("": none; None: found)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
 
 
@@ -74,6 +75,7 @@ class Asked:
     pinned: bool = False
     kv_cache_type: str | None = None
     gpu_layers: int | None = None
+    mmproj: str | None = None
 
     def take(self, job: Job) -> None:
         """Remember what the ``load`` ``job`` set."""
@@ -84,6 +86,7 @@ class Asked:
         self.pinned = self.pinned or job.pinned
         self.kv_cache_type = job.kv_cache_type or self.kv_cache_type
         self.gpu_layers = job.gpu_layers if job.gpu_layers is not None else self.gpu_layers
+        self.mmproj = job.mmproj if job.mmproj is not None else self.mmproj
 
 
 @dataclass(eq=False)
@@ -112,6 +115,7 @@ class Slot:
     layers_offloaded: str | None = None
     kv_type: str = "f16"  # the KV cache type it was loaded with
     asked_kv_type: str | None = None  # the load request's own (another one reloads)
+    mmproj: str | None = None  # the image projector loaded beside the model (issue 38)
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
     vram_estimate: int = 0  # planned bytes on the GPUs
     vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)
@@ -199,6 +203,7 @@ def request_job(
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
         grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
+        images=req.images,
     )  # fmt: skip
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),

@@ -207,6 +207,7 @@ class Scheduler:
         slot.kv_type, slot.placement = size.kv_type, size.placement
         slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
+        slot.mmproj = load.mmproj
         self.slots[key] = slot
         for job in jobs:
             self.dispatch.enqueue(slot, job)
@@ -224,7 +225,7 @@ class Scheduler:
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
             gpu_layers=size.placement.gpu_layers, tensor_split=size.placement.tensor_split,
-            type_k=size.kv_type, type_v=size.kv_type,
+            type_k=size.kv_type, type_v=size.kv_type, mmproj=load.mmproj,
             **self.admission.rpc_sizing(jobs, size.n_ctx), **self._handoff_for(key, rpc),
         )  # fmt: skip
         self.sup.send(runner.id, msg)

@@ -267,6 +267,8 @@ class Service:
         """``req``'s job (``gbnf``: a generate request's grammar, built already)."""
         if not isinstance(req, protocol.LoadRequest):
             key, name = self._key(req.model, req.mode)
+            if isinstance(req, protocol.GenerateRequest) and req.has_images:
+                self._check_vision(key, name)
             job = request_job(client, rid, req, key, name, self.settings, gbnf)
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
             return job
@@ -276,8 +278,17 @@ class Service:
         return Job(client=client, rid=rid, kind="load", key=key, name=name,
                    keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
                    parallel=req.parallel, kv_cache_type=req.kv_cache_type,
-                   gpu_layers=req.gpu_layers,
+                   gpu_layers=req.gpu_layers, mmproj=req.mmproj,
                    rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
+
+    def _check_vision(self, key: ModelKey, name: str) -> None:
+        """A request with images for a model without an image projector fails here, by name."""
+        if self.sched.admission.projector(key, name) is None:
+            raise InvalidRequestError(
+                f"model {name!r} cannot see images: it has no image projector (mmproj)",
+                hint="put the model's mmproj .gguf beside it, name one in the config's "
+                "[mmproj] table or load the model with --mmproj; or send text only",
+                details={"model": name})  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         keys = list(self.sched.loaded()) if req.all else self._loaded_keys(req.model, req.mode)

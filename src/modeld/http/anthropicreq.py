@@ -32,12 +32,12 @@ from typing import Any
 
 from modeld.errors import InvalidRequestError
 from modeld.http.chatreq import tool_list, unanswered_call
+from modeld.http.imageparts import Content, anthropic_source
 
 #: The lines of a system prompt dropped before templating: they change every request and
 #: carry nothing for the model (Claude Code's per-request billing stamp).
 VOLATILE_LINE = re.compile(r"^\s*x-anthropic-billing-header:.*$\n?", re.MULTILINE)
 
-_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
 
 
 def _bad(text: str) -> InvalidRequestError:
@@ -154,7 +154,8 @@ def _text_of(block: Mapping[str, Any], where: str) -> str:
 
 def _refuse_block(kind: str, where: str) -> InvalidRequestError:
     if kind == "image":
-        return _bad(f"{where} is an image block: {_NO_IMAGES}")
+        return _bad(f"{where} is an image block: modeld takes images in user turns' "
+                    "content")
     return _bad(f"{where}: content blocks of type {kind!r} are not supported here")
 
 
@@ -199,20 +200,23 @@ def _user(content: Any, where: str, names: Mapping[str, str]) -> list[dict[str, 
     """A user turn: its tool results as ``tool`` messages and its text as a user message,
     in the order they came."""
     out: list[dict[str, Any]] = []
-    text: list[str] = []
+    text = Content()
 
     def flush() -> None:
-        if text:
-            out.append({"role": "user", "content": "\n\n".join(text)})
-            text.clear()
+        nonlocal text
+        if text.texts or text.images:
+            out.append(text.message("user"))
+            text = Content()
 
     for j, block in enumerate(_blocks(content, where)):
         at = f"{where}.content[{j}]"
         kind = block["type"]
-        if kind == "text":
-            text.append(_text_of(block, at))
-        elif kind == "document":
-            text.append(_document(block, at))
+        if kind in ("text", "document"):
+            if text.texts:
+                text.text("\n\n")
+            text.text(_text_of(block, at) if kind == "text" else _document(block, at))
+        elif kind == "image":  # base64 only: a URL source is refused by name
+            text.image(anthropic_source(block.get("source"), at), f"{at}.source.data")
         elif kind == "tool_result":
             flush()
             out.append(_tool_result(block, at, names))

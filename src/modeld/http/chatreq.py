@@ -14,6 +14,7 @@ from typing import Any
 
 from modeld import options
 from modeld.errors import InvalidRequestError
+from modeld.http.imageparts import Content, ollama_images, openai_url
 
 #: Fields an OpenAI chat/completions body may carry besides the sampling options. Those in
 #: ``_NO_EFFECT`` change nothing a local model does (routing, storage, accounting at OpenAI).
@@ -34,7 +35,6 @@ OLLAMA_FIELDS = frozenset({
     "top_logprobs", "tool_choice",  # modeld's extension: OpenAI's values
 })  # fmt: skip
 _OLLAMA_TOP_SAMPLING = ("logprobs", "top_logprobs")
-_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
 
 
 def refuse_unknown(doc: Mapping[str, Any], known: Iterable[str], api: str) -> None:
@@ -134,7 +134,7 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
         content = m.get("content")
         if content is None and role != "assistant":
             raise _bad(f"{where}.content is required for a {role} message")
-        msg: dict[str, Any] = {"role": role, "content": _openai_content(content, where)}
+        msg = _openai_content(content, where).message(role)
         if role != "tool":  # only the tool messages right after an assistant's calls answer them
             names = {}
         if m.get("tool_calls"):
@@ -180,22 +180,23 @@ def _calls(raw: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _openai_content(content: Any, where: str) -> str:
+def _openai_content(content: Any, where: str) -> Content:
+    out = Content()
     if content is None or isinstance(content, str):
-        return content or ""
+        out.text(content or "")
+        return out
     if not isinstance(content, list):
         raise _bad(f"{where}.content must be a string or a list of content parts")
-    texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("image_url", "input_image", "image"):
-            raise _bad(f"{where}.content[{j}] is an image: {_NO_IMAGES}")
+            out.text(part["text"])
+        elif kind == "image_url":
+            out.url(openai_url(part), f"{where}.content[{j}].image_url")
         else:
             raise _bad(f"{where}.content[{j}]: content parts of type {kind!r} are not "
-                       "supported (only text)")
-    return "".join(texts)
+                       "supported (text and image_url)")
+    return out
 
 
 def _openai_tool(i: int, t: Any) -> dict[str, Any]:
@@ -230,8 +231,6 @@ def ollama_generate(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of an Ollama chat/generate body beyond its prompt or messages: ``tools``,
     ``format``, ``think`` and the top-level ``logprobs``/``top_logprobs`` options."""
     refuse_unknown(doc, OLLAMA_FIELDS, "ollama")
-    if doc.get("images"):
-        raise _bad(f"'images': {_NO_IMAGES}")
     if doc.get("suffix"):
         raise _bad("'suffix' (fill-in-the-middle) is not supported by modeld")
     if doc.get("template"):
@@ -260,9 +259,9 @@ def ollama_messages(raw: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(f"{where} must be an object")
-        if m.get("images"):
-            raise _bad(f"{where}.images: {_NO_IMAGES}")
         msg = {k: m[k] for k in ("role", "content", "thinking", "tool_name") if k in m}
+        if m.get("images"):  # base64, shown before the message's text (as Ollama does)
+            msg["images"] = ollama_images(m["images"], f"{where}.images")
         if "tool_name" not in msg and isinstance(m.get("name"), str):
             msg["tool_name"] = m["name"]
         if m.get("tool_calls"):

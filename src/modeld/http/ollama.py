@@ -35,6 +35,7 @@ from modeld.http.common import (
     status_of,
     stream_or_error,
 )
+from modeld.http.imageparts import ollama_images
 from modeld.replyparse import template_capabilities
 
 #: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, the context and the
@@ -121,16 +122,22 @@ class OllamaAPI(API):
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string", hint="send text")
             body = ollama_generate(doc)
-            if not prompt and not doc.get("system"):
+            images = ollama_images(doc.get("images"), "images")
+            if not prompt and not doc.get("system") and not images:
                 return await self._load_or_unload(doc, ref, "response")
             body["options"] = _options(doc)
             if doc.get("raw"):
                 body["prompt"] = prompt
                 body["options"]["raw"] = True
+                if images:
+                    body["images"] = images
             else:
                 messages = [{"role": "system", "content": str(doc["system"])}] \
                     if doc.get("system") else []
-                messages.append({"role": "user", "content": prompt})
+                user: dict[str, Any] = {"role": "user", "content": prompt}
+                if images:
+                    user["images"] = images
+                messages.append(user)
                 body["messages"] = messages
         except ModeldError as exc:
             return error(exc)
@@ -141,6 +148,10 @@ class OllamaAPI(API):
             doc = await read_json(request, self.limit)
             ref = model_ref(doc.get("model"))
             body = ollama_generate(doc)
+            if doc.get("images"):
+                raise InvalidRequestError("'images' goes on a message in /api/chat",
+                                          hint='send {"role": "user", "content": …, '
+                                          '"images": […]}')  # fmt: skip
             messages = ollama_messages(doc.get("messages") or [])
             if not messages:
                 return await self._load_or_unload(doc, ref, "message")
@@ -311,11 +322,13 @@ def _capabilities(show: dict[str, Any]) -> list[str]:
     """What the model can do here, as Ollama names it: completion (a generative model; every
     one can call tools: natively when its template knows tools, else shown them as text and
     answering in JSON, or forced by a grammar), thinking when its template thinks, embedding
-    for a pooling model. Never vision (modeld has no image support)."""
+    for a pooling model, vision when it has an image projector."""
     info = show.get("info", {})
     if info.get("pooling_type"):
         return ["embedding"]
     caps = ["completion", "tools"]
+    if show.get("mmproj"):  # an image projector beside it or set for it (issue 38)
+        caps.append("vision")
     try:
         template = read_chat_template(str(show.get("path")))
     except (OSError, ValueError):

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp
 import llama_cpp._internals
@@ -36,6 +36,9 @@ from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
 from modeld.runner.stream import Stream, call_done
 from modeld.runner.textstream import TextStream
+
+if TYPE_CHECKING:
+    from modeld.runner.vision import Vision
 
 log = logging.getLogger("modeld.runner")
 
@@ -78,6 +81,7 @@ class BatchEngine:
         self.preparer = Preparer(host.prompt_tokens)
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
+        self.vision: Vision | None = None  # set by the runner: its image projector (issue 38)
         self._markers: dict[str, int | None] = {}  # marker text -> its single token
 
     # ---------------------------------------------------------------- the loop
@@ -215,13 +219,27 @@ class BatchEngine:
             grammar=grammar,
             parser=prompt.parser(spec.forced_tools),
             preserve=self._marker_tokens(prompt.markers),
+            media=prompt.media,
         )
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
-        prepared, todo = state.begin(tokens, sampling.greedy)
+        spans = prompt.media.spans if prompt.media is not None else ()
+        prepared, todo = state.begin(tokens, sampling.greedy, spans)
         stream.reused, stream.todo = prepared.reused, deque(todo)
+        self._encode_images(stream)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
             self._sampled(stream, self._sample(stream))
+
+    def _encode_images(self, stream: Stream) -> None:
+        """Start encoding the images the stream still evaluates (on the vision thread: the
+        other sequences decode meanwhile); those it reuses from the cache are never encoded."""
+        if stream.media is None or self.vision is None:
+            return
+        todo = {start for start, _ in stream.todo}
+        for (start, _), image in zip(stream.media.spans, stream.media.images, strict=True):
+            if start in todo:
+                stream.encoded[start] = self.vision.embeddings(image)
+        stream.release()
 
     def _marker_tokens(self, markers: tuple[str, ...]) -> frozenset[int]:
         """The tokens that are each one of ``markers`` by themselves (cached per text)."""
@@ -278,6 +296,12 @@ class BatchEngine:
             if not stream.todo or room <= 0:
                 continue
             start, end = stream.todo[0]
+            if start in stream.encoded:  # an image: a call of its own once it is encoded
+                if stream.encoded[start].done():
+                    stream.todo.popleft()
+                    calls.append([(stream, (start, end))])
+                    room -= min(room, end - start)
+                continue
             if self.invariant and stream.spec.sampling.greedy:
                 if end - start <= room:  # else it waits for the next step, whole
                     stream.todo.popleft()
@@ -296,6 +320,9 @@ class BatchEngine:
         return calls
 
     def _decode_prompts(self, pieces: list[tuple[Stream, Piece]]) -> None:
+        if len(pieces) == 1 and pieces[0][1][0] in pieces[0][0].encoded:
+            self._decode_image(*pieces[0])
+            return
         batch = self.batch
         complete: list[tuple[Stream, int]] = []
         for stream, (start, end) in pieces:
@@ -312,6 +339,30 @@ class BatchEngine:
         for stream, index in complete:
             # the first token goes out before the snapshot is copied (the time to first token);
             # the state and the logits row stay as they are until the next decode
+            self._sampled(stream, self._sample(stream, index))
+            stream.state.prompt_done(len(stream.prompt), index)
+
+    def _decode_image(self, stream: Stream, piece: Piece) -> None:
+        """Evaluate one image of ``stream``'s prompt from its embeddings, in calls of its own;
+        an image that failed to encode or decode ends its request only."""
+        assert self.vision is not None
+        start, end = piece
+        last = end == len(stream.prompt)
+        try:
+            rows = stream.encoded.pop(start).result()
+            index = self.vision.decode(rows, start, stream.seq, last)
+        except ModeldError as exc:
+            stream.state.failed()
+            self._end(stream, rp.error(stream.rid, exc.code, exc.message, exc.details, exc.hint))
+            return
+        except Exception as exc:
+            log.exception("an image of request %s failed", stream.rid)
+            stream.state.failed()
+            self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
+                                       f"{type(exc).__name__}: {exc}"))
+            return
+        stream.state.evaluated(piece, stream.prompt[start:end], alone=True)
+        if last:
             self._sampled(stream, self._sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
 
@@ -454,6 +505,7 @@ class BatchEngine:
     def _end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
         """Free the sequence (its cache stays for the next prompt's reuse) and reply."""
         self.streams.remove(stream)
+        stream.release()
         # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
         stream.sampler.close()  # type: ignore[no-untyped-call]
         if stream.grammar is not None:

@@ -35,7 +35,13 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import ggmlrpc, memory, probe, rpcplan
 from modeld import runnerwire as rp
-from modeld.errors import ErrorCode, InsufficientMemoryError, InvalidRequestError, RpcWorkerError
+from modeld.errors import (
+    ErrorCode,
+    InsufficientMemoryError,
+    InvalidModelError,
+    InvalidRequestError,
+    RpcWorkerError,
+)
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
@@ -47,6 +53,7 @@ from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
+from modeld.runner.vision import Vision, image_prompt
 
 log = logging.getLogger("modeld.runner")
 
@@ -80,6 +87,7 @@ class Runner(RunnerServer):
         self.state: PromptState | None = None  # generate mode: sequence 0 (owns persistence)
         self.engine: BatchEngine | None = None  # generate mode: all sequences, decoded together
         self.token_bound: TokenBound | None = None  # the fewest tokens a prompt's bytes make
+        self.vision: Vision | None = None  # the image projector, when loaded with one
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -187,6 +195,13 @@ class Runner(RunnerServer):
             self._close()
             self.send(rp.load_failed(exc.code, exc.message, exc.hint))
             return
+        if spec.mmproj is not None and spec.mode == "generate":
+            try:
+                self.vision = Vision.open(spec.mmproj, llm, spec.n_threads)
+            except InvalidModelError as exc:
+                self._close()
+                self.send(rp.load_failed(exc.code, exc.message, exc.hint))
+                return
         if spec.mode == "generate":
             store = SnapshotStore(spec.prompt_cache_mib * MiB)
             n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
@@ -197,6 +212,7 @@ class Runner(RunnerServer):
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
                                       max_rows=llamaopen.max_rows(n_seq))
             self.engine.chat_qa = self.chat_format == chat.QA
+            self.engine.vision = self.vision
             self.token_bound = TokenBound(llm)
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
@@ -227,6 +243,7 @@ class Runner(RunnerServer):
                 mode=spec.mode,
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
+                vision=self.vision is not None,
                 **(rpcload.with_plan(ggmlrpc.load_report(load_log), self.rpc_plan)
                    if spec.rpc else ggmlrpc.load_report(load_log) if spec.gpu_layers else {}),
             )
@@ -264,6 +281,9 @@ class Runner(RunnerServer):
             self.state.close()  # the store all sequences share
             self.state = None
         self.engine = self.token_bound = None
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None
@@ -286,6 +306,8 @@ class Runner(RunnerServer):
         llm = self._require("generate")
         model = ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
         prompt = prompting.build(spec, model, render_template)
+        if spec.has_images:
+            return image_prompt(self.vision, spec, prompt)
         data = prompt.text.encode("utf-8")
         limit = self.engine.n_ctx_seq if self.engine is not None else 0
         # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked

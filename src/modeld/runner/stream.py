@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ from modeld import runnerwire as rp
 from modeld.replies import ToolCallDone
 from modeld.runner import specs
 from modeld.runner.generation import PromptState
+from modeld.runner.prompting import Media
 from modeld.runner.promptplan import Piece
 from modeld.runner.sampling import Grammar
 from modeld.runner.textstream import TextStream
@@ -54,6 +56,14 @@ class Stream:
     unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
     calls: list[replyparse.ToolCall] = field(default_factory=list)
     preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
+    media: Media | None = None  # the prompt's images (issue 38)
+    encoded: dict[int, Future[Any]] = field(default_factory=dict)  # span start -> embeddings
+
+    def release(self) -> None:
+        """Free the prompt's images that no encoding holds (the others free themselves)."""
+        for image in self.media.images if self.media is not None else ():
+            if not image.submitted:
+                image.free()
 
     @property
     def rid(self) -> str:
