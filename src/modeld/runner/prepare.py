@@ -5,9 +5,12 @@ Tokenizing is not cheap: llama.cpp's SPM tokenizer took 2.3 s for 1 MB of ordina
 10 MB of ``instructions`` froze the other streams of the model for 17.8 s before the context
 check refused it. So the loop hands each new prompt to this one thread (llama_tokenize holds
 no lock: llama-server tokenizes on its HTTP threads too) and admits it once its tokens are
-ready; the streams decode meanwhile. The thread runs in Linux's SCHED_IDLE class, so on a
-machine with no idle core the decoding keeps the CPU first (measured: a 2 MB count_tokens beside
-a stream made gaps of 2.2 s at the same priority; docs/benchmarks.md).
+ready; the streams decode meanwhile. A long prompt's thread runs in Linux's SCHED_IDLE class, so
+on a machine with no idle core the decoding keeps the CPU first (measured: a 2 MB count_tokens
+beside a stream made gaps of 2.2 s at the same priority; docs/benchmarks.md). An ordinary prompt
+(under :data:`QUICK_CHARS`: milliseconds of tokenizing) goes to a thread at the runner's own
+priority instead: on the idle class it starved behind llama.cpp's spinning decode threads on a
+2-core box and joined the batch only after the streams already running had finished.
 
 Before any tokenizing, a prompt that cannot fit is refused from its length in bytes: no token
 of the vocabulary is longer than its longest piece, so a text of B bytes is at least
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import threading
@@ -36,6 +40,9 @@ from modeld.runner.specs import GenerateSpec
 
 #: How much nicer than the runner the tokenizer thread is where SCHED_IDLE is not available.
 NICENESS = 5
+#: Prompts of fewer characters than this (text, thinking, tool definitions) are tokenized at
+#: the runner's priority: tens of milliseconds at most, and they should join the batch now.
+QUICK_CHARS = 32_768
 Prepared = tuple[list[int], PromptText]
 
 
@@ -90,12 +97,26 @@ def _yield_cpu() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
 
 
-class Preparer:
-    """One daemon thread that prepares prompts in arrival order; the loop collects the
-    futures. A daemon thread: a runner told to exit never waits for a tokenization."""
+def prompt_chars(spec: GenerateSpec) -> int:
+    """About how much text ``spec`` asks the tokenizer for (the template's own text aside)."""
+    chars = len(spec.prompt or "")
+    for message in spec.messages or ():
+        chars += len(message.content) + len(message.thinking)
+        chars += sum(len(call.name) + len(json.dumps(dict(call.arguments), default=str)) for call in
+                     message.tool_calls)  # fmt: skip
+    for tool in spec.tools:
+        chars += len(json.dumps(tool.to_wire(), default=str))
+    return chars
 
-    def __init__(self, prepare: Callable[[GenerateSpec], Prepared]) -> None:
+
+class _Lane:
+    """One daemon thread that prepares prompts in arrival order. A daemon thread: a runner
+    told to exit never waits for a tokenization."""
+
+    def __init__(self, prepare: Callable[[GenerateSpec], Prepared], name: str,
+                 idle: bool) -> None:  # fmt: skip
         self._prepare = prepare
+        self._name, self._idle = name, idle
         self._queue: queue.SimpleQueue[tuple[GenerateSpec, Future[Prepared]]] = \
             queue.SimpleQueue()  # fmt: skip
         self._thread: threading.Thread | None = None
@@ -104,13 +125,13 @@ class Preparer:
         future: Future[Prepared] = Future()
         self._queue.put((spec, future))
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="modeld-tokenize",
-                                            daemon=True)  # fmt: skip
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
             self._thread.start()
         return future
 
     def _run(self) -> None:
-        _yield_cpu()
+        if self._idle:
+            _yield_cpu()
         while True:
             spec, future = self._queue.get()
             if not future.set_running_or_notify_cancel():
@@ -119,3 +140,17 @@ class Preparer:
                 future.set_result(self._prepare(spec))
             except BaseException as exc:  # the request's error, answered by the loop
                 future.set_exception(exc)
+
+
+class Preparer:
+    """Prompts to tokenize, on two lanes: ordinary ones at the runner's priority, long ones on
+    CPU time the decoding leaves. The loop collects the futures in any order (a long prompt
+    holds back no one behind it)."""
+
+    def __init__(self, prepare: Callable[[GenerateSpec], Prepared]) -> None:
+        self._quick = _Lane(prepare, "modeld-tokenize", idle=False)
+        self._long = _Lane(prepare, "modeld-tokenize-long", idle=True)
+
+    def start(self, spec: GenerateSpec) -> Future[Prepared]:
+        lane = self._quick if prompt_chars(spec) < QUICK_CHARS else self._long
+        return lane.start(spec)
