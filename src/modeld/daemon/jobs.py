@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, placement, protocol
+from modeld import ctx, grammar, placement, protocol, replycheck
 from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
@@ -58,6 +58,7 @@ class Job:
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
+    check: replycheck.ReplyCheck | None = None  # a reply held to a schema: validated when done
 
 
 @dataclass
@@ -199,9 +200,10 @@ def request_job(
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
         grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
     )  # fmt: skip
+    check = replycheck.for_request(req.format, req.tools, req.tool_choice) if gbnf else None
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
-               alone=alone)  # fmt: skip
+               alone=alone, check=check)  # fmt: skip
 
 
 def done_body(
