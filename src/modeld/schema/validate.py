@@ -28,8 +28,9 @@ from modeld.schema.formats import CHECKS
 
 #: (subschema, place) pairs checked at most, for one reply.
 BUDGET = 1_000_000
-#: Levels of the reply checked at most (deeper: not checked, and said so).
-MAX_DEPTH = 128
+#: Levels of the reply checked at most (deeper: not checked, and said so), as deep as a
+#: request body may nest (:mod:`modeld.textcheck`).
+MAX_DEPTH = 64
 #: Problems reported at most.
 MAX_ERRORS = 10
 
@@ -364,7 +365,7 @@ class _Checker:
 
     def _ref(self, a: _At) -> list[Problem]:
         target = resolve(self.root, a.arg)
-        return [] if target is None else self.check(a.value, target, a.at, a.depth + 1)
+        return [] if target is None else self.check(a.value, target, a.at, a.depth)
 
 
 def resolve(root: Any, ref: Any) -> Any:
