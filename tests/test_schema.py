@@ -93,6 +93,18 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     ({"type": ["string", "null"], "maxLength": 3}, ["abc", None], ["abcd", 3]),
     ({"anyOf": [{"const": "x"}, {"type": "integer", "minimum": 0}], "title": "t"},
      ["x", 0, 7], ["y", -1]),
+    # held where the grammar can, the rest validated after (tests/test_schema_validate.py)
+    ({"enum": [1, 2, 3, "x"], "minimum": 2}, [2, 3, "x"], [1]),  # the values that satisfy it
+    ({"type": "object", "additionalProperties": {"type": "integer"},  # pydantic's dict[Literal]
+      "propertyNames": {"enum": ["a", "b"]}}, [{}, {"a": 1}, {"b": 2, "a": 1}], [{"c": 1}]),
+    ({"type": "object", "additionalProperties": {"type": "boolean"}, "minProperties": 1,
+      "maxProperties": 2, "propertyNames": {"maxLength": 2}},
+     [{"a": True}, {"ab": False, "b": True}], [{}, {"a": True, "b": True, "c": True},
+                                               {"abc": True}, {"a": 1}]),
+    ({"type": "string", "pattern": "^\\d+$", "maxLength": 3}, ["1", "123"], ["a", ""]),
+    ({"type": "number", "multipleOf": 5}, [0, 10, -5], [1.5, "5"]),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [[], [1, 2]],
+     [["a"]]),
 ])
 def test_replies_follow_the_schema(matcher: ByteMatcher, schema: dict[str, Any], good: list[Any],
                                    bad: list[Any]) -> None:
