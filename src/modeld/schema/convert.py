@@ -419,12 +419,17 @@ class _Converter:
     # ------------------------------------------------------------------ checks
 
     def _count(self, schema: dict[str, Any], key: str, path: str) -> Any:
+        """A count keyword's value for the grammar: 0 or None (no bound) when absent. A
+        maximum past :data:`MAX_REPEAT` (pydantic's URLs have maxLength 2083) is left to the
+        validation after: the grammar's repetition is then unbounded above."""
         value = schema.get(key)
         if value is None:
             return 0 if key.startswith("min") else None
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
                 not float(value).is_integer():  # fmt: skip
             raise self.fail(f"{path}/{key}", "must be a non-negative integer")
+        if value > MAX_REPEAT and key.startswith("max"):
+            return None
         if value > MAX_REPEAT:
             raise self.fail(f"{path}/{key}", f"{key} {int(value)} is over {MAX_REPEAT}, the "
                             "most a grammar repeats", f"use {key} of at most {MAX_REPEAT}")
