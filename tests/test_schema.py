@@ -105,6 +105,12 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     ({"type": "number", "multipleOf": 5}, [0, 10, -5], [1.5, "5"]),
     ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [[], [1, 2]],
      [["a"]]),
+    # a pattern is a search: an unanchored side may hold anything (pydantic's "^[A-Z]")
+    ({"type": "string", "pattern": "^[A-Z]"}, ["A", "Abc", 'B"\n'], ["a", "", "aB"]),
+    ({"type": "string", "pattern": "b+c"}, ["bc", 'x"bbc\\', "abcd"], ["cb", "b", ""]),
+    ({"type": "string", "pattern": "x$"}, ["x", "ax"], ["xa", ""]),
+    ({"type": "string", "pattern": "a\\$"}, ["a$", "za$b"], ["a", "za"]),
+    ({"type": "string", "pattern": ""}, ["", "anything"], []),
 ])
 def test_replies_follow_the_schema(matcher: ByteMatcher, schema: dict[str, Any], good: list[Any],
                                    bad: list[Any]) -> None:

@@ -36,7 +36,7 @@ ENFORCED: dict[str, str] = {
     "maxItems": "over 2000: validated after",
     "minLength": "validated after beside a pattern or a format with a grammar",
     "maxLength": "as minLength; over 2000: validated after",
-    "pattern": "a regular expression anchored with ^…$",
+    "pattern": "a regular expression, found anywhere unless anchored with ^ or $",
     "propertyNames": "the keys of members beside the declared ones (a string schema)",
     "minProperties": "objects that declare no members (validated after for the others)",
     "maxProperties": "as minProperties",
