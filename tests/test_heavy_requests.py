@@ -169,7 +169,7 @@ def test_keywords_are_enforced_or_refused_with_their_path(heavy: Served) -> None
     assert r.status_code == 200, r.text
     if r.json()["done_reason"] == "stop":
         jsonschema.validate(json.loads(r.json()["message"]["content"]), schema)
-    for keyword, value in [("not", {}), ("patternProperties", {}), ("if", {}),
+    for keyword, value in [("not", {}), ("dependentSchemas", {}), ("if", {}),
                            ("nullable", True), ("contains", {}), ("dependentRequired", {})]:
         bad = {"type": "object", "properties": {"a": {keyword: value}}}
         r = _post(heavy, "/api/chat", {"model": "tiny", "format": bad,

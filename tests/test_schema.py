@@ -111,6 +111,10 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     ({"type": "string", "pattern": "x$"}, ["x", "ax"], ["xa", ""]),
     ({"type": "string", "pattern": "a\\$"}, ["a$", "za$b"], ["a", "za"]),
     ({"type": "string", "pattern": ""}, ["", "anything"], []),
+    # pydantic's dict[constr(pattern="^x"), int]: the pattern holds every key
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
+      "additionalProperties": False, "maxProperties": 2},
+     [{}, {"x": 1}, {"xy": 2, "x1": 3}], [{"y": 1}, {"x": "s"}, {"x": 1, "xa": 2, "xb": 3}]),
 ])
 def test_replies_follow_the_schema(matcher: ByteMatcher, schema: dict[str, Any], good: list[Any],
                                    bad: list[Any]) -> None:
@@ -162,7 +166,14 @@ def test_a_forced_call_to_a_tool_with_a_quote_in_its_name(matcher: ByteMatcher) 
      "propertyNames must be a string schema without $ref"),
     ({"enum": ["a", "b"], "pattern": "^a$"}, "'pattern' beside enum/const"),
     ({"enum": [1, 2], "minimum": 3}, "no enum/const value satisfies"),
-    ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
+    ({"type": "object", "patternProperties": {"^a": {}, "^b": {}}},
+     "patternProperties other than one pattern (and no propertyNames) is not supported (at "
+     "#/patternProperties)"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}}},
+     "patternProperties beside properties"),
+    ({"type": "object", "patternProperties": {"^(?=b)": {}}},
+     "the pattern uses '(?' at offset 0 (lookarounds, named or non-capturing groups are not "
+     "supported) (at #/patternProperties/^(?=b))"),
     ({"type": "array", "contains": {}}, "'contains'"),
     ({"type": "object", "dependentRequired": {}}, "'dependentRequired'"),
     ({"type": "string", "nullable": True}, "OpenAPI keyword"),
