@@ -111,6 +111,9 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     ({"type": "string", "pattern": "x$"}, ["x", "ax"], ["xa", ""]),
     ({"type": "string", "pattern": "a\\$"}, ["a$", "za$b"], ["a", "za"]),
     ({"type": "string", "pattern": ""}, ["", "anything"], []),
+    # keywords beside anyOf go into each alternative (zod's string().ip(): type beside anyOf)
+    ({"type": "string", "anyOf": [{"maxLength": 1}, {"pattern": "^b+$"}, {"const": "cc"},
+                                  {"const": 3}]}, ["a", "", "bbb", "cc"], [1, 3, "ab", "bbc"]),
     # pydantic's dict[constr(pattern="^x"), int]: the pattern holds every key
     ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
       "additionalProperties": False, "maxProperties": 2},
@@ -166,6 +169,11 @@ def test_a_forced_call_to_a_tool_with_a_quote_in_its_name(matcher: ByteMatcher) 
      "propertyNames must be a string schema without $ref"),
     ({"enum": ["a", "b"], "pattern": "^a$"}, "'pattern' beside enum/const"),
     ({"enum": [1, 2], "minimum": 3}, "no enum/const value satisfies"),
+    ({"type": "string", "anyOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {}}},
+     "an alternative that is a $ref are not supported (at #/anyOf/0)"),
+    ({"anyOf": [{}], "oneOf": [{}]}, "'oneOf' beside 'anyOf' is not supported"),
+    ({"type": "string", "anyOf": [{"type": "integer"}]},
+     "'type' both beside 'anyOf' and in an alternative is not supported (at #/anyOf/0/type)"),
     ({"type": "object", "patternProperties": {"^a": {}, "^b": {}}},
      "patternProperties other than one pattern (and no propertyNames) is not supported (at "
      "#/patternProperties)"),

@@ -107,10 +107,8 @@ class _Converter:
             return self.visit(self._all_of(schema, path), path, hint)
         if "anyOf" in keys or "oneOf" in keys:
             word = "anyOf" if "anyOf" in keys else "oneOf"
-            if keys - {word}:
-                raise self.fail(path, f"'{sorted(keys - {word})[0]}' beside '{word}' is not "
-                                "supported", f"move it into each of the {word} alternatives")
-            return self._union(schema[word], f"{path}/{word}", hint)
+            alts = self._distribute(schema, word, path) if keys - {word} else schema[word]
+            return self._union(alts, f"{path}/{word}", hint)
         if "const" in keys or "enum" in keys:
             return self._constants(schema, keys, path, hint)
         kind = schema.get("type")
@@ -194,6 +192,38 @@ class _Converter:
                                (json_text(c["const"]) for c in constants))
             rules.append(self.rules.define(hint, f"{tree} space"))
         return self.rules.define(hint, " | ".join(rules))
+
+    def _distribute(self, schema: dict[str, Any], word: str, path: str) -> list[Any]:
+        """The alternatives of ``word`` with the keywords beside it moved into each (zod's
+        ``{"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]}``); a constant
+        alternative stays a constant when it satisfies them, and is left out when not."""
+        beside = {k: v for k, v in schema.items() if k != word and k not in ANNOTATIONS}
+        if "anyOf" in beside or "oneOf" in beside or "$ref" in beside:
+            other = sorted(set(beside) & {"anyOf", "oneOf", "$ref"})[0]
+            raise self.fail(path, f"'{other}' beside '{word}' is not supported",
+                            f"move it into each of the {word} alternatives")
+        alts = schema[word]
+        if not isinstance(alts, list):
+            return alts  # type: ignore[no-any-return]  # _union says what is wrong
+        out: list[Any] = []
+        for i, alt in enumerate(alts):
+            if not isinstance(alt, dict) or "$ref" in alt:
+                raise self.fail(f"{path}/{word}/{i}", f"keywords beside '{word}' with an "
+                                "alternative that is a $ref are not supported",
+                                f"move them into each of the {word} alternatives")
+            if set(alt) - ANNOTATIONS == {"const"} and "pattern" not in beside:
+                if validate(alt["const"], beside, self.root).valid:
+                    out.append(alt)
+                continue
+            clash = [k for k in beside if k in alt and alt[k] != beside[k]]
+            if clash:
+                raise self.fail(f"{path}/{word}/{i}/{clash[0]}", f"'{clash[0]}' both beside "
+                                f"'{word}' and in an alternative is not supported",
+                                "give it in one place")
+            out.append({**beside, **alt})
+        if not out:
+            raise self.fail(path, f"no {word} alternative satisfies the keywords beside it")
+        return out
 
     def _all_of(self, schema: dict[str, Any], path: str) -> dict[str, Any]:
         """``allOf`` as one schema: its only member, or object schemas merged."""

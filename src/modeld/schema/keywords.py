@@ -47,7 +47,7 @@ ENFORCED: dict[str, str] = {
     "maximum": "as minimum",
     "exclusiveMinimum": "as minimum",
     "exclusiveMaximum": "as maximum",
-    "anyOf": "",
+    "anyOf": "keywords beside it go into each alternative",
     "oneOf": "as anyOf: the alternatives should not overlap (pydantic's unions do not)",
     "allOf": "one schema, or object schemas merged",
     "$ref": "local references (#/…), recursive ones too",
