@@ -161,10 +161,11 @@ class _Checker:
         self.steps = 0
         self.unchecked: dict[str, tuple[str, int]] = {}  # format -> (first place, count)
         self.consts: dict[int, set[str]] = {}
+        self.plans: dict[int, list[tuple[str, Any, Callable[[_Checker, _At], list[Problem]]]]] = {}
 
     def check(self, value: Any, schema: Any, at: str, depth: int) -> list[Problem]:
         """The problems of ``value`` (at ``at`` in the reply) against ``schema``."""
-        if schema is True or schema == {}:
+        if schema is True or (isinstance(schema, dict) and not schema):
             return []
         if schema is False:
             return [Problem(at, "false", "no value is allowed here")]
@@ -179,11 +180,13 @@ class _Checker:
         if depth > MAX_DEPTH:
             raise _Stop(f"the reply nests over {MAX_DEPTH} levels")
         self.memo[key] = []
+        plan = self.plans.get(id(schema))
+        if plan is None:  # the keywords that check something, once per subschema
+            plan = self.plans[id(schema)] = [(w, arg, _KEYWORDS[w]) for w, arg in schema.items()
+                                             if w in _KEYWORDS]
         out: list[Problem] = []
-        for word, arg in schema.items():
-            fn = _KEYWORDS.get(word)
-            if fn is not None:
-                out += fn(self, _At(word, arg, schema, value, at, depth))
+        for word, arg, fn in plan:
+            out += fn(self, _At(word, arg, schema, value, at, depth))
             if len(out) >= MAX_ERRORS:
                 break
         self.memo[key] = out
