@@ -60,8 +60,11 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     positive = _gbnf({"type": "number", "exclusiveMinimum": 0, "maximum": 1})
     for text in ["0", "0.0", "0.001", "1", "1.0", "1.5", "0.7"]:
         assert matcher.matches(positive, text) == (0 < float(text) <= 1), text
-    with pytest.raises(InvalidRequestError, match=r"bound of 0.5 .* \(at #/maximum\)"):
-        _gbnf({"type": "number", "maximum": 0.5})
+    # a fractional bound: the grammar holds the whole numbers around it (the reply is then
+    # validated against the bound itself: tests/test_schema_validate.py)
+    around = _gbnf({"type": "number", "exclusiveMinimum": -0.5, "maximum": 0.5})
+    for text in ["-1", "-0.5", "0", "0.25", "0.5", "0.75", "1", "1.5", "-1.5"]:
+        assert matcher.matches(around, text) == (-1 <= float(text) <= 1), text
     with pytest.raises(InvalidRequestError, match="no integer is within"):
         _gbnf({"type": "integer", "minimum": 3, "maximum": 2})
 
@@ -90,6 +93,31 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
     ({"type": ["string", "null"], "maxLength": 3}, ["abc", None], ["abcd", 3]),
     ({"anyOf": [{"const": "x"}, {"type": "integer", "minimum": 0}], "title": "t"},
      ["x", 0, 7], ["y", -1]),
+    # held where the grammar can, the rest validated after (tests/test_schema_validate.py)
+    ({"enum": [1, 2, 3, "x"], "minimum": 2}, [2, 3, "x"], [1]),  # the values that satisfy it
+    ({"type": "object", "additionalProperties": {"type": "integer"},  # pydantic's dict[Literal]
+      "propertyNames": {"enum": ["a", "b"]}}, [{}, {"a": 1}, {"b": 2, "a": 1}], [{"c": 1}]),
+    ({"type": "object", "additionalProperties": {"type": "boolean"}, "minProperties": 1,
+      "maxProperties": 2, "propertyNames": {"maxLength": 2}},
+     [{"a": True}, {"ab": False, "b": True}], [{}, {"a": True, "b": True, "c": True},
+                                               {"abc": True}, {"a": 1}]),
+    ({"type": "string", "pattern": "^\\d+$", "maxLength": 3}, ["1", "123"], ["a", ""]),
+    ({"type": "number", "multipleOf": 5}, [0, 10, -5], [1.5, "5"]),
+    ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [[], [1, 2]],
+     [["a"]]),
+    # a pattern is a search: an unanchored side may hold anything (pydantic's "^[A-Z]")
+    ({"type": "string", "pattern": "^[A-Z]"}, ["A", "Abc", 'B"\n'], ["a", "", "aB"]),
+    ({"type": "string", "pattern": "b+c"}, ["bc", 'x"bbc\\', "abcd"], ["cb", "b", ""]),
+    ({"type": "string", "pattern": "x$"}, ["x", "ax"], ["xa", ""]),
+    ({"type": "string", "pattern": "a\\$"}, ["a$", "za$b"], ["a", "za"]),
+    ({"type": "string", "pattern": ""}, ["", "anything"], []),
+    # keywords beside anyOf go into each alternative (zod's string().ip(): type beside anyOf)
+    ({"type": "string", "anyOf": [{"maxLength": 1}, {"pattern": "^b+$"}, {"const": "cc"},
+                                  {"const": 3}]}, ["a", "", "bbb", "cc"], [1, 3, "ab", "bbc"]),
+    # pydantic's dict[constr(pattern="^x"), int]: the pattern holds every key
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
+      "additionalProperties": False, "maxProperties": 2},
+     [{}, {"x": 1}, {"xy": 2, "x1": 3}], [{"y": 1}, {"x": "s"}, {"x": 1, "xa": 2, "xb": 3}]),
 ])
 def test_replies_follow_the_schema(matcher: ByteMatcher, schema: dict[str, Any], good: list[Any],
                                    bad: list[Any]) -> None:
@@ -134,11 +162,26 @@ def test_a_forced_call_to_a_tool_with_a_quote_in_its_name(matcher: ByteMatcher) 
 
 
 @pytest.mark.parametrize(("schema", "needle"), [
-    ({"type": "integer", "multipleOf": 3}, "'multipleOf' is not supported (at #/multipleOf)"),
     ({"properties": {"a": {"not": {}}}}, "'not' is not supported (at #/properties/a/not)"),
-    ({"type": "array", "uniqueItems": True}, "(at #/uniqueItems)"),
-    ({"type": "object", "minProperties": 1}, "'minProperties' is not supported"),
-    ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties'"),
+    ({"type": "integer", "multipleOf": 0}, "must be a number above 0 (at #/multipleOf)"),
+    ({"type": "array", "uniqueItems": "yes"}, "must be true or false (at #/uniqueItems)"),
+    ({"type": "object", "additionalProperties": {}, "propertyNames": {"$ref": "#"}},
+     "propertyNames must be a string schema without $ref"),
+    ({"enum": ["a", "b"], "pattern": "^a$"}, "'pattern' beside enum/const"),
+    ({"enum": [1, 2], "minimum": 3}, "no enum/const value satisfies"),
+    ({"type": "string", "anyOf": [{"$ref": "#/$defs/x"}], "$defs": {"x": {}}},
+     "an alternative that is a $ref are not supported (at #/anyOf/0)"),
+    ({"anyOf": [{}], "oneOf": [{}]}, "'oneOf' beside 'anyOf' is not supported"),
+    ({"type": "string", "anyOf": [{"type": "integer"}]},
+     "'type' both beside 'anyOf' and in an alternative is not supported (at #/anyOf/0/type)"),
+    ({"type": "object", "patternProperties": {"^a": {}, "^b": {}}},
+     "patternProperties other than one pattern (and no propertyNames) is not supported (at "
+     "#/patternProperties)"),
+    ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}}},
+     "patternProperties beside properties"),
+    ({"type": "object", "patternProperties": {"^(?=b)": {}}},
+     "the pattern uses '(?' at offset 0 (lookarounds, named or non-capturing groups are not "
+     "supported) (at #/patternProperties/^(?=b))"),
     ({"type": "array", "contains": {}}, "'contains'"),
     ({"type": "object", "dependentRequired": {}}, "'dependentRequired'"),
     ({"type": "string", "nullable": True}, "OpenAPI keyword"),
@@ -163,11 +206,13 @@ def test_what_cannot_be_held_is_refused_with_its_keyword_and_path(schema: dict[s
 def test_annotations_pass_and_unknown_formats_are_listed() -> None:
     schema = {"title": "T", "description": "d", "$schema": "x", "type": "object",
               "properties": {"e": {"type": "string", "format": "email", "default": "a@b",
-                                   "examples": ["a@b"], "x-order": 1, "deprecated": False}},
+                                   "examples": ["a@b"], "x-order": 1, "deprecated": False},
+                             "p": {"type": "string", "format": "phone"}},
               "additionalProperties": False, "unevaluatedProperties": False}
     built = to_gbnf(schema, "format", 1 << 20)
-    assert built.unchecked == ["format 'email' at #/properties/e"]
+    assert built.unchecked == ["format 'phone' at #/properties/p"]  # email: validated after
     assert set(keywords.ENFORCED).isdisjoint(keywords.ANNOTATIONS)
+    assert set(keywords.VALIDATED).isdisjoint(keywords.ANNOTATIONS)
 
 
 def test_a_large_enum_is_a_prefix_tree_under_the_cap() -> None:
@@ -205,9 +250,11 @@ def _widest_choice(gbnf: str) -> int:
 
 
 def test_the_docs_list_every_keyword() -> None:
-    """docs/protocol.md's JSON Schemas list names every keyword modeld enforces or accepts."""
+    """docs/protocol.md's JSON Schemas list names every keyword modeld enforces, validates or
+    accepts, and every format it holds or checks."""
     doc = (Path(__file__).resolve().parent.parent / "docs" / "protocol.md").read_text()
     section = doc[doc.index("**JSON Schemas**"):]
-    missing = [k for k in (*keywords.ENFORCED, *keywords.ANNOTATIONS, *keywords.FORMATS)
+    missing = [k for k in (*keywords.ENFORCED, *keywords.VALIDATED, *keywords.ANNOTATIONS,
+                           *keywords.FORMATS, *keywords.FORMATS_CHECKED)
                if f"`{k}`" not in section and f"`{k}`/" not in section and f"/`{k}`" not in section]
     assert not missing, missing

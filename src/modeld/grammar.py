@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool, forced_tool, forces_call
+from modeld.messages import Tool, forced_tool, forces_call, format_schema
 from modeld.replyparse import native_family
 
 #: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
@@ -56,8 +56,7 @@ def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
         return None
     # "json": any object, as the converter writes it (its numbers have at most 16 digits,
     # where llama-cpp-python's JSON_GBNF lets a greedy base model write zeros forever)
-    schema = fmt if isinstance(fmt, dict) else {"type": "object"}
-    return check(from_schema(schema, "format"), "format")
+    return check(from_schema(format_schema(fmt), "format"), "format")
 
 
 #: How each family writes one forced call around its JSON object (llama-server's forms).
@@ -106,7 +105,7 @@ def tool_call_schema(tools: Sequence[Tool], only: str | None,
     chosen = [t for t in tools if only is None or t.name == only]
     shapes = [{"type": "object", "properties": {
         "name": {"const": t.name},
-        key: dict(t.parameters) if t.parameters else {"type": "object"},
+        key: t.schema(),
     }, "required": ["name", key]} for t in chosen]  # fmt: skip
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 

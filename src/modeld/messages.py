@@ -99,6 +99,10 @@ class Tool:
             out["parameters"] = dict(self.parameters)
         return out
 
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema a forced call's arguments follow (no parameters: any object)."""
+        return dict(self.parameters) if self.parameters else {"type": "object"}
+
     def openai(self) -> dict[str, Any]:
         """The OpenAI shape chat templates iterate over (``tools[i].function.name``)."""
         fn: dict[str, Any] = {"name": self.name, "description": self.description,
@@ -238,6 +242,11 @@ def parse_format(value: Any, fail: Fail) -> str | dict[str, Any] | None:
     if isinstance(value, dict):
         return value
     raise fail("'format' must be \"json\" or a JSON Schema object")
+
+
+def format_schema(fmt: str | dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema a ``format`` holds a reply to (``"json"``: any object)."""
+    return fmt if isinstance(fmt, dict) else {"type": "object"}
 
 
 # --------------------------------------------------------------------------- templates

@@ -49,6 +49,22 @@ class ToolCallDone(TypedDict):
     arguments: str
 
 
+class ValidationProblem(TypedDict):
+    """One way a reply fails its schema."""
+
+    at: str  # a JSON pointer into the done body's reply ("" the text, /tool_calls/0/arguments/x)
+    keyword: str  # the schema keyword it fails ("" when the reply is not complete JSON)
+    message: str
+
+
+class Validation(TypedDict):
+    """A constrained reply checked against its whole schema once complete (issue 35)."""
+
+    valid: bool
+    errors: list[ValidationProblem]  # at most 10; empty when valid
+    unchecked: list[str]  # ``format`` values modeld has no check for, and where
+
+
 class GenerateDone(TypedDict):
     """The ``done`` body of a ``generate`` request."""
 
@@ -60,6 +76,7 @@ class GenerateDone(TypedDict):
     tool_calls: NotRequired[list[ToolCallDone]]  # the calls the reply made, in order
     stop_sequence: NotRequired[str]  # the stop string that ended the reply, when one did
     length_reason: NotRequired[str]  # finish "length": "max_tokens" or "context_window"
+    validation: NotRequired[Validation]  # a reply held to a schema (format, forced call)
 
 
 class PooledTimings(TypedDict, total=False):

@@ -194,8 +194,30 @@ def run_command(
     if opts.format and gen.done is not None and gen.done.get("finish_reason") == "length":
         render.message("modeld: the reply was cut at the token limit before it was complete, "
                        "so it may not parse; raise --max-tokens")
+    valid = _validation(gen.done or {}) if opts.format else True
     if opts.verbose:
         _timings(gen.done or {})
+    if not valid:
+        from modeld.errors import ExitCode
+
+        raise SystemExit(int(ExitCode.INVALID_REPLY))
+
+
+def _validation(done: Mapping[str, Any]) -> bool:
+    """Say on stderr how the reply to ``--format`` failed its schema, and which formats were
+    not checked; whether it is valid (the daemon validated it: docs/protocol.md)."""
+    check = done.get("validation")
+    if not isinstance(check, dict):
+        return True
+    for what in check.get("unchecked") or []:
+        render.message(f"modeld: not checked (no check for it): {what}")
+    if check.get("valid", True):
+        return True
+    render.message("modeld: the reply does not validate against the schema:")
+    for problem in check.get("errors") or []:
+        keyword = f" ({problem.get('keyword')})" if problem.get("keyword") else ""
+        render.message(f"  {problem.get('at') or '/'}: {problem.get('message')}{keyword}")
+    return False
 
 
 def _messages(system: str | None, turns: list[tuple[str, str]]) -> list[dict[str, str]]:

@@ -1,10 +1,12 @@
-"""Work the event loop hands to threads: a request's grammar (issue 35).
+"""Work the event loop hands to threads: a request's grammar, and the validation of its
+complete reply (issue 35).
 
 Turning a JSON Schema into a grammar and having llama.cpp's parser check it is bounded
 (:mod:`modeld.schema`) but not free: a 50,000-value enum is about a second of Python and a
 0.4 s parse. Built in the loop, that froze every stream's chunks and ``modeld ps`` for as long.
-Here it runs on a small thread pool; the loop learns of a finished build through a pipe it
-polls, and carries on with the request (or its error) itself, so all state stays the loop's.
+Validating a long reply against its schema (:mod:`modeld.replycheck`) is the same kind of
+work. Here it runs on a small thread pool; the loop learns of a finished build through a pipe
+it polls, and carries on with the request (or its error) itself, so all state stays the loop's.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import queue
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from modeld.errors import ModeldError
 
@@ -26,18 +28,19 @@ log = logging.getLogger("modeld.daemon")
 WORKERS = 2
 #: Grammars longer than this (characters) are followed by a malloc_trim.
 TRIM_AFTER = 100_000
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
-class Build:
-    """One request waiting for its grammar."""
+class Build(Generic[T]):
+    """One request waiting for work done on a thread (its grammar, its reply's validation)."""
 
     client: bytes
     rid: str
-    then: Callable[[str | None], None]  # on the loop: carry on with the grammar
+    then: Callable[[T], None]  # on the loop: carry on with the result
     fail: Callable[[ModeldError], None]  # on the loop: answer the request with an error
     cancelled: bool = False
-    result: str | None = None
+    result: T | None = None
     error: BaseException | None = None
 
 
@@ -46,23 +49,23 @@ class Builds:
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="modeld-grammar")
-        self._done: queue.SimpleQueue[Build] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[Build[Any]] = queue.SimpleQueue()
         self.wake_fd, self._wake_w = os.pipe()
         os.set_blocking(self.wake_fd, False)
         os.set_blocking(self._wake_w, False)
-        self.pending: dict[tuple[bytes, str], Build] = {}
+        self.pending: dict[tuple[bytes, str], Build[Any]] = {}
 
-    def start(self, build: Build, work: Callable[[], str | None]) -> None:
+    def start(self, build: Build[T], work: Callable[[], T]) -> None:
         self.pending[(build.client, build.rid)] = build
         future = self._pool.submit(work)
         future.add_done_callback(lambda f: self._finished(build, f))
 
-    def _finished(self, build: Build, future: Future[str | None]) -> None:  # a pool thread
+    def _finished(self, build: Build[T], future: Future[T]) -> None:  # a pool thread
         try:
             build.result = future.result()
         except BaseException as exc:  # handed to the loop, which answers it
             build.error = exc
-        if build.result is not None and len(build.result) > TRIM_AFTER:
+        if isinstance(build.result, str) and len(build.result) > TRIM_AFTER:
             # a big schema's tree and rules are garbage now: give their pages back to the OS
             # (the daemon kept 81 MiB after a 50,000-word enum without this)
             from modeld import probe
@@ -85,7 +88,7 @@ class Builds:
             self.pending.pop((build.client, build.rid), None)
             self._settle(build)
 
-    def _settle(self, build: Build) -> None:
+    def _settle(self, build: Build[Any]) -> None:
         from modeld.errors import CancelledError
 
         if build.cancelled:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, placement, protocol
+from modeld import ctx, grammar, placement, protocol, replycheck
 from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
@@ -61,6 +61,7 @@ class Job:
     rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
     mmproj: str | None = None  # a load's own image projector ("": none; None: found)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
+    check: replycheck.ReplyCheck | None = None  # a reply held to a schema: validated when done
 
 
 @dataclass
@@ -205,9 +206,10 @@ def request_job(
         grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
         images=req.images,
     )  # fmt: skip
+    check = replycheck.for_request(req.format, req.tools, req.tool_choice) if gbnf else None
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
-               alone=alone, gpu_layers=o.gpu_layers)  # fmt: skip
+               alone=alone, gpu_layers=o.gpu_layers, check=check)  # fmt: skip
 
 
 def done_body(

@@ -39,6 +39,7 @@ from modeld.errors import (
     ModelNotFoundError,
     ShuttingDownError,
 )
+from modeld.replies import Validation
 
 log = logging.getLogger("modeld.daemon")
 
@@ -153,6 +154,22 @@ class Service:
                 self.sched.client_gone(client)
 
     def _send_job(self, job: Job, msg: protocol.Message) -> bool:
+        """Send a job's reply; a reply held to a schema keeps its text, and its ``done``
+        goes once the complete reply is validated (:mod:`modeld.replycheck`)."""
+        check = job.check
+        if check is not None and msg.type == "chunk":
+            check.add(str(msg.body.get("text", "")))
+        elif check is not None and msg.type == "done":
+            client = job.client
+
+            def then(result: Validation) -> None:
+                self._send(client, protocol.done(msg.id, **msg.body, validation=result))
+
+            def fail(exc: ModeldError) -> None:  # cancelled, or the daemon is stopping
+                self._send(client, protocol.error_reply(msg.id, exc))
+
+            self.builds.start(Build(client, msg.id, then, fail), lambda: check.result(msg.body))
+            return True
         return self._send(job.client, msg)
 
     def _on_client(self, frames: list[bytes]) -> None:

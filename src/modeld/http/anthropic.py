@@ -22,7 +22,15 @@ from starlette.routing import Route
 
 from modeld.errors import ErrorCode, ModeldError
 from modeld.http.anthropicreq import messages_generate, one_call
-from modeld.http.common import API, message_of, model_ref, read_json, status_of, stream_or_error
+from modeld.http.common import (
+    API,
+    message_of,
+    model_ref,
+    read_json,
+    status_of,
+    stream_or_error,
+    validation_of,
+)
 from modeld.http.ticks import ticking
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -181,7 +189,8 @@ class AnthropicAPI(API):
             reason, hit = _stop(done, stops)
             return JSONResponse({"id": ident, "type": "message", "role": "assistant",
                                  "model": name, "content": content, "stop_reason": reason,
-                                 "stop_sequence": hit, "usage": _usage(done)})
+                                 "stop_sequence": hit, "usage": _usage(done),
+                                 **validation_of(done)})
 
         async def events() -> AsyncIterator[bytes]:
             blocks = _Blocks(single)
@@ -212,7 +221,8 @@ class AnthropicAPI(API):
                         reason, hit = _stop(msg, stops)
                         yield _sse("message_delta", {
                             "type": "message_delta",
-                            "delta": {"stop_reason": reason, "stop_sequence": hit},
+                            "delta": {"stop_reason": reason, "stop_sequence": hit,
+                                      **validation_of(msg)},
                             "usage": _usage(msg)})
                         yield _sse("message_stop", {"type": "message_stop"})
                 except ModeldError as exc:

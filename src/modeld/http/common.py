@@ -35,6 +35,12 @@ STATUS: dict[str, int] = {
 }
 
 
+def validation_of(done: dict[str, Any]) -> dict[str, Any]:
+    """``{"validation": …}`` of a reply held to a JSON Schema (its check against the whole
+    schema: docs/protocol.md), else nothing: each API adds it to its own reply object."""
+    return {"validation": done["validation"]} if "validation" in done else {}
+
+
 def status_of(exc: ModeldError) -> int:
     if isinstance(exc, BodyTooLarge):
         return 413

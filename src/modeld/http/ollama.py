@@ -34,6 +34,7 @@ from modeld.http.common import (
     read_json,
     status_of,
     stream_or_error,
+    validation_of,
 )
 from modeld.http.imageparts import ollama_images
 from modeld.replyparse import template_capabilities
@@ -88,6 +89,7 @@ def _done_record(name: str, body: dict[str, Any], started: float) -> dict[str, A
         "prompt_eval_duration": int(float(t.get("prompt_eval_s") or 0.0) * NS),
         "eval_count": int(t.get("completion_tokens") or 0),
         "eval_duration": int(float(t.get("generation_s") or 0.0) * NS),
+        **validation_of(body),
     }  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from modeld.http.common import (
     read_json,
     status_of,
     stream_or_error,
+    validation_of,
 )
 from modeld.http.ticks import SSE_KEEPALIVE, ticking
 
@@ -194,7 +195,7 @@ class OpenAIAPI(API):
             one = ({"index": 0, "message": reply.message(text, done), "logprobs": lp,
                     "finish_reason": _finish(done)} if chat else
                    {"index": 0, "text": text, "logprobs": lp, "finish_reason": _finish(done)})
-            one.update(_why(done))
+            one.update(_why(done), **validation_of(done))
             return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
                                  "choices": [one], "usage": _usage(done)})
 
@@ -221,7 +222,8 @@ class OpenAIAPI(API):
                         if kind == "chunk":
                             yield event([choice(msg, None, msg.get("logprobs") or [])])
                         else:
-                            yield event([{**choice(None, _finish(msg), None), **_why(msg)}])
+                            yield event([{**choice(None, _finish(msg), None), **_why(msg),
+                                          **validation_of(msg)}])
                             if include_usage:
                                 yield event([], _usage(msg))
                 except ModeldError as exc:

@@ -24,7 +24,14 @@ from starlette.routing import Route
 from modeld.config import Settings
 from modeld.errors import InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
-from modeld.http.common import API, message_of, model_ref, read_json, stream_or_error
+from modeld.http.common import (
+    API,
+    message_of,
+    model_ref,
+    read_json,
+    stream_or_error,
+    validation_of,
+)
 from modeld.http.openai import error
 from modeld.http.responsesreq import ResponseStore, reply_message, responses_generate
 from modeld.http.ticks import SSE_KEEPALIVE, ticking
@@ -211,7 +218,8 @@ class ResponsesAPI(API):
             if keep:
                 self.store.put(ident, [*conversation, reply_message(text, done)])
             cut = _incomplete(done)
-            return response("incomplete" if cut else "completed", output, _usage(done), cut)
+            return {**response("incomplete" if cut else "completed", output, _usage(done), cut),
+                    **validation_of(done)}
 
         if not doc.get("stream"):
             try:

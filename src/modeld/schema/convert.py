@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
 
 from modeld.errors import InvalidRequestError
 from modeld.schema import numbers, pattern
+from modeld.schema.formats import CHECKS
 from modeld.schema.gbnf import Rules, alternation, json_text, literal, other_key, repeat
 from modeld.schema.keywords import (
     ANNOTATIONS,
@@ -24,8 +24,10 @@ from modeld.schema.keywords import (
     MAX_ALTERNATIVES,
     MAX_OPTIONAL,
     MAX_REPEAT,
+    VALIDATED,
     refused_hint,
 )
+from modeld.schema.validate import resolve, validate
 
 _HINT = "see docs/protocol.md for the JSON Schema subset modeld enforces, or send " \
         "'format': 'json'"  # fmt: skip
@@ -37,7 +39,9 @@ _KINDS = {  # the type a keyword implies when a schema names none
     "items": "array", "prefixItems": "array", "minItems": "array", "maxItems": "array",
     "minLength": "string", "maxLength": "string", "pattern": "string", "format": "string",
     "minimum": "number", "maximum": "number", "exclusiveMinimum": "number",
-    "exclusiveMaximum": "number",
+    "exclusiveMaximum": "number", "multipleOf": "number", "uniqueItems": "array",
+    "propertyNames": "object", "minProperties": "object", "maxProperties": "object",
+    "patternProperties": "object",
 }  # fmt: skip
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _STRUCTURE = {"$defs", "definitions"}
@@ -45,7 +49,8 @@ _STRUCTURE = {"$defs", "definitions"}
 
 @dataclass
 class Built:
-    """A schema's grammar, and the ``format`` values in it that no grammar holds."""
+    """A schema's grammar, and the ``format`` values in it that modeld neither holds nor
+    checks (annotations)."""
 
     gbnf: str
     unchecked: list[str] = field(default_factory=list)
@@ -102,10 +107,8 @@ class _Converter:
             return self.visit(self._all_of(schema, path), path, hint)
         if "anyOf" in keys or "oneOf" in keys:
             word = "anyOf" if "anyOf" in keys else "oneOf"
-            if keys - {word}:
-                raise self.fail(path, f"'{sorted(keys - {word})[0]}' beside '{word}' is not "
-                                "supported", f"move it into each of the {word} alternatives")
-            return self._union(schema[word], f"{path}/{word}", hint)
+            alts = self._distribute(schema, word, path) if keys - {word} else schema[word]
+            return self._union(alts, f"{path}/{word}", hint)
         if "const" in keys or "enum" in keys:
             return self._constants(schema, keys, path, hint)
         kind = schema.get("type")
@@ -134,19 +137,22 @@ class _Converter:
             if key in ANNOTATIONS or key.startswith("x-") or key in _STRUCTURE:
                 continue
             where = f"{path}/{key}"
-            if key not in ENFORCED:
+            if key not in ENFORCED and key not in VALIDATED:
                 raise self.fail(where, f"the keyword '{key}' is not supported",
                                 refused_hint(key))
             if key == "uniqueItems":
-                if value is True:
-                    raise self.fail(where, "'uniqueItems': true cannot be enforced",
-                                    refused_hint(key))
-                continue
+                if not isinstance(value, bool):
+                    raise self.fail(where, "must be true or false")
+                continue  # no grammar: the complete reply is validated
+            if key == "multipleOf" and (isinstance(value, bool) or not isinstance(
+                    value, int | float) or not math.isfinite(value) or value <= 0):
+                raise self.fail(where, "must be a number above 0")
             if key in ("unevaluatedProperties", "unevaluatedItems"):
                 continue  # the grammar writes only what the schema declares: always met
             if key == "format" and value not in FORMATS:
-                self.unchecked.append(f"format {value!r} at {path}")
-                continue
+                if value not in CHECKS:
+                    self.unchecked.append(f"format {value!r} at {path}")
+                continue  # validated after (or an annotation)
             keys.add(key)
         return keys
 
@@ -166,15 +172,9 @@ class _Converter:
 
     def _target(self, ref: str, path: str) -> Any:
         """What the local JSON pointer ``ref`` names in the schema."""
-        target: Any = self.root
-        for part in ref[1:].split("/")[1:] if ref != "#" else []:
-            part = unquote(part).replace("~1", "/").replace("~0", "~")
-            if isinstance(target, dict) and part in target:
-                target = target[part]
-            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
-                target = target[int(part)]
-            else:
-                raise self.fail(path, f"the $ref {ref[:100]!r} names nothing in the schema")
+        target = resolve(self.root, ref)
+        if target is None:
+            raise self.fail(path, f"the $ref {ref[:100]!r} names nothing in the schema")
         return target
 
     def _union(self, alts: Any, path: str, hint: str) -> str:
@@ -192,6 +192,38 @@ class _Converter:
                                (json_text(c["const"]) for c in constants))
             rules.append(self.rules.define(hint, f"{tree} space"))
         return self.rules.define(hint, " | ".join(rules))
+
+    def _distribute(self, schema: dict[str, Any], word: str, path: str) -> list[Any]:
+        """The alternatives of ``word`` with the keywords beside it moved into each (zod's
+        ``{"type": "string", "anyOf": [{"format": "ipv4"}, {"format": "ipv6"}]}``); a constant
+        alternative stays a constant when it satisfies them, and is left out when not."""
+        beside = {k: v for k, v in schema.items() if k != word and k not in ANNOTATIONS}
+        if "anyOf" in beside or "oneOf" in beside or "$ref" in beside:
+            other = sorted(set(beside) & {"anyOf", "oneOf", "$ref"})[0]
+            raise self.fail(path, f"'{other}' beside '{word}' is not supported",
+                            f"move it into each of the {word} alternatives")
+        alts = schema[word]
+        if not isinstance(alts, list):
+            return alts  # type: ignore[no-any-return]  # _union says what is wrong
+        out: list[Any] = []
+        for i, alt in enumerate(alts):
+            if not isinstance(alt, dict) or "$ref" in alt:
+                raise self.fail(f"{path}/{word}/{i}", f"keywords beside '{word}' with an "
+                                "alternative that is a $ref are not supported",
+                                f"move them into each of the {word} alternatives")
+            if set(alt) - ANNOTATIONS == {"const"} and "pattern" not in beside:
+                if validate(alt["const"], beside, self.root).valid:
+                    out.append(alt)
+                continue
+            clash = [k for k in beside if k in alt and alt[k] != beside[k]]
+            if clash:
+                raise self.fail(f"{path}/{word}/{i}/{clash[0]}", f"'{clash[0]}' both beside "
+                                f"'{word}' and in an alternative is not supported",
+                                "give it in one place")
+            out.append({**beside, **alt})
+        if not out:
+            raise self.fail(path, f"no {word} alternative satisfies the keywords beside it")
+        return out
 
     def _all_of(self, schema: dict[str, Any], path: str) -> dict[str, Any]:
         """``allOf`` as one schema: its only member, or object schemas merged."""
@@ -218,19 +250,24 @@ class _Converter:
         return merged
 
     def _constants(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
-        if keys - {"const", "enum", "type"}:
-            raise self.fail(path, f"'{sorted(keys - {'const', 'enum', 'type'})[0]}' beside "
-                            "enum/const is not supported", "list only the values you want")
+        """The values of ``enum``/``const`` that also satisfy the schema's other keywords
+        (checked here, once: the grammar then holds exactly those)."""
         values = [schema["const"]] if "const" in keys else schema["enum"]
         if not isinstance(values, list) or not values:
             raise self.fail(f"{path}/enum", "must be a non-empty list")
-        kinds = schema.get("type")
-        if kinds is not None:
-            allowed = set(kinds if isinstance(kinds, list) else [kinds])
-            values = [v for v in values if _json_type(v) in allowed
-                      or ("number" in allowed and _json_type(v) == "integer")]
-            if not values:
-                raise self.fail(path, "no enum/const value has the schema's type")
+        rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+        if keys - {"const", "enum", "type"} or "format" in rest or "uniqueItems" in rest:
+            if "pattern" in keys:
+                raise self.fail(path, "'pattern' beside enum/const is not supported",
+                                "list only the values you want")
+            for sub in ("items", "prefixItems", "properties", "additionalProperties",
+                        "propertyNames"):
+                if sub in rest:
+                    raise self.fail(path, f"'{sub}' beside enum/const is not supported",
+                                    "list only the values you want")
+        values = [v for v in values if validate(v, rest, self.root).valid]
+        if not values:
+            raise self.fail(path, "no enum/const value satisfies the schema's other keywords")
         tree = alternation(self.rules, f"{hint}-value", (json_text(v) for v in values))
         return self.rules.define(hint, f"{tree} space")
 
@@ -239,12 +276,16 @@ class _Converter:
     def _object(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
         props = schema.get("properties", {})
         required = schema.get("required", [])
-        extra = schema.get("additionalProperties")
+        extra = False if schema.get("propertyNames") is False else \
+            schema.get("additionalProperties")  # fmt: skip
         if not isinstance(props, dict) or not isinstance(required, list) or \
                 not all(isinstance(r, str) for r in required):  # fmt: skip
             raise self.fail(path, "'properties' must be an object and 'required' a list of names")
-        if not props and not required and extra in (None, True):
-            return self.rules.primitive("object")
+        if not props and not required:  # a map: its members' count and keys can be held
+            return self._map(schema, path, hint)
+        if "patternProperties" in schema:
+            raise self.fail(f"{path}/patternProperties", "patternProperties beside properties "
+                            "or required is not supported", "list the members in properties")
         members = dict(props)
         for name in required:  # required but not declared: its schema is additionalProperties'
             if name not in members:
@@ -258,10 +299,10 @@ class _Converter:
         needed = [kv[n] for n in members if n in required]
         optional = [kv[n] for n in members if n not in required]
         if extra is not None and extra is not False:
-            value = self.visit(extra, f"{path}/additionalProperties", f"{hint}-extra")
-            key = other_key(self.rules, f"{hint}-key", members) if members else \
-                self.rules.primitive("string")  # fmt: skip
-            pair = self.rules.define(f"{hint}-extra-kv", f'{key} ":" space {value}')
+            # keys from propertyNames may spell a declared name: the validation after says so
+            key = self._key_rule(schema, path, hint) or other_key(self.rules, f"{hint}-key",
+                                                                  members)
+            pair = self._pair(key, extra, f"{path}/additionalProperties", hint)
             optional.append(self.rules.define(f"{hint}-extras", f'{pair} ("," space {pair})*'))
         if len(optional) > MAX_OPTIONAL:
             raise self.fail(path, f"{len(optional)} optional members (at most {MAX_OPTIONAL}: "
@@ -277,6 +318,57 @@ class _Converter:
                           for o, c in zip(optional, [*chain[1:], ""], strict=True)]
                 body = "(" + " | ".join(firsts) + ")?"
         return self.rules.define(hint, f'"{{" space {body} "}}" space')
+
+    def _map(self, schema: dict[str, Any], path: str, hint: str) -> str:
+        """An object that declares no members: any number of them (minProperties to
+        maxProperties), keys from propertyNames or the one pattern of patternProperties,
+        values from additionalProperties or that pattern's schema."""
+        extra = schema.get("additionalProperties")
+        low = self._count(schema, "minProperties", path)
+        high = self._count(schema, "maxProperties", path)
+        if "patternProperties" in schema:
+            key, value, where = self._pattern_key(schema, path, hint)
+        else:
+            if extra is False or schema.get("propertyNames") is False:
+                high = 0
+            if low == 0 and high is None and extra in (None, True) and \
+                    "propertyNames" not in schema:  # fmt: skip
+                return self.rules.primitive("object")
+            key = self._key_rule(schema, path, hint) or self.rules.primitive("string")
+            value, where = True if extra is None else extra, f"{path}/additionalProperties"
+        body = repeat(self._pair(key, value, where, hint), low, high, sep='"," space')
+        return self.rules.define(hint, f'"{{" space {body} "}}" space')
+
+    def _pattern_key(self, schema: dict[str, Any], path: str, hint: str
+                     ) -> tuple[str, Any, str]:
+        """A map's key rule, value schema and its path from its one ``patternProperties``
+        pattern (pydantic's ``dict[constr(pattern=…), …]``): every key the grammar writes
+        matches it, so additionalProperties never applies."""
+        patterns, where = schema["patternProperties"], f"{path}/patternProperties"
+        if not isinstance(patterns, dict) or len(patterns) != 1 or "propertyNames" in schema:
+            raise self.fail(where, "patternProperties other than one pattern (and no "
+                            "propertyNames) is not supported", "give the keys one pattern")
+        ((text, value),) = patterns.items()
+        where = f"{where}/{_pointer(text)}"
+        key = self.rules.define(f"{hint}-key", pattern.to_gbnf(
+            text, lambda why: self.fail(where, f"the pattern {why}")))
+        return key, value, where
+
+    def _pair(self, key: str, value: Any, where: str, hint: str) -> str:
+        rule = self.visit(value, where, f"{hint}-extra")
+        return self.rules.define(f"{hint}-extra-kv", f'{key} ":" space {rule}')
+
+    def _key_rule(self, schema: dict[str, Any], path: str, hint: str) -> str | None:
+        """The rule of a member's key from ``propertyNames`` (None: it has none)."""
+        names = schema.get("propertyNames")
+        if names is None or names is True or names is False:  # false: no member (the callers)
+            return None
+        where = f"{path}/propertyNames"
+        if not isinstance(names, dict) or names.get("type", "string") != "string" or \
+                set(names) & {"$ref", "anyOf", "oneOf", "allOf"}:  # fmt: skip
+            raise self.fail(where, "propertyNames must be a string schema without $ref, "
+                            "anyOf, oneOf or allOf", "give the keys' enum, pattern or lengths")
+        return self.visit({**names, "type": "string"}, where, f"{hint}-key")
 
     def _optional_chain(self, optional: list[str], hint: str) -> list[str]:
         """Rules ``rest[i]``: optional members i.. in order, each after a comma or left out."""
@@ -317,18 +409,15 @@ class _Converter:
 
     def _string(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
         fmt = schema.get("format")
+        # beside a pattern or a format with a grammar, the lengths (and the format) are only
+        # validated after: the grammar holds the pattern, else the format
         if "pattern" in keys:
-            if keys & {"minLength", "maxLength", "format"}:
-                raise self.fail(path, "'pattern' beside minLength, maxLength or format is not "
-                                "supported", "put the lengths into the pattern ({m,n})")
             text = schema["pattern"]
             if not isinstance(text, str):
                 raise self.fail(f"{path}/pattern", "must be a string")
             return self.rules.define(hint, pattern.to_gbnf(
                 text, lambda why: self.fail(f"{path}/pattern", f"the pattern {why}")))
         if "format" in keys:
-            if keys & {"minLength", "maxLength"}:
-                raise self.fail(path, "'format' beside minLength or maxLength is not supported")
             return self.rules.primitive("uuid" if fmt == "uuid" else f"{fmt}-string")
         low, high = self._count(schema, "minLength", path), self._count(schema, "maxLength", path)
         if low == 0 and high is None:
@@ -346,26 +435,29 @@ class _Converter:
         return self.rules.define(hint, f"({numbers.integer_range(lo, hi)}) space")
 
     def _number(self, schema: dict[str, Any], keys: set[str], path: str, hint: str) -> str:
+        step = schema.get("multipleOf")
+        if step is not None and float(step).is_integer():  # its multiples are integers
+            return self._integer(schema, keys, path, hint)
         bounds = self._bounds(schema, path)
         if not bounds:
             return self.rules.primitive("number")
-        for key, value in bounds.items():
-            if not float(value).is_integer():
-                raise self.fail(f"{path}/{key}", f"a bound of {value} on a number is not "
-                                "supported (whole-number bounds are)",
-                                "use a whole-number bound, or an integer scaled by 10^k")
         lo, lo_open, hi, hi_open = -numbers.LIMIT, False, numbers.LIMIT, False
         for key, value in bounds.items():
+            low = key in ("minimum", "exclusiveMinimum")
             if abs(value) > numbers.LIMIT:  # past what the grammar writes (16 digits)
-                if (value > 0) == key.endswith("inimum"):
+                if (value > 0) == low:
                     raise self.fail(path, "no number the grammar writes (16 digits at most) is "
                                     "within its bounds")
                 continue  # a bound past the limit on the open side: the limit holds it
-            v = int(value)
-            if key in ("minimum", "exclusiveMinimum") and (v > lo or (v == lo and not lo_open)):
-                lo, lo_open = v, key == "exclusiveMinimum"
-            if key in ("maximum", "exclusiveMaximum") and (v < hi or (v == hi and not hi_open)):
-                hi, hi_open = v, key == "exclusiveMaximum"
+            # a fractional bound: the grammar holds the whole numbers around it, and the
+            # complete reply is validated against the bound itself
+            whole = float(value).is_integer()
+            v = int(value) if whole else math.floor(value) if low else math.ceil(value)
+            is_open = whole and key.startswith("exclusive")
+            if low and (v > lo or (v == lo and is_open)):
+                lo, lo_open = v, is_open
+            if not low and (v < hi or (v == hi and is_open)):
+                hi, hi_open = v, is_open
         body = numbers.number_range(lo, lo_open, hi, hi_open) if lo <= hi else ""
         if not body:
             raise self.fail(path, "no number is within its bounds")
@@ -380,12 +472,17 @@ class _Converter:
     # ------------------------------------------------------------------ checks
 
     def _count(self, schema: dict[str, Any], key: str, path: str) -> Any:
+        """A count keyword's value for the grammar: 0 or None (no bound) when absent. A
+        maximum past :data:`MAX_REPEAT` (pydantic's URLs have maxLength 2083) is left to the
+        validation after: the grammar's repetition is then unbounded above."""
         value = schema.get(key)
         if value is None:
             return 0 if key.startswith("min") else None
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
                 not float(value).is_integer():  # fmt: skip
             raise self.fail(f"{path}/{key}", "must be a non-negative integer")
+        if value > MAX_REPEAT and key.startswith("max"):
+            return None
         if value > MAX_REPEAT:
             raise self.fail(f"{path}/{key}", f"{key} {int(value)} is over {MAX_REPEAT}, the "
                             "most a grammar repeats", f"use {key} of at most {MAX_REPEAT}")
@@ -416,17 +513,3 @@ def _key(name: str) -> str:
 
 def _pointer(name: str) -> str:
     return name.replace("~", "~0").replace("/", "~1")[:100]
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "integer" if value.is_integer() else "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"

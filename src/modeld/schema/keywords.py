@@ -1,14 +1,26 @@
 """What modeld does with each JSON Schema keyword, and the limits of a schema it turns into a
 grammar: declared once here; the converter, its errors and docs/protocol.md's list use it.
 
-Three kinds. *Enforced*: the grammar only lets the model write replies that satisfy it.
-*Annotation*: it says nothing about which replies are valid (JSON Schema's annotations, and
-``format`` values modeld has no grammar for, which JSON Schema 2020-12 also treats as
-annotations by default); the daemon's log names each such ``format`` of a request.
-Anything else is *refused*: a 400 naming the keyword and where it is.
+Four kinds. *Enforced*: the grammar only lets the model write replies that satisfy it (the
+exceptions each description names are validated after). *Validated*: no grammar holds it; the
+complete reply is checked against it (:mod:`modeld.schema.validate`) and the reply says whether
+it passed. Every reply to a schema is validated against the whole schema, enforced keywords
+too. *Annotation*: it says nothing about which replies are valid (and a ``format`` modeld
+has no check for, which the reply lists as not checked). Anything else is *refused*: a 400
+naming the keyword and where it is: keywords that change what must be written (``contains``,
+``if``, ``patternProperties``, ...), where a grammar that ignored them would lead the model to
+replies that fail.
 """
 
 from __future__ import annotations
+
+from modeld.schema.formats import CHECKS
+
+#: String formats with a grammar (each a rule of :mod:`modeld.schema.gbnf`).
+FORMATS = ("date", "time", "date-time", "uuid")
+#: String formats with no grammar that the complete reply is checked for (the four above are
+#: checked too: the grammar lets February 30th through).
+FORMATS_CHECKED = tuple(f for f in CHECKS if f not in FORMATS)
 
 #: Keywords the grammar enforces (what for, in the docs' words).
 ENFORCED: dict[str, str] = {
@@ -21,24 +33,36 @@ ENFORCED: dict[str, str] = {
     "items": "one schema for every element",
     "prefixItems": "a tuple: exactly these elements",
     "minItems": "",
-    "maxItems": "",
-    "minLength": "",
-    "maxLength": "",
-    "pattern": "a regular expression anchored with ^…$",
-    "minimum": "integers; numbers when the bound is a whole number",
-    "maximum": "integers; numbers when the bound is a whole number",
+    "maxItems": "over 2000: validated after",
+    "minLength": "validated after beside a pattern or a format with a grammar",
+    "maxLength": "as minLength; over 2000: validated after",
+    "pattern": "a regular expression, found anywhere unless anchored with ^ or $",
+    "propertyNames": "the keys of members beside the declared ones (a string schema)",
+    "patternProperties": "one pattern, on an object that declares no members (a map: the "
+                         "pattern holds every key)",
+    "minProperties": "objects that declare no members (validated after for the others)",
+    "maxProperties": "as minProperties",
+    "minimum": "integers; numbers: the whole numbers around a fractional bound (validated "
+               "after)",
+    "maximum": "as minimum",
     "exclusiveMinimum": "as minimum",
     "exclusiveMaximum": "as maximum",
-    "anyOf": "",
+    "anyOf": "keywords beside it go into each alternative",
     "oneOf": "as anyOf: the alternatives should not overlap (pydantic's unions do not)",
     "allOf": "one schema, or object schemas merged",
     "$ref": "local references (#/…), recursive ones too",
     "$defs": "",
     "definitions": "",
-    "format": "date, time, date-time, uuid (others are annotations)",
-    "uniqueItems": "false only (true cannot be held by a grammar: refused)",
+    "format": "date, time, date-time, uuid (the others modeld knows are validated after)",
     "unevaluatedProperties": "always met: the grammar writes declared members only",
     "unevaluatedItems": "always met: the grammar writes the declared elements only",
+}
+
+#: Keywords no grammar holds: the complete reply is validated against them.
+VALIDATED: dict[str, str] = {
+    "uniqueItems": "a grammar cannot keep elements distinct",
+    "multipleOf": "a whole-number multipleOf keeps a number's grammar to integers",
+    "format": ", ".join(FORMATS_CHECKED),
 }
 
 #: Keywords that constrain nothing (JSON Schema's annotations and OpenAPI's ``discriminator``,
@@ -53,16 +77,9 @@ ANNOTATIONS: frozenset[str] = frozenset({
 HINTS: dict[str, str] = {
     "nullable": "an OpenAPI keyword: write \"type\": [\"…\", \"null\"] or anyOf with "
                 "{\"type\": \"null\"}",
-    "uniqueItems": "a grammar cannot keep elements distinct: leave uniqueItems out and check "
-                   "the reply",
-    "multipleOf": "leave it out, or list the allowed values with enum",
     "not": "describe what is allowed instead (enum, anyOf)",
-    "patternProperties": "list the members in properties, or use additionalProperties",
-    "propertyNames": "list the members in properties",
 }
 
-#: String formats with a grammar (each a rule of :mod:`modeld.schema.gbnf`).
-FORMATS = ("date", "time", "date-time", "uuid")
 
 #: The largest count a repetition bound may name: minItems, maxItems, minLength, maxLength
 #: and a pattern's {m,n}. llama.cpp's grammar parser refuses a larger minimum

@@ -1,7 +1,9 @@
 """A string schema's ``pattern`` as a grammar of the JSON text of the matching strings.
 
-Supported: ``^…$`` anchors (required: JSON Schema patterns are unanchored searches, which a
-grammar of the whole string cannot express compactly), literals, ``.``, classes (``[a-z]``,
+A JSON Schema pattern is a search: a side without its anchor (``^``, ``$``) may hold any text
+around the match (``^[A-Z]`` is any string that starts with a capital). Alternatives at the
+top level share the anchors (``^a|b$`` is written as ``^(a|b)$``, a subset of what it matches:
+every reply still matches). Supported: literals, ``.``, classes (``[a-z]``,
 ``[^…]``, ``\\d \\w \\s`` and their negations), groups, ``|``, ``* + ?`` and ``{m}``, ``{m,}``,
 ``{m,n}``. Characters JSON must escape (``"``, ``\\``, controls) are written escaped, so the
 reply stays valid JSON. Quantifiers are bounded before anything is built: each count, and the
@@ -230,12 +232,19 @@ def _one_symbol(text: str) -> bool:
     return False
 
 
+#: Any text, as a JSON string's content writes it (beside a pattern's unanchored side).
+_ANY = r'([^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}))*'
+
+
 def to_gbnf(pattern: str, fail: Fail) -> str:
-    """The JSON string (quotes included) of every string ``pattern`` matches whole."""
-    if not (pattern.startswith("^") and pattern.endswith("$")) or len(pattern) < 2:
-        raise fail("must be anchored: start with ^ and end with $")
-    parser = _Parser(pattern[1:-1], fail)
+    """The JSON string (quotes included) of strings ``pattern`` finds a match in (all of
+    them, save top-level alternatives under one anchor: see the module's docstring)."""
+    start = pattern.startswith("^")
+    backslashes = len(pattern[:-1]) - len(pattern[:-1].rstrip("\\"))
+    end = pattern.endswith("$") and backslashes % 2 == 0 and len(pattern) > int(start)
+    parser = _Parser(pattern[int(start):len(pattern) - int(end)], fail)
     body, _ = parser.alternation(0)
     if parser.i != len(parser.text):
         raise fail(f"has an unbalanced ')' at offset {parser.i + 1}")
-    return f'"\\"" ({body or chr(34) * 2}) "\\"" space'
+    parts = ["" if start else _ANY, f"({body or chr(34) * 2})", "" if end else _ANY]
+    return '"\\"" ' + " ".join(p for p in parts if p) + ' "\\"" space'
