@@ -191,6 +191,11 @@ def test_a_forced_call_to_a_tool_with_a_quote_in_its_name(matcher: ByteMatcher) 
     ({"type": "object", "properties": {f"p{i}": {} for i in range(2000)}},
      "2000 optional members (at most 64"),
     ({"anyOf": [{"type": "array", "minItems": i} for i in range(100)]}, "100 alternatives"),
+    ({"type": "string", "minLength": 3, "maxLength": 1}, "minLength 3 is above maxLength 1"),
+    ({"type": "array", "items": {}, "minItems": 2, "maxItems": 0},
+     "minItems 2 is above maxItems 0"),
+    ({"type": "object", "minProperties": 5, "maxProperties": 4},
+     "minProperties 5 is above maxProperties 4"),
 ])
 def test_what_cannot_be_held_is_refused_with_its_keyword_and_path(schema: dict[str, Any],
                                                                   needle: str) -> None:

@@ -481,6 +481,11 @@ class _Converter:
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or \
                 not float(value).is_integer():  # fmt: skip
             raise self.fail(f"{path}/{key}", "must be a non-negative integer")
+        low_key = "min" + key[3:]
+        low = schema.get(low_key) if key.startswith("max") else None
+        if isinstance(low, int | float) and not isinstance(low, bool) and low > value:
+            # nothing satisfies it: a grammar like char{3,1} would hold the sampler forever
+            raise self.fail(path, f"{low_key} {low} is above {key} {value}: nothing fits")
         if value > MAX_REPEAT and key.startswith("max"):
             return None
         if value > MAX_REPEAT:
