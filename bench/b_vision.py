@@ -92,8 +92,7 @@ def vision(ctx: Context) -> dict[str, Any]:
         d.client(timeout=600).load(ours, n_ctx=N_CTX, parallel=1, keep_alive="1h",
                                    mmproj=str(proj))  # fmt: skip
         with peer.server("-m", str(model), "--mmproj", str(proj), "-c", str(N_CTX),
-                         "--parallel", "1", "-t", str(ctx.threads),
-                         log_to=ctx.out_dir / "vision-llama-server.log") as srv:
+                         "--parallel", "1", "-t", str(ctx.threads)) as srv:
             theirs_port = int(srv.url.rsplit(":", 1)[1])
             theirs = str(srv.get("/v1/models")["data"][0]["id"])  # type: ignore[index]
             seeds = iter(range(1_000_000))
