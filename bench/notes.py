@@ -559,4 +559,17 @@ NOTES: dict[str, str] = {
         "decode gave 32.3 and 36.4 against 44.0 local (each token's ~150 KB is about 12 ms at "
         "100 Mbit/s): load time is size / bandwidth, and a slow link costs every token."
     ),
+    "vision": (
+        "Two runs, 10 rounds each, on the shared 2-core machine at load average 4.2-5.6 (three "
+        "other developers' builds and tests), everything under `nice -n 19`: turn 1 0.311x and "
+        "0.379x of llama-server's, turn 2 0.229x and 0.198x of turn 1 (the table is the second "
+        "run). The repeated-image turn sits at its 0.2 target, not clearly under it: its "
+        "prompt adds 35 tokens to turn 1's 291 (llama-server reports those 291 cached; "
+        "modeld's OpenAI usage does not say); what else its ~0.14 s holds (the request's "
+        "path, the image sent again as base64 and matched by its hash) was not taken apart. "
+        "llama-server's times spread widely on the loaded machine (p90 about 3x its median; "
+        "its `--poll 0` and `-fa off` made no clear difference in a side run), so its 0.3-0.4x "
+        "is a figure of this load, not a steady one; modeld's turn 1 was steadier (p10-p90 "
+        "0.47-0.78 s)."
+    ),
 }

@@ -18,6 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import sections
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
@@ -28,7 +29,7 @@ ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footpr
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
          "agent_session", "kv_cache_type", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
-         "cluster", "heavy")  # fmt: skip
+         "cluster", "heavy", "vision")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -444,7 +445,7 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "agent_turns": _agent, "agent_session": agent_session, "parallel": _parallel,
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
-           "heavy": heavy,
+           "heavy": heavy, "vision": sections.vision,
            "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu}
 
 

@@ -12,7 +12,8 @@ from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
 agent_session (its own daemons: a 10-turn session that outgrows its context),
-kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured).
+kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured),
+vision (its own daemon beside llama-server --mmproj: a 1-image question, the repeated image).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_st
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
        "kv_cache_type", "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull",
-       "rpc", "heavy")
+       "rpc", "heavy", "vision")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -141,6 +142,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_pull
 
         _record(ctx, "pull", b_pull.pull_bench)
+    if "vision" in names:  # its own daemon beside llama-server --mmproj (bench/peer.py)
+        import b_vision
+
+        _record(ctx, "vision", b_vision.vision)
     if "rpc" in names:  # its own daemon and `modeld rpc-worker` processes on loopback
         import b_rpc
 
@@ -178,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
     if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
-        skip = ("parallel", "parallel_sampled", "tree_memory", "rpc")
+        skip = ("parallel", "parallel_sampled", "tree_memory", "rpc", "vision")
         names = [n for n in names if n not in skip]
     run(ctx, names, trace_n)
     if not args.no_report:

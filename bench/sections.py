@@ -161,3 +161,33 @@ def gpu(doc: dict[str, Any]) -> list[str]:
              f"{_f1(cold.get('load_seconds'), 2)} s), llama-server start to ready "
              f"{_f1(first.get('ready_s'), 2)} s."]
     return rows
+
+
+def vision(doc: dict[str, Any]) -> list[str]:
+    """Issue 38: a 1-image question and the repeated-image turn, modeld vs llama-server."""
+    def cell(part: dict[str, Any], key: str) -> str:
+        s = part.get(key) or {}
+        return (f"{s['median'] * 1000:.1f} ms ({s['p10'] * 1000:.0f}–{s['p90'] * 1000:.0f})"
+                if s.get("median") is not None else "-")
+
+    def tokens(part: dict[str, Any], key: str) -> str:
+        u = part.get(key) or {}
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return f"{u.get('prompt_tokens', '-')}" + (f" ({cached} cached)" if cached else "")
+
+    m, p = doc.get("modeld") or {}, doc.get("llama_server") or {}
+    pair = doc.get("pair") or {}
+    rows = ["| | modeld | llama-server --mmproj | ratio |", "|---|---:|---:|---:|",
+            f"| turn 1: new image, median (p10–p90) | {cell(m, 'first_s')} | "
+            f"{cell(p, 'first_s')} | {doc.get('ratio') or 0:.3f} |",
+            f"| turn 2: same image again | {cell(m, 'repeat_s')} | {cell(p, 'repeat_s')} | |",
+            f"| turn 2 / turn 1 | {doc.get('repeat_ratio') or 0:.3f} | "
+            f"{doc.get('peer_repeat_ratio') or 0:.3f} | |",
+            f"| prompt tokens, turn 1 / turn 2 | {tokens(m, 'usage_first')} / "
+            f"{tokens(m, 'usage_repeat')} | {tokens(p, 'usage_first')} / "
+            f"{tokens(p, 'usage_repeat')} | |",
+            "", f"Pair: text {pair.get('text')}; projector {pair.get('projector')}; "
+            f"{pair.get('image_tokens')} image tokens; n_ctx {doc.get('n_ctx')}, "
+            f"{doc.get('threads')} threads on both sides; CPU flags "
+            f"`{' '.join(doc.get('cpu_flags') or [])}`."]
+    return rows

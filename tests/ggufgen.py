@@ -49,8 +49,10 @@ def params_key(kind: str, params: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of a synthetic SentencePiece vocabulary."""
+def spm_vocab(n_vocab: int, specials: tuple[str, ...] = ()) -> tuple[list[str], list[float],
+                                                                      list[int]]:
+    """Tokens, scores and token types of a synthetic SentencePiece vocabulary; ``specials``
+    (e.g. ChatML's markers) take its last ids as control tokens, one token each."""
     if n_vocab < 300:
         raise ValueError("n_vocab must be at least 300 (3 special + 256 byte tokens + pieces)")
     tokens = ["<unk>", "<s>", "</s>"]
@@ -69,6 +71,9 @@ def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     tokens += pieces[:need]
     types += [int(gguf.TokenType.NORMAL)] * need
     scores = [0.0] * 259 + [-float(i) for i in range(need)]
+    if specials:
+        tokens[-len(specials):] = list(specials)
+        types[-len(specials):] = [int(gguf.TokenType.CONTROL)] * len(specials)
     return tokens, scores, types
 
 
@@ -155,13 +160,14 @@ def _write(
 
 
 def _common_kv(
-    w: gguf.GGUFWriter, *, name: str, dtype: DType, n_vocab: int, chat_template: str | None
+    w: gguf.GGUFWriter, *, name: str, dtype: DType, n_vocab: int, chat_template: str | None,
+    specials: tuple[str, ...] = (),
 ) -> None:
     w.add_type("model")
     w.add_name(name)
     w.add_file_type(_FILE_TYPE[dtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens, scores, types = spm_vocab(n_vocab)
+    tokens, scores, types = spm_vocab(n_vocab, specials)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -191,9 +197,11 @@ def make_llama_model(
     chat_template: str | None = None,
     name: str = "modeld-test-llama",
     std: float = 0.02,
+    specials: tuple[str, ...] = (),
 ) -> Path:
     """Write a random-weight ``llama`` model (GQA when ``n_head_kv < n_head``); matrices of
-    std ``std`` (larger ones make later tokens depend more on earlier ones: vision tests)."""
+    std ``std`` (larger ones make later tokens depend more on earlier ones: vision tests);
+    ``specials``: control tokens of its vocabulary (:func:`spm_vocab`)."""
     n_head_kv = n_head if n_head_kv is None else n_head_kv
     n_ff = 2 * n_embd if n_ff is None else n_ff
     if n_embd % n_head or n_head % n_head_kv:
@@ -202,7 +210,8 @@ def make_llama_model(
     kv_dim = head_dim * n_head_kv
 
     def kv(w: gguf.GGUFWriter) -> None:
-        _common_kv(w, name=name, dtype=dtype, n_vocab=n_vocab, chat_template=chat_template)
+        _common_kv(w, name=name, dtype=dtype, n_vocab=n_vocab, chat_template=chat_template,
+                   specials=specials)
         w.add_context_length(context_length)
         w.add_embedding_length(n_embd)
         w.add_block_count(n_layer)

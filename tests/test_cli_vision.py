@@ -35,8 +35,11 @@ def test_run_with_images_and_an_explicit_projector(
     refused = cli.run("run", str(model), "what is this?", "--image", str(a), *GREEDY)
     assert refused.returncode != 0 and "cannot see images" in refused.stderr
     plain = cli.json("run", str(model), "what is this?", *GREEDY)
+    assert "mmproj" not in cli.json("show", str(model))
     one = cli.json("run", str(model), "what is this?", "--image", str(a), "--mmproj",
                    str(proj), *GREEDY)  # fmt: skip
+    shown = cli.json("show", str(model))  # show says what the loaded model sees with
+    assert (shown["plan"], shown["mmproj"]) == ("loaded", str(proj)) and shown["mmproj_bytes"]
     two = cli.json("run", str(model), "what is this?", "--image", str(a), "--image", str(b),
                    *GREEDY)  # fmt: skip  (the load's --mmproj holds until the model unloads)
     tokens = [d["done"]["usage"]["prompt_tokens"] for d in (plain, one, two)]

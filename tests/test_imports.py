@@ -19,6 +19,8 @@ PURE_MODULES = [
     "modeld.config",
     "modeld.registry",
     "modeld.pull.names",
+    "modeld.images",
+    "modeld.projector",
     "modeld.runnerwire",
     "modeld.replyflow",
     "modeld.sizing",

@@ -13,6 +13,7 @@ from modeld import projector
 from modeld.config import Settings
 from modeld.errors import InvalidModelError
 from modeld.gguf import read_model_info, read_projector_info
+from modeld.pull.store import write_record
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -43,6 +44,14 @@ def test_the_projector_beside_a_model(tmp_path: Path, files: tuple[Path, Path, P
     assert projector.beside(other, 64) is None  # never another model's projector
     _copy(narrow, flat / "mmproj-seer-small.gguf")
     assert projector.beside(seer, 64) == str(flat / "mmproj-seer.gguf")  # by projection_dim
+    # pulled quantisations share the repository's folder: each one's record names its projector
+    q4 = _copy(model, own / "seer-Q4_K_M.gguf")
+    assert projector.beside(q4, 64) is None  # two models, a projector named after neither
+    for pulled in (m, q4):
+        write_record(pulled, {"model": "hf.co/o/seer", "mmproj": "mmproj-model-f16.gguf"})
+        assert projector.beside(pulled, 64) == str(own / "mmproj-model-f16.gguf")
+    write_record(q4, {"model": "hf.co/o/seer", "mmproj": "seer-Q8_0.gguf"})  # not a projector
+    assert projector.beside(q4, 64) is None
 
 
 def test_config_and_load_win_and_an_empty_path_means_none(

@@ -29,10 +29,13 @@ def show_data(
     n_ctx: int | None = None,
     loaded_parallel: tuple[int, str] | None = None,
     where: Where | None = None,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     """The show document for ``key`` planned against ``cache`` (not mutated);
     ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it);
-    ``where``: its KV cache type and the room on each card (None: CPU only, f16)."""
+    ``where``: its KV cache type and the room on each card (None: CPU only, f16);
+    ``mmproj``: the image projector it was loaded with ("": none; None: the one it would
+    find, :func:`projector.find`)."""
     out: dict[str, Any] = {
         "name": name,
         "path": key.path,
@@ -44,7 +47,7 @@ def show_data(
     requested = None if n_ctx is None else ctx.round_up(n_ctx)
     vision = 0
     try:  # the image projector it loads with (issue 38)
-        proj = projector.find(Path(key.path), info, name, settings) \
+        proj = projector.find(Path(key.path), info, name, settings, mmproj) \
             if key.mode == "generate" else None  # fmt: skip
     except ModeldError as exc:
         out["mmproj_error"] = exc.to_dict()

@@ -5,7 +5,9 @@ name = a path; an empty path: none), else the one beside the model: a ``.gguf`` 
 folder with "mmproj" in its name (how Hugging Face repositories and LM Studio ship them, a
 folder per model): the only one in a folder of one model, else the one whose name holds the
 model's (a folder of many models: ``seer.gguf`` and ``mmproj-seer.gguf``), else among those
-the one whose ``clip.vision.projection_dim`` is the model's width. Pure: file names and
+the one whose ``clip.vision.projection_dim`` is the model's width. A pulled model's record
+names the projector pulled with it, which comes before all of these (several quantisations
+of one repository share a folder and its one projector). Pure: file names, pull records and
 GGUF headers only.
 """
 
@@ -16,6 +18,8 @@ from typing import TYPE_CHECKING
 
 from modeld.errors import ModeldError
 from modeld.gguf import ProjectorInfo, read_projector_info
+from modeld.pull.names import is_projector_file
+from modeld.pull.store import read_record
 from modeld.registry import model_stem
 
 if TYPE_CHECKING:
@@ -43,7 +47,10 @@ def beside(model: Path, width: int) -> str | None:
         ggufs = [n for n in os.listdir(folder) if n.lower().endswith(".gguf")]
     except OSError:
         return None
-    names = sorted(n for n in ggufs if "mmproj" in n.lower() and n != model.name)
+    pulled = (read_record(model) or {}).get("mmproj")  # pulled with the model: its own
+    if isinstance(pulled, str) and pulled in ggufs and is_projector_file(pulled):
+        return str(folder / pulled)
+    names = sorted(n for n in ggufs if is_projector_file(n) and n != model.name)
     if not names:
         return None
     alone = len(ggufs) - len(names) == 1  # the model's own folder (a pulled repository)

@@ -34,6 +34,8 @@ def pull_command(settings: Settings, ref: str, *, json_out: bool, quiet: bool) -
     with _Bars() as bars:
         done = _pull(settings, ref, bars.event)
     sys.stdout.write(f"pulled {done['model']} ({_size(done['size'])}): {done['path']}\n")
+    if done["mmproj"]:
+        sys.stdout.write(f"with its image projector: {done['mmproj']}\n")
 
 
 def ensure_pulled(settings: Settings, model: str | None, *, no_pull: bool) -> None:

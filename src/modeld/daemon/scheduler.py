@@ -521,6 +521,7 @@ class Scheduler:
             self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
             None if slot is None else (slot.parallel, slot.parallel_reason),
             self.admission.where(key, name, []),
+            None if slot is None else slot.mmproj or "",  # what it loaded with (load --mmproj)
         )  # fmt: skip
         if slot is not None and out.get("plan") == "loaded":
             out["placement"] = placement.describe(slot.placement, slot.kv_type)

@@ -1,5 +1,9 @@
 """A whole pull: name → listing → choice of files → disk check → each file fetched → result.
 
+The files are the model's (every shard) and, when the repository has one, its image projector
+(``mmproj``, as Ollama and LM Studio pull it), fetched last the same way: verified, resumable,
+in the repository's folder beside the model, where the projector is found at load.
+
 It reports what happens as plain dict events (the CLI renders them as a progress bar, JSON
 lines or nothing; ``/api/pull`` as Ollama's NDJSON), so one implementation serves both.
 Event kinds: ``manifest``, ``chosen``, ``progress`` (``phase``: waiting, resuming,
@@ -72,9 +76,11 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
             "a quantisation that is there (ORG/REPO:QUANT) or one file (ORG/REPO/FILE.gguf)",
             details={"repo": ref.repo_id, "asked": ref.quant or ref.filename},
         ) from None
-    files = [listing.checked(by_path[p], ref.repo_id) for p in choice.files]
+    paths = [*choice.files, *([choice.projector] if choice.projector else [])]
+    files = [listing.checked(by_path[p], ref.repo_id) for p in paths]
     canonical = _canonical(ref, choice)
-    transfers = [_transfer(ref, f, models_dir, canonical, choice.quant) for f in files]
+    transfers = [_transfer(ref, f, models_dir, canonical, choice.quant, _linked(choice, f.path))
+                 for f in files]  # fmt: skip
     emit({"event": "chosen", "model": canonical, "quant": choice.quant, "reason": choice.reason,
           "message": _choice_message(ref, choice),
           "total": sum(f.size for f in files),
@@ -97,7 +103,8 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
             "files": [str(r.target) for r in results],
             "size": sum(t.size for t in transfers),
             "fetched_bytes": sum(r.fetched_bytes for r in results),
-            "digest": transfers[0].digest}  # fmt: skip
+            "digest": transfers[0].digest,
+            "mmproj": str(results[-1].target) if choice.projector else None}  # fmt: skip
     emit({"event": "success", **done})
     return done
 
@@ -108,8 +115,21 @@ def _canonical(ref: names.HubRef, choice: names.Choice) -> str:
     return f"hf.co/{ref.repo_id}:{choice.quant}"
 
 
+def _linked(choice: names.Choice, path: str) -> dict[str, str]:
+    """What a file's record says of the model–projector pair: the model's names its projector
+    (so projector.beside finds it among several pulled quantisations), the projector's says
+    it is one."""
+    if choice.projector is None:
+        return {}
+    if path == choice.projector:
+        return {"role": "mmproj"}
+    return {"mmproj": choice.projector.rsplit("/", 1)[-1]} if path == choice.files[0] else {}
+
+
 def _choice_message(ref: names.HubRef, choice: names.Choice) -> str:
     shards = f" in {len(choice.files)} shards" if len(choice.files) > 1 else ""
+    if choice.projector:
+        shards += f", with its image projector {choice.projector.rsplit('/', 1)[-1]}"
     if choice.reason == "fallback":
         return (f"{ref.repo_id} has no {names.DEFAULT_QUANT}; taking {choice.quant or '?'}, the "
                 f"best one listed{shards}")
@@ -117,7 +137,9 @@ def _choice_message(ref: names.HubRef, choice: names.Choice) -> str:
 
 
 def _transfer(ref: names.HubRef, f: hub.RemoteFile, models_dir: Path, canonical: str,
-              quant: str | None) -> Transfer:
+              quant: str | None, extra: dict[str, str]) -> Transfer:
+    """``extra`` in the record: the model's names its image projector (``mmproj``, found by
+    projector.beside), the projector's says it is one (``role``)."""
     return Transfer(
         url=hub.file_url(ref.repo_id, f.path, ref.revision),
         size=f.size, sha256=f.sha256, git_oid=f.git_oid,
@@ -125,7 +147,7 @@ def _transfer(ref: names.HubRef, f: hub.RemoteFile, models_dir: Path, canonical:
         models_dir=models_dir, repo_id=ref.repo_id,
         headers=hub.auth_headers(),
         record={"model": canonical, "repo": ref.repo_id, "revision": ref.revision,
-                "repo_path": f.path, "quant": quant},
+                "repo_path": f.path, "quant": quant, **extra},
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.pull.names import BadReference, HubRef, choose, shard_info
+from modeld.pull.names import BadReference, HubRef, choose, is_model_file, shard_info
 
 PARTIAL_DIR = ".partial"
 RECORD_SUFFIX = ".pull.json"
@@ -209,17 +209,23 @@ def files_of(model_file: Path) -> list[Path]:
 
 
 def remove(model_file: Path, models_dir: Path) -> list[Path]:
-    """Delete a model (all shards, their records); empty ORG/REPO folders go too. Returns
-    the files deleted."""
+    """Delete a model (all shards, their records) and, once no model is left in its folder,
+    the image projector pulled with it; empty ORG/REPO folders go too. Returns the files
+    deleted."""
+    folder = model_file.parent
+    contained(models_dir, folder)  # every shard, projector and record lives there
+    doomed = files_of(model_file)
+    if not any(is_model_file(p.name) and p not in doomed for p in folder.glob("*.gguf")):
+        doomed += [p for p in sorted(folder.glob("*.gguf"))
+                   if (read_record(p) or {}).get("role") == "mmproj"]  # fmt: skip
     removed = []
-    contained(models_dir, model_file.parent)  # every shard and record lives there
-    for path in files_of(model_file):
+    for path in doomed:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
         with contextlib.suppress(FileNotFoundError):
             record_path(path).unlink()
-    prune_empty(model_file.parent, models_dir)
+    prune_empty(folder, models_dir)
     return removed
 
 
