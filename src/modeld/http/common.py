@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
 
 from modeld import options
 from modeld.config import Settings
@@ -139,22 +137,3 @@ def iso_time(epoch: float) -> str:
 
 #: max_tokens for "no limit": generation ends at end-of-text or at the end of the context.
 UNLIMITED = options.MAX_TOKENS
-
-
-async def stream_or_error(body: AsyncIterator[bytes], media_type: str,
-                          error: Callable[[ModeldError], Response]) -> Response:
-    """Stream ``body``; an error before its first piece is answered with its HTTP status
-    instead (a wrong model name is a 404, not a 200 stream carrying an error)."""
-    try:
-        first = await anext(body)
-    except StopAsyncIteration:
-        first = b""
-    except ModeldError as exc:
-        return error(exc)
-
-    async def rest() -> AsyncIterator[bytes]:
-        yield first
-        async for part in body:
-            yield part
-
-    return StreamingResponse(rest(), media_type=media_type)
