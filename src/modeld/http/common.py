@@ -15,7 +15,8 @@ from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
 from modeld.textcheck import check_text, too_deep
 
-#: HTTP status for each modeld error code (both APIs use the same statuses).
+#: HTTP status for each modeld error code: every API and route answers with these (a body
+#: over the limit, :class:`BodyTooLarge`, is a 413; Anthropic's API has no 499: a 400 there).
 STATUS: dict[str, int] = {
     ErrorCode.MODEL_NOT_FOUND: 404,
     ErrorCode.INVALID_MODEL: 400,
@@ -30,6 +31,11 @@ STATUS: dict[str, int] = {
     ErrorCode.CANCELLED: 499,
     ErrorCode.PROTOCOL_MISMATCH: 500,
     ErrorCode.INTERNAL: 500,
+    # a pull's own (http/pull.py): the hub refused, failed or sent a file that did not verify
+    ErrorCode.UNAUTHORIZED: 403,
+    ErrorCode.NETWORK: 502,
+    ErrorCode.DISK_FULL: 507,
+    ErrorCode.VERIFICATION_FAILED: 502,
 }
 
 

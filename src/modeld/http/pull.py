@@ -24,13 +24,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import InvalidRequestError, ModeldError
 from modeld.http.common import API, message_of, read_json, status_of
 from modeld.http.reply import committed, ndjson, stream_or_error
 
-#: Statuses for the pull's own errors (the rest as in :data:`modeld.http.common.STATUS`).
-PULL_STATUS = {ErrorCode.UNAUTHORIZED: 403, ErrorCode.NETWORK: 502, ErrorCode.DISK_FULL: 507,
-               ErrorCode.VERIFICATION_FAILED: 502}  # fmt: skip
 _END = object()
 log = logging.getLogger("modeld.http")
 
@@ -72,8 +69,7 @@ ACTIVE = Pulls()
 
 
 def error(exc: ModeldError) -> JSONResponse:
-    return JSONResponse({"error": message_of(exc)},
-                        status_code=PULL_STATUS.get(exc.code) or status_of(exc))  # fmt: skip
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
 
 
 def ollama_lines(event: dict[str, Any]) -> list[dict[str, Any]]:
