@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import Response, StreamingResponse
 
 from modeld import options
 from modeld.config import Settings
@@ -17,7 +15,8 @@ from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
 from modeld.textcheck import check_text, too_deep
 
-#: HTTP status for each modeld error code (both APIs use the same statuses).
+#: HTTP status for each modeld error code: every API and route answers with these (a body
+#: over the limit, :class:`BodyTooLarge`, is a 413; Anthropic's API has no 499: a 400 there).
 STATUS: dict[str, int] = {
     ErrorCode.MODEL_NOT_FOUND: 404,
     ErrorCode.INVALID_MODEL: 400,
@@ -32,6 +31,11 @@ STATUS: dict[str, int] = {
     ErrorCode.CANCELLED: 499,
     ErrorCode.PROTOCOL_MISMATCH: 500,
     ErrorCode.INTERNAL: 500,
+    # a pull's own (http/pull.py): the hub refused, failed or sent a file that did not verify
+    ErrorCode.UNAUTHORIZED: 403,
+    ErrorCode.NETWORK: 502,
+    ErrorCode.DISK_FULL: 507,
+    ErrorCode.VERIFICATION_FAILED: 502,
 }
 
 
@@ -139,22 +143,3 @@ def iso_time(epoch: float) -> str:
 
 #: max_tokens for "no limit": generation ends at end-of-text or at the end of the context.
 UNLIMITED = options.MAX_TOKENS
-
-
-async def stream_or_error(body: AsyncIterator[bytes], media_type: str,
-                          error: Callable[[ModeldError], Response]) -> Response:
-    """Stream ``body``; an error before its first piece is answered with its HTTP status
-    instead (a wrong model name is a 404, not a 200 stream carrying an error)."""
-    try:
-        first = await anext(body)
-    except StopAsyncIteration:
-        first = b""
-    except ModeldError as exc:
-        return error(exc)
-
-    async def rest() -> AsyncIterator[bytes]:
-        yield first
-        async for part in body:
-            yield part
-
-    return StreamingResponse(rest(), media_type=media_type)

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -33,10 +31,10 @@ from modeld.http.common import (
     model_ref,
     read_json,
     status_of,
-    stream_or_error,
     validation_of,
 )
 from modeld.http.imageparts import ollama_images
+from modeld.http.reply import Renderer, generation, ndjson
 from modeld.replyparse import template_capabilities
 
 #: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, the context and the
@@ -91,6 +89,56 @@ def _done_record(name: str, body: dict[str, Any], started: float) -> dict[str, A
         "eval_duration": int(float(t.get("generation_s") or 0.0) * NS),
         **validation_of(body),
     }  # fmt: skip
+
+
+class _Generation(Renderer):
+    """A generation in Ollama's shapes: NDJSON records (``message`` for a chat, ``response``
+    for a prompt), the last with ``done`` and its timings, or that last record alone."""
+
+    media_type = "application/x-ndjson"
+    ticks = False  # Ollama's stream sends nothing before its first token
+
+    def __init__(self, doc: dict[str, Any], field: str) -> None:
+        self.name, self.field = str(doc.get("model") or "default"), field
+        self.started = time.monotonic()
+
+    def _piece(self, text: str, parts: dict[str, Any]) -> dict[str, Any]:
+        if self.field == "message":
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if parts.get("thinking"):
+                msg["thinking"] = parts["thinking"]
+            calls = parts.get("calls_done", parts.get("tool_calls"))
+            if calls:
+                msg["tool_calls"] = ollama_tool_calls(calls)
+            out = {"model": self.name, "created_at": iso_now(), "message": msg, "done": False}
+        else:
+            out = {"model": self.name, "created_at": iso_now(), "response": text,
+                   "done": False}
+            if parts.get("thinking"):
+                out["thinking"] = parts["thinking"]
+        if parts.get("logprobs"):
+            out["logprobs"] = parts["logprobs"]
+        return out
+
+    def chunk(self, body: dict[str, Any]) -> list[bytes]:
+        parts = {k: body[k] for k in ("thinking", "calls_done", "logprobs") if body.get(k)}
+        return [ndjson(self._piece(str(body.get("text", "")), parts))]
+
+    def done(self, text: str, done: dict[str, Any]) -> list[bytes]:
+        return [ndjson({**self._piece("", {}), **_done_record(self.name, done, self.started)})]
+
+    def error(self, exc: ModeldError) -> list[bytes]:
+        return [ndjson({"error": message_of(exc)})]  # mid-stream: Ollama's way
+
+    def whole(self, text: str, done: dict[str, Any]) -> Response:
+        record = self._piece(text, done)
+        record.update(_done_record(self.name, done, self.started))
+        if self.field == "response":
+            record["context"] = []
+        return JSONResponse(record)
+
+    def http_error(self, exc: ModeldError) -> Response:
+        return error(exc)
 
 
 class OllamaAPI(API):
@@ -164,57 +212,8 @@ class OllamaAPI(API):
 
     async def _generation(self, doc: dict[str, Any], ref: str | None, body: dict[str, Any],
                           field: str) -> Response:
-        name = str(doc.get("model") or "default")
-        started = time.monotonic()
-
-        def piece(text: str, parts: dict[str, Any]) -> dict[str, Any]:
-            if field == "message":
-                msg: dict[str, Any] = {"role": "assistant", "content": text}
-                if parts.get("thinking"):
-                    msg["thinking"] = parts["thinking"]
-                calls = parts.get("calls_done", parts.get("tool_calls"))
-                if calls:
-                    msg["tool_calls"] = ollama_tool_calls(calls)
-                out = {"model": name, "created_at": iso_now(), "message": msg, "done": False}
-            else:
-                out = {"model": name, "created_at": iso_now(), "response": text, "done": False}
-                if parts.get("thinking"):
-                    out["thinking"] = parts["thinking"]
-            if parts.get("logprobs"):
-                out["logprobs"] = parts["logprobs"]
-            return out
-
-        if doc.get("stream") is False:
-            try:
-                text, done = await self.bridge.collect("generate", model=ref, **body)
-            except ModeldError as exc:
-                return error(exc)
-            record = piece(text, done)
-            record.update(_done_record(name, done, started))
-            if field == "response":
-                record["context"] = []
-            return JSONResponse(record)
-
-        async def lines() -> AsyncIterator[bytes]:
-            sent = False
-            async with self.bridge.session() as s:
-                try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
-                        if kind == "chunk":
-                            parts = {k: msg[k] for k in ("thinking", "calls_done", "logprobs")
-                                     if msg.get(k)}  # fmt: skip
-                            yield _line(piece(str(msg.get("text", "")), parts))
-                        else:
-                            last = piece("", {})
-                            last.update(_done_record(name, msg, started))
-                            yield _line(last)
-                        sent = True
-                except ModeldError as exc:
-                    if not sent:
-                        raise  # before any output: an HTTP error status (see stream_or_error)
-                    yield _line({"error": message_of(exc)})  # mid-stream: Ollama's way
-
-        return await stream_or_error(lines(), "application/x-ndjson", error)
+        return await generation(self.bridge, {"model": ref, **body}, _Generation(doc, field),
+                                doc.get("stream") is not False)
 
     async def _load_or_unload(self, doc: dict[str, Any], ref: str | None, field: str
                               ) -> Response:
@@ -338,10 +337,6 @@ def _capabilities(show: dict[str, Any]) -> list[str]:
     if "thinking" in template_capabilities(template):
         caps.append("thinking")
     return caps
-
-
-def _line(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
 def _digest(path: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -25,12 +24,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
-from modeld.http.common import API, message_of, read_json, status_of, stream_or_error
+from modeld.errors import InvalidRequestError, ModeldError
+from modeld.http.common import API, message_of, read_json, status_of
+from modeld.http.reply import committed, ndjson, stream_or_error
 
-#: Statuses for the pull's own errors (the rest as in :data:`modeld.http.common.STATUS`).
-PULL_STATUS = {ErrorCode.UNAUTHORIZED: 403, ErrorCode.NETWORK: 502, ErrorCode.DISK_FULL: 507,
-               ErrorCode.VERIFICATION_FAILED: 502}  # fmt: skip
 _END = object()
 log = logging.getLogger("modeld.http")
 
@@ -72,8 +69,7 @@ ACTIVE = Pulls()
 
 
 def error(exc: ModeldError) -> JSONResponse:
-    return JSONResponse({"error": message_of(exc)},
-                        status_code=PULL_STATUS.get(exc.code) or status_of(exc))  # fmt: skip
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
 
 
 def ollama_lines(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -126,18 +122,12 @@ class PullAPI(API):
                 return error(exc)
             return JSONResponse(last)
 
-        async def body() -> AsyncIterator[bytes]:
-            sent = False
-            try:
-                async for line in lines:
-                    sent = True
-                    yield json.dumps(line, separators=(",", ":")).encode() + b"\n"
-            except ModeldError as exc:
-                if not sent:
-                    raise
-                yield json.dumps({"error": message_of(exc)}).encode() + b"\n"
+        async def body() -> AsyncIterator[list[bytes]]:
+            async for line in lines:
+                yield [ndjson(line)]
 
-        return await stream_or_error(body(), "application/x-ndjson", error)
+        parts = committed(body(), lambda exc: [ndjson({"error": message_of(exc)})])
+        return await stream_or_error(parts, "application/x-ndjson", error)
 
     async def _run(self, name: str) -> AsyncIterator[dict[str, Any]]:
         """The pull in a worker thread, its events as Ollama lines; leaving early cancels it."""
