@@ -36,6 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness
+from chaos_hostile import ARGS as HOSTILE_ARGS  # issue 35's hostile requests (own block)
+from chaos_hostile import Hostile
 from chaos_leave import leave_trials
 from harness import BIN, RESULTS, Context, daemon, smaps_rollup, write_result
 
@@ -134,11 +136,14 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
               tally: Tally, stop: float) -> None:
     from modeld.errors import ModeldError, RequestTimeoutError
 
+    heavy_left = HEAVY_PER_CLIENT
     while time.monotonic() < stop:
         m = str(rng.choice(models))
         op = rng.choices(("generate", "chat", "embed", "load", "unload", "cancel", "bad_text",
-                          "http_bad_text", "http_leave"),
-                         weights=(5, 3, 2, 1, 1, 1, 1, 1, 1))[0]
+                          "http_bad_text", "http_leave", "heavy"),
+                         weights=(5, 3, 2, 1, 1, 1, 1, 1, 1, 1))[0]
+        if op == "heavy" and heavy_left <= 0:
+            op = "generate"
         p = rng.choice(PROMPTS)
         try:
             if op == "generate":
@@ -164,6 +169,9 @@ def _requests(c: Any, d: Any, rng: random.Random, models: list[Path], refs: Refe
                 tally.add(op, "untyped", "a lone surrogate was accepted")
             elif op in ("http_bad_text", "http_leave"):
                 tally.add(op, _http(op, d.http_base, Path(m).stem, p))
+            elif op == "heavy":
+                heavy_left -= 1
+                tally.add(op, _heavy(c, d.http_base, m, rng))
             else:  # cancel after the first piece of a long reply
                 gen = c.generate(m, p, raw=True, temperature=0, max_tokens=400)
                 for _ in gen:
@@ -202,6 +210,46 @@ def _http(op: str, base: str, model: str, prompt: str) -> str:
         return "done"
     except httpx.TimeoutException:
         return "left"
+
+
+# ----------------------------------------------------------------------------- issue 35
+# Heavy and hostile requests (bench/b_heavy.py measures them one at a time), a bounded number
+# per client: each must get its typed answer (or its reply) and cost no one else anything.
+
+HEAVY_PER_CLIENT = 4
+_WORDS = [f"w{i:04d}x" for i in range(5000)]
+_HEAVY_SCHEMAS = (
+    {"type": "array", "items": {"type": "integer"}, "minItems": 100_000_000},  # refused
+    {"type": "string", "pattern": "^a{1000000000}$"},  # refused
+    {"type": "object", "properties": {f"p{i}": {} for i in range(2000)}},  # refused
+    {"enum": _WORDS},  # a prefix tree: answered
+)
+
+
+def _heavy(c: Any, base: str, model: str, rng: random.Random) -> str:
+    """One of: a schema with huge repetition bounds, 2,000 optional members or 5,000 enum
+    words; a prompt of 4 MB; a body nested 100,000 arrays deep (HTTP). The outcome is the
+    typed error, or "done" for the enum's reply."""
+    import httpx
+
+    from modeld.errors import ModeldError
+
+    kind = rng.randrange(len(_HEAVY_SCHEMAS) + 2)
+    try:
+        if kind < len(_HEAVY_SCHEMAS):
+            schema = _HEAVY_SCHEMAS[kind]
+            text = c.generate(model, "Pick one.", raw=True, format=schema, temperature=1.0,
+                              max_tokens=8).text()
+            return "done" if text else "untyped:empty"
+        if kind == len(_HEAVY_SCHEMAS):
+            c.generate(model, "hello world " * 350_000, raw=True, **_GREEDY).text()
+            return "untyped:a 4 MB prompt was accepted"
+    except ModeldError as exc:
+        return f"error:{exc.code.value}"
+    deep = "[" * 100_000 + "]" * 100_000
+    body = f'{{"model": "{Path(model).stem}", "prompt": "x", "format": {deep}}}'
+    r = httpx.post(f"{base}/api/generate", content=body, timeout=60)
+    return "error:invalid_request" if r.status_code == 400 else f"untyped:{r.status_code}"
 
 
 def _runner_pids(d: Any) -> list[int]:
@@ -314,12 +362,18 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
     port = harness.free_port()
     args = ("--memory-cap", str(budget), "--runner-stall", str(STALL_S), "--max-models", "3",
             "--keep-alive", "30s", "--http", f"127.0.0.1:{port}")
-    with daemon(*args) as d:
+    # issue 35 (Hostile, HOSTILE_ARGS): a lying hub, ports that are no RPC workers, orphan
+    # tool results and slow clients, from a thread of their own in bounded counts
+    with Hostile() as hostile, daemon(*args, *HOSTILE_ARGS, env=hostile.env) as d:
+        hostile.prepare(d)
         d.http_base = f"http://127.0.0.1:{port}"
         c = d.client(timeout=120.0)
         refs = References(c, models)
         for op in ("http_bad_text", "http_leave"):  # the HTTP side's lazily made descriptors
             _http(op, d.http_base, models[0].stem, PROMPTS[0])
+        # issue 35: a first grammar imports llama_cpp in the daemon (its /dev/null pair)
+        c.generate(str(models[0]), "x", raw=True, format={"enum": ["a"]}, max_tokens=2).text()
+        hostile.warm(port)  # issue 35: the hub connection huggingface_hub keeps open
         _quiesce(d, c)
         time.sleep(1.0)
         before = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
@@ -332,6 +386,8 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
                    for i in range(CLIENTS)]
         threads.append(threading.Thread(target=_fault_loop, args=(d, models, tally, stop, seed),
                                         daemon=True))
+        threads.append(threading.Thread(target=hostile.loop, daemon=True,  # issue 35
+                                        args=(d, tally, stop, str(models[0]), port)))
         for t in threads:
             t.start()
         for t in threads:
@@ -358,6 +414,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         _quiesce(d, c)
         time.sleep(1.0)  # closed client connections leave the daemon's descriptor table
         after = {"runners": len(d.runners()), "fds": _fds(d.pid, c)}
+        hostile_targets, hostile_summary = hostile.targets(d), hostile.summary()  # issue 35
     leave = leave_trials(leave_rounds or (1 if ctx.smoke else 5))
     requests = sum(sum(v.values()) for v in tally.by_op.values())
     lost = tally.total("lost") + tally.total("untyped") + hung + sum(
@@ -382,13 +439,16 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
                        leave["disconnect_to_idle_all_s"].get("max"), 1.0, "<="),
         harness.target("|accounted - prompt-cache reservation - measured| / measured",
                        abs(acc_err) if acc_err is not None else None, 0.10, "<="),
+        *hostile_targets,  # issue 35
     ]
     return {
         "title": "Reliability: chaos run",
         "what": f"{CLIENTS} clients x {duration_s:.0f} s on 3 generated models under a budget "
                 "that fits 2, with client kills, runner SIGKILL/SIGSTOP, spare SIGSTOP, a "
-                "model file replaced, lone-surrogate requests (ZeroMQ and HTTP) and HTTP "
-                f"clients that leave; runner_stall_s {STALL_S:g}. Then leave trials on the "
+                "model file replaced, lone-surrogate requests (ZeroMQ and HTTP), HTTP "
+                "clients that leave and (issue 35) a hub whose listing lies, loads onto a port "
+                "that is no RPC worker, orphan tool results and slow request heads; "
+                f"runner_stall_s {STALL_S:g}. Then leave trials on the "
                 "default model (bench/chaos_leave.py).",
         "command": f".venv/bin/python bench/chaos.py --duration {duration_s:g} --seed {seed}"
                    + (f" --leave-rounds {leave_rounds}" if leave_rounds else ""),
@@ -403,7 +463,7 @@ def _chaos(ctx: Context, duration_s: float, seed: int, models: list[Path],
         "samples": sampler.samples, "samples_over_budget": sampler.over,
         "accounted_bytes": accounted, "measured_bytes": measured, "accounting_error": acc_err,
         "prompt_cache_reserved_bytes": reserved,
-        "wedged_models": wedged, **leave,
+        "wedged_models": wedged, **leave, **hostile_summary,
         "daemon_alive": alive, "runner_stalls": stats.get("runner_stalls"),
         "evictions": stats.get("evictions"),
         "targets": targets,

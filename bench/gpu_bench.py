@@ -9,6 +9,16 @@ counted). Writes JSON lines to $OUT/gpu.jsonl:
            estimate for full offload (sizing.estimate_n(offload=True).vram), plus the bare
            CUDA context of an empty process
   decode   tok/s of llama-cpp-python's own loop (the runner's kind of loop) vs llama-server
+  server   llama-server -ngl 99 -fa on: time from start to ready (its cold load), then
+           aggregate tok/s of 1, 4 and 8 clients with -np 1/4/8
+  modeld   the real daemon (bench/harness.py's, no HTTP) on the same model, every layer on
+           the card: the cold load (a `load` on a daemon whose spare runner is ready, and the
+           runner's own load seconds), then 1, 4 and 8 clients with parallel 1/4/8 (greedy,
+           256 tokens each, through the client library), and its ps row (PROCESSOR, VRAM)
+Then ``summary`` (also ``gpu_bench.py summary``, from gpu.jsonl alone) writes $OUT/gpu.json
+in bench/results' format with the issue's targets (VRAM estimate within 5% of NVML per
+process; one stream >= 0.95x llama-server; 4 and 8 clients >= 1.0x -np 4/8; cold load <=
+1.1x): copy it to bench/results/gpu.json and run bench/report.py for docs/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -90,17 +100,19 @@ def estimate(model: str, n_ctx: int, n_seq: int) -> dict:
 
 def server_rate(server: str, model: str, np_: int, gen: int) -> dict:
     port = 18088 + np_
+    started = time.time()
     with open(os.path.join(OUT, f"server{np_}.log"), "w") as log:
         p = subprocess.Popen([server, "-m", model, "-ngl", "99", "-c", str(4096 * np_),
                               "-np", str(np_), "-fa", "on", "--port", str(port), "-t", "8"],
                              stdout=log, stderr=subprocess.STDOUT)
     try:
-        for _ in range(300):
+        for _ in range(3000):
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).read()
                 break
             except Exception:
-                time.sleep(0.2)
+                time.sleep(0.02)
+        ready_s = time.time() - started
         body = json.dumps({"prompt": "Once upon a time", "n_predict": gen, "temperature": 0,
                            "ignore_eos": True}).encode()
 
@@ -118,10 +130,101 @@ def server_rate(server: str, model: str, np_: int, gen: int) -> dict:
         wall = time.time() - t0
         per = [x["timings"]["predicted_per_second"] for x in res]
         total = sum(x["timings"]["predicted_n"] for x in res)
-        return {"np": np_, "per_stream_tok_s": per, "aggregate_tok_s": total / wall}
+        return {"np": np_, "per_stream_tok_s": per, "aggregate_tok_s": total / wall,
+                "ready_s": ready_s}
     finally:
         p.terminate()
         p.wait(10)
+
+
+def modeld_rates(model: str, gen: int, clients: tuple[int, ...] = (1, 4, 8)) -> None:
+    """The real daemon on the card: its cold load, then ``clients`` clients at once on a model
+    loaded with that many parallel sequences (each client its own connection)."""
+    import concurrent.futures as cf
+
+    from harness import daemon
+
+    with daemon() as d:
+        c = d.client(timeout=600)
+        t0 = time.time()
+        row = c.load(model, n_ctx=4096, parallel=1, gpu_layers=-1)
+        emit("modeld_cold_load", wall_s=time.time() - t0, load_seconds=row.get("load_seconds"),
+             processor=row.get("processor"), gpu_layers=row.get("gpu_layers"),
+             size_vram=row.get("size_vram"), vram_estimate=row.get("vram_estimate"),
+             vram_measured=row.get("vram_measured"))
+        for n in clients:
+            row = c.load(model, n_ctx=4096, parallel=n, gpu_layers=-1)  # reloads for another n
+
+            def one(i: int) -> dict:
+                with d.client(timeout=600) as mine:
+                    g = mine.generate(model, f"Once upon a time {i}", raw=True, max_tokens=gen,
+                                      temperature=0, seed=1)
+                    for _ in g:
+                        pass
+                    assert g.done is not None
+                    return dict(g.done)
+
+            one(0)  # warm
+            t1 = time.time()
+            with cf.ThreadPoolExecutor(n) as ex:
+                res = list(ex.map(one, range(n)))
+            wall = time.time() - t1
+            total = sum(int(x["usage"]["completion_tokens"]) for x in res)
+            emit("modeld", clients=n, aggregate_tok_s=total / wall,
+                 per_stream_tok_s=[x["timings"].get("tokens_per_s") for x in res],
+                 batched_max=max(int(x["timings"].get("batched_max") or 1) for x in res),
+                 processor=row.get("processor"), parallel=row.get("parallel"))
+        emit("modeld_stats", **{k: v for k, v in c.stats().items() if k in (
+            "backend", "devices", "vram_estimate_error_samples", "estimate_error_samples")})
+
+
+def summary() -> dict:
+    """$OUT/gpu.json from gpu.jsonl: the rows and the issue's targets."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from harness import target
+
+    recs: list[dict] = []
+    with open(LOG) as f:
+        recs = [json.loads(line) for line in f if line.strip()]
+
+    def by(kind: str) -> list[dict]:
+        return [r for r in recs if r.get("kind") == kind]
+
+    vram = []
+    for m in by("vram_measured"):
+        est = next((e for e in by("vram_estimate")
+                    if (e["n_ctx"], e["n_seq"]) == (m["n_ctx"], m["n_seq"])), {})
+        if est.get("vram") and m.get("nvml_process"):
+            vram.append({"n_ctx": m["n_ctx"], "n_seq": m["n_seq"], "nvml": m["nvml_process"],
+                         "estimate": est["vram"],
+                         "error": (est["vram"] - m["nvml_process"]) / m["nvml_process"]})
+    server = {r["np"]: r for r in by("server") if "error" not in r}
+    ours = {r["clients"]: r for r in by("modeld")}
+    cold = next(iter(by("modeld_cold_load")), {})
+    targets = [target(f"VRAM estimate error, n_ctx {v['n_ctx']} x {v['n_seq']}",
+                      abs(v["error"]), 0.05, "<=") for v in vram]
+    for n in (1, 4, 8):
+        if n in server and n in ours:
+            ratio = ours[n]["aggregate_tok_s"] / server[n]["aggregate_tok_s"]
+            targets.append(target(f"{n} client(s): modeld / llama-server -np {n} (tok/s)",
+                                  ratio, 0.95 if n == 1 else 1.0, ">="))
+    if cold.get("wall_s") and 1 in server:
+        targets.append(target("cold load: modeld load / llama-server start to ready",
+                              cold["wall_s"] / server[1]["ready_s"], 1.1, "<="))
+    card = by("probe")[0].get("gpus", [{}])[0] if by("probe") else {}
+    doc = {"benchmark": "gpu", "title": "On an NVIDIA card (issue 34)",
+           "what": "a TinyLlama-1.1B-shaped f16 model (2.2 GB, generated), every layer on the "
+           "card; VRAM per process (NVML) vs modeld's estimate; decode of llama-server "
+           "-ngl 99 -fa on (-np 1/4/8) vs the modeld daemon (parallel 1/4/8), 256 greedy tokens "
+           "per client; cold load", "card": card.get("name"), "vram": vram,
+           "server": list(server.values()), "modeld": list(ours.values()), "cold_load": cold,
+           "targets": targets}
+    with open(os.path.join(OUT, "gpu.json"), "w") as f:
+        json.dump(doc, f, indent=2)
+    for t in targets:
+        print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {t['value']:.3f} "
+              f"({t['op']} {t['limit']})")
+    return doc
 
 
 def main() -> None:
@@ -129,10 +232,13 @@ def main() -> None:
     if mode == "child":
         child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
         return
+    if mode == "summary":
+        summary()
+        return
     model, server = sys.argv[2], sys.argv[3]
     from modeld import probe
     try:
-        emit("probe", gpus=[g.__dict__ for g in probe.gpu_memory()],
+        emit("probe", gpus=[g.to_dict() for g in probe.gpu_memory()],
              budget=probe.usable_memory().to_dict())
     except Exception as exc:
         emit("probe", error=repr(exc))
@@ -152,6 +258,11 @@ def main() -> None:
                 emit("server", **server_rate(server, model, np_, 256))
             except Exception as exc:
                 emit("server", np=np_, error=repr(exc))
+    try:
+        modeld_rates(model, 256)
+    except Exception as exc:
+        emit("modeld", error=repr(exc))
+    summary()
 
 
 if __name__ == "__main__":

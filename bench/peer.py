@@ -122,43 +122,51 @@ def router(models: list[Path], *, models_max: int = 2, n_ctx: int = 8192, parall
            ) -> Iterator[Router]:
     """Start ``llama-server --models-dir DIR --models-max N -c CTX --parallel P -t T`` on a free
     loopback port with ``models`` linked into a private directory; stop it on exit."""
-    binary = llama_server()
     with tempfile.TemporaryDirectory(prefix="modeld-peer-") as tmp:
         mdir = Path(tmp) / "models"
         mdir.mkdir()
         for m in models:
             os.symlink(Path(m).resolve(), mdir / Path(m).name)
-        port = _free_port()
-        cmd = [str(binary), "--host", "127.0.0.1", "--port", str(port), "--models-dir", str(mdir),
-               "--models-max", str(models_max), "-c", str(n_ctx), "--parallel", str(parallel),
-               "-t", str(threads), *extra]
-        sink = open(log_to, "wb") if log_to else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-        r = Router(proc, f"http://127.0.0.1:{port}", mdir)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"llama-server exited with {proc.returncode}: {cmd}")
-                try:
-                    r.get("/health", timeout=1.0)
-                    break
-                except (urllib.error.URLError, OSError, ValueError):
-                    if time.monotonic() > deadline:
-                        raise RuntimeError("llama-server did not answer /health in 60 s") from None
-                    time.sleep(0.1)
-            yield r
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 15)
+        with server("--models-dir", str(mdir), "--models-max", str(models_max), "-c",
+                    str(n_ctx), "--parallel", str(parallel), "-t", str(threads), *extra,
+                    log_to=log_to) as r:  # fmt: skip
+            yield Router(r.proc, r.url, mdir)
+
+
+@contextlib.contextmanager
+def server(*args: str, log_to: Path | None = None) -> Iterator[Router]:
+    """Start ``llama-server ARGS`` on a free loopback port, wait for ``/health``, stop it (its
+    whole process group) on exit."""
+    binary = llama_server()
+    port = _free_port()
+    cmd = [str(binary), "--host", "127.0.0.1", "--port", str(port), *args]
+    sink = open(log_to, "wb") if log_to else subprocess.DEVNULL  # noqa: SIM115
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    r = Router(proc, f"http://127.0.0.1:{port}", Path())
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}: {cmd}")
             try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)
-                proc.wait()
-            if log_to:
-                sink.close()  # type: ignore[union-attr]
+                r.get("/health", timeout=1.0)
+                break
+            except (urllib.error.URLError, OSError, ValueError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("llama-server did not answer /health in 60 s") from None
+                time.sleep(0.1)
+        yield r
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, 15)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, 9)
+            proc.wait()
+        if log_to:
+            sink.close()  # type: ignore[union-attr]
 
 
 if __name__ == "__main__":

@@ -18,17 +18,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import sections
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
-from sections import agent_session, cli_floor, rpc, tree_memory
+from sections import agent_session, cli_floor, gpu, heavy, kv_cache_type, rpc, tree_memory
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
-         "agent_session", "chaos",
+         "agent_session", "kv_cache_type", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
-         "cluster")  # fmt: skip
+         "cluster", "heavy", "vision")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -444,7 +445,8 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "agent_turns": _agent, "agent_session": agent_session, "parallel": _parallel,
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
-           "cli_floor": cli_floor}
+           "heavy": heavy, "vision": sections.vision,
+           "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -11,7 +11,9 @@ http_api, parallel and parallel_sampled (their own daemons, and llama.cpp's llam
 from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
-agent_session (its own daemons: a 10-turn session that outgrows its context).
+agent_session (its own daemons: a 10-turn session that outgrows its context),
+kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured),
+vision (its own daemon beside llama-server --mmproj: a 1-image question, the repeated image).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "parallel",
-       "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc")
+       "kv_cache_type", "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull",
+       "rpc", "heavy", "vision")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -113,6 +115,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_session
 
         _record(ctx, "agent_session", b_session.agent_session)
+    if "kv_cache_type" in names:  # its own daemon, the prompt cache off
+        import b_kvtype
+
+        _record(ctx, "kv_cache_type", b_kvtype.kv_cache_type)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)
@@ -128,10 +134,18 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_tree
 
         _record(ctx, "tree_memory", b_tree.tree_memory_bench)
+    if "heavy" in names and not ctx.smoke:  # its own daemon with HTTP, --parallel 2
+        import b_heavy
+
+        _record(ctx, "heavy", b_heavy.heavy)
     if "pull" in names:  # no daemon: modeld pull and curl against a loopback fake hub
         import b_pull
 
         _record(ctx, "pull", b_pull.pull_bench)
+    if "vision" in names:  # its own daemon beside llama-server --mmproj (bench/peer.py)
+        import b_vision
+
+        _record(ctx, "vision", b_vision.vision)
     if "rpc" in names:  # its own daemon and `modeld rpc-worker` processes on loopback
         import b_rpc
 
@@ -169,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             f"rounds {ctx.rounds}, results in {out}")
     names = _selected(args.only)
     if args.smoke and not args.only:  # the peer build takes minutes, rpc needs an RPC build
-        skip = ("parallel", "parallel_sampled", "tree_memory", "rpc")
+        skip = ("parallel", "parallel_sampled", "tree_memory", "rpc", "vision")
         names = [n for n in names if n not in skip]
     run(ctx, names, trace_n)
     if not args.no_report:

@@ -57,8 +57,8 @@ def cli_floor(doc: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _f1(x: Any) -> str:
-    return "-" if x is None else f"{x:.1f}"
+def _f1(x: Any, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _rate(r: dict[str, Any]) -> str:
@@ -109,4 +109,85 @@ def agent_session(doc: dict[str, Any]) -> list[str]:
             rows.append(f"| **{name}** | final {part['final_prompt']} | "
                         f"**{part['evaluated_total']}** ({part['ratio']:.3f} x) | | "
                         f"session {part['total_s']:.0f} s | reloads {part['reloads']} | | |")
+    return rows
+
+
+def heavy(doc: dict[str, Any]) -> list[str]:
+    """Issue 35: a stream's longest gap beside each heavy request (b_heavy.py)."""
+    rows = ["| beside | status | request s | stream's longest gap s | median gap s |",
+            "|---|---:|---:|---:|---:|"]
+    for name, r in doc.get("cases", {}).items():
+        gaps = r.get("gaps_s") or {}
+        seconds = r.get("seconds")
+        rows.append(f"| {name} | {r.get('status', '-')} | "
+                    f"{'-' if seconds is None else f'{seconds:.2f}'} | "
+                    f"{r.get('max_gap_s') or 0:.3f} | {gaps.get('median') or 0:.3f} |")
+    s = doc.get("sampler", {})
+    rows += ["", f"Daemon RSS {_mib(doc.get('daemon_rss_before'))} MiB before, "
+             f"{_mib(doc.get('daemon_rss_after'))} MiB after. Grammar sampler, a 10,000-word "
+             f"enum, worst token with the whole vocabulary masked: flat alternation "
+             f"{s.get('flat_worst_token_s', 0):.3f} s (made in {s.get('flat_init_s', 0):.3f} s), "
+             f"prefix tree {s.get('tree_worst_token_s', 0):.4f} s (made in "
+             f"{s.get('tree_init_s', 0):.3f} s)."]
+    return rows
+
+
+def kv_cache_type(doc: dict[str, Any]) -> list[str]:
+    rows = ["| n_ctx | KV type | estimate MiB | measured MiB | error | saved vs f16: measured / "
+            "estimated MiB |", "|---:|---|---:|---:|---:|---:|"]
+    for r in doc.get("rows", []):
+        saved = "" if r["kv_cache_type"] == "f16" else (
+            f"{_mib(r.get('saved_measured'))} / {_mib(r.get('saved_estimated'))}")
+        rows.append(f"| {r['n_ctx']} | {r['kv_cache_type']} | {_mib(r['estimate_bytes'])} | "
+                    f"{_mib(r['measured_bytes'])} | {r['error'] * 100:+.1f}% | {saved} |")
+    return rows
+
+
+def gpu(doc: dict[str, Any]) -> list[str]:
+    """The card run (bench/gpu_bench.py on scripts/gpu-check.sh's machine)."""
+    rows = [f"Card: {doc.get('card')}.", "", "| n_ctx x sequences | NVML per process MiB | "
+            "estimate MiB | error |", "|---|---:|---:|---:|"]
+    rows += [f"| {v['n_ctx']} x {v['n_seq']} | {_mib(v['nvml'])} | {_mib(v['estimate'])} | "
+             f"{v['error'] * 100:+.1f}% |" for v in doc.get("vram", [])]
+    server = {r["np"]: r for r in doc.get("server", [])}
+    rows += ["", "| clients | llama-server -np N tok/s | modeld parallel N tok/s |",
+             "|---:|---:|---:|"]
+    for r in doc.get("modeld", []):
+        s = server.get(r.get("clients"), {})
+        rows.append(f"| {r.get('clients')} | {_f1(s.get('aggregate_tok_s'))} | "
+                    f"{_f1(r.get('aggregate_tok_s'))} |")
+    cold, first = doc.get("cold_load") or {}, server.get(1, {})
+    rows += ["", f"Cold load: modeld `load` {_f1(cold.get('wall_s'), 2)} s (runner "
+             f"{_f1(cold.get('load_seconds'), 2)} s), llama-server start to ready "
+             f"{_f1(first.get('ready_s'), 2)} s."]
+    return rows
+
+
+def vision(doc: dict[str, Any]) -> list[str]:
+    """Issue 38: a 1-image question and the repeated-image turn, modeld vs llama-server."""
+    def cell(part: dict[str, Any], key: str) -> str:
+        s = part.get(key) or {}
+        return (f"{s['median'] * 1000:.1f} ms ({s['p10'] * 1000:.0f}–{s['p90'] * 1000:.0f})"
+                if s.get("median") is not None else "-")
+
+    def tokens(part: dict[str, Any], key: str) -> str:
+        u = part.get(key) or {}
+        cached = (u.get("prompt_tokens_details") or {}).get("cached_tokens")
+        return f"{u.get('prompt_tokens', '-')}" + (f" ({cached} cached)" if cached else "")
+
+    m, p = doc.get("modeld") or {}, doc.get("llama_server") or {}
+    pair = doc.get("pair") or {}
+    rows = ["| | modeld | llama-server --mmproj | ratio |", "|---|---:|---:|---:|",
+            f"| turn 1: new image, median (p10–p90) | {cell(m, 'first_s')} | "
+            f"{cell(p, 'first_s')} | {doc.get('ratio') or 0:.3f} |",
+            f"| turn 2: same image again | {cell(m, 'repeat_s')} | {cell(p, 'repeat_s')} | |",
+            f"| turn 2 / turn 1 | {doc.get('repeat_ratio') or 0:.3f} | "
+            f"{doc.get('peer_repeat_ratio') or 0:.3f} | |",
+            f"| prompt tokens, turn 1 / turn 2 | {tokens(m, 'usage_first')} / "
+            f"{tokens(m, 'usage_repeat')} | {tokens(p, 'usage_first')} / "
+            f"{tokens(p, 'usage_repeat')} | |",
+            "", f"Pair: text {pair.get('text')}; projector {pair.get('projector')}; "
+            f"{pair.get('image_tokens')} image tokens; n_ctx {doc.get('n_ctx')}, "
+            f"{doc.get('threads')} threads on both sides; CPU flags "
+            f"`{' '.join(doc.get('cpu_flags') or [])}`."]
     return rows

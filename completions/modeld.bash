@@ -49,8 +49,8 @@ _modeld_spec() {
             positional=()
             ;;
         "run")
-            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --rpc --help -h"
-            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc"
+            opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --raw --format --think --no-think --json --verbose -v --no-pull --rpc --gpu-layers --image --mmproj --help -h"
+            value_opts="--system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc --gpu-layers --image --mmproj"
             positional=(model none)
             ;;
         "embed")
@@ -66,8 +66,8 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --kv-cache-type --gpu-layers --help -h"
-            value_opts="--ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --kv-cache-type --gpu-layers --mmproj --help -h"
+            value_opts="--ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers --mmproj"
             positional=(model)
             ;;
         "unload")
@@ -137,6 +137,7 @@ _modeld_value() {
         "serve:--preload") _modeld_models "$cur" ;;
         "serve:--log-level") COMPREPLY=($(compgen -W "debug info warning error" -- "$cur")) ;;
         "run:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
+        "run:--image") compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen -f -- "$cur")) ;;
         "embed:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "rerank:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;
         "load:--keep-alive") COMPREPLY=($(compgen -W "5m 30m 1h 0 -1" -- "$cur")) ;;

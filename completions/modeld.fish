@@ -56,13 +56,13 @@ function __modeld_value_opts --description 'options of a command that take a val
             printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers
         case 'stop'
         case 'run'
-            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc
+            printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc --gpu-layers --image --mmproj
         case 'embed'
             printf '%s\n' --keep-alive
         case 'rerank'
             printf '%s\n' --top-n --keep-alive
         case 'load'
-            printf '%s\n' --ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers
+            printf '%s\n' --ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers --mmproj
         case 'unload'
         case 'ps'
         case 'stats'
@@ -133,6 +133,9 @@ complete -c modeld -n '__modeld_is run' -l json -d 'Print one JSON document (for
 complete -c modeld -n '__modeld_is run' -l verbose -s v -d 'Timings on stderr.'
 complete -c modeld -n '__modeld_is run' -l no-pull -d 'Never pull a missing hf.co/… model (MODELD_NO_PULL=1).'
 complete -c modeld -n '__modeld_is run' -l rpc -x -d 'llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them (modeld rpc-worker; docs/rpc.md).'
+complete -c modeld -n '__modeld_is run' -l gpu-layers -x -d 'Layers on the GPUs: N, auto or 0 (CPU only; default: the config\'s).'
+complete -c modeld -n '__modeld_is run' -l image -r -F -d 'An image (PNG, JPEG, WebP, GIF) the model sees with the prompt (repeatable; a model with an image projector).'
+complete -c modeld -n '__modeld_is run' -l mmproj -x -d 'The model\'s image projector (mmproj .gguf; default: the one beside the model or in the config; \'\' for none).'
 complete -c modeld -n '__modeld_is run' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is run 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is embed' -l keep-alive -x -a '5m 30m 1h 0 -1' -d 'How long to keep the model loaded: "5m", seconds, 0, -1.'
@@ -154,6 +157,7 @@ complete -c modeld -n '__modeld_is load' -l no-pull -d 'Never pull a missing hf.
 complete -c modeld -n '__modeld_is load' -l rpc -x -d 'llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them (modeld rpc-worker; docs/rpc.md).'
 complete -c modeld -n '__modeld_is load' -l kv-cache-type -x -d 'KV cache type: f16, q8_0 or q4_0 (default: the config\'s).'
 complete -c modeld -n '__modeld_is load' -l gpu-layers -x -d 'Layers on the GPUs: N, auto or 0 (CPU only; default: the config\'s).'
+complete -c modeld -n '__modeld_is load' -l mmproj -x -d 'The model\'s image projector (mmproj .gguf; default: the one beside the model or in the config; \'\' for none).'
 complete -c modeld -n '__modeld_is load' -l help -s h -d 'Show this message and exit.'
 complete -c modeld -n '__modeld_is load 0' -a '(__modeld_models)' -d 'model'
 complete -c modeld -n '__modeld_is unload' -l all -d 'Unload every model.'

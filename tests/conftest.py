@@ -231,3 +231,30 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
         handle.stop()
     for root in roots:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- Pull fixtures (issue 35 moved them here from test_pull_cli.py) ------------------------
+# The loopback fake hub (tests/fakehub.py), and a CLI environment whose HF_ENDPOINT is it.
+
+from fakehub import FakeHub  # noqa: E402
+
+
+@pytest.fixture()
+def hub() -> Iterator[FakeHub]:
+    with FakeHub() as h:
+        yield h
+
+
+@pytest.fixture()
+def cli(hub: FakeHub) -> Iterator[Any]:
+    """A private CLI environment pulling from ``hub`` (no token from the user's own login)."""
+    from cliutil import CliEnv
+
+    env = CliEnv.create()
+    env.env.update(HF_ENDPOINT=hub.url, HF_HUB_DISABLE_TELEMETRY="1",
+                   HF_HOME=str(env.root / "hf"))  # fmt: skip
+    env.env.pop("HF_TOKEN", None)
+    try:
+        yield env
+    finally:
+        env.cleanup()

@@ -54,6 +54,8 @@ class HubFile:
     sha256: str = ""
     git_oid: str = ""
     size: int = 0
+    listed: dict[str, Any] = field(default_factory=dict)  # a hostile hub: these fields of the
+    #                      listing entry (and of its "lfs" object) replace the true ones
 
     def __post_init__(self) -> None:
         content = self.content()
@@ -194,6 +196,10 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
                                          "path": name}  # fmt: skip
                 if f.lfs:
                     entry["lfs"] = {"oid": f.sha256, "size": f.size, "pointerSize": 134}
+                lie = dict(f.listed)
+                if "lfs" in lie and "lfs" in entry:
+                    entry["lfs"].update(lie.pop("lfs"))
+                entry.update(lie)
                 entries.append(entry)
             body = json.dumps(entries).encode()
             self.send_response(200)

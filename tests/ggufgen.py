@@ -49,8 +49,10 @@ def params_key(kind: str, params: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and token types of a synthetic SentencePiece vocabulary."""
+def spm_vocab(n_vocab: int, specials: tuple[str, ...] = ()) -> tuple[list[str], list[float],
+                                                                      list[int]]:
+    """Tokens, scores and token types of a synthetic SentencePiece vocabulary; ``specials``
+    (e.g. ChatML's markers) take its last ids as control tokens, one token each."""
     if n_vocab < 300:
         raise ValueError("n_vocab must be at least 300 (3 special + 256 byte tokens + pieces)")
     tokens = ["<unk>", "<s>", "</s>"]
@@ -69,6 +71,9 @@ def spm_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     tokens += pieces[:need]
     types += [int(gguf.TokenType.NORMAL)] * need
     scores = [0.0] * 259 + [-float(i) for i in range(need)]
+    if specials:
+        tokens[-len(specials):] = list(specials)
+        types[-len(specials):] = [int(gguf.TokenType.CONTROL)] * len(specials)
     return tokens, scores, types
 
 
@@ -155,13 +160,14 @@ def _write(
 
 
 def _common_kv(
-    w: gguf.GGUFWriter, *, name: str, dtype: DType, n_vocab: int, chat_template: str | None
+    w: gguf.GGUFWriter, *, name: str, dtype: DType, n_vocab: int, chat_template: str | None,
+    specials: tuple[str, ...] = (),
 ) -> None:
     w.add_type("model")
     w.add_name(name)
     w.add_file_type(_FILE_TYPE[dtype])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    tokens, scores, types = spm_vocab(n_vocab)
+    tokens, scores, types = spm_vocab(n_vocab, specials)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
@@ -190,8 +196,12 @@ def make_llama_model(
     seed: int = 0,
     chat_template: str | None = None,
     name: str = "modeld-test-llama",
+    std: float = 0.02,
+    specials: tuple[str, ...] = (),
 ) -> Path:
-    """Write a random-weight ``llama`` model (GQA when ``n_head_kv < n_head``)."""
+    """Write a random-weight ``llama`` model (GQA when ``n_head_kv < n_head``); matrices of
+    std ``std`` (larger ones make later tokens depend more on earlier ones: vision tests);
+    ``specials``: control tokens of its vocabulary (:func:`spm_vocab`)."""
     n_head_kv = n_head if n_head_kv is None else n_head_kv
     n_ff = 2 * n_embd if n_ff is None else n_ff
     if n_embd % n_head or n_head % n_head_kv:
@@ -200,7 +210,8 @@ def make_llama_model(
     kv_dim = head_dim * n_head_kv
 
     def kv(w: gguf.GGUFWriter) -> None:
-        _common_kv(w, name=name, dtype=dtype, n_vocab=n_vocab, chat_template=chat_template)
+        _common_kv(w, name=name, dtype=dtype, n_vocab=n_vocab, chat_template=chat_template,
+                   specials=specials)
         w.add_context_length(context_length)
         w.add_embedding_length(n_embd)
         w.add_block_count(n_layer)
@@ -230,7 +241,7 @@ def make_llama_model(
             (b + "ffn_up.weight", (n_ff, n_embd), False),
             (b + "ffn_down.weight", (n_embd, n_ff), False),
         ]
-    return _write(path, "llama", kv, list(_tensor_plan(specs, dtype, seed)))
+    return _write(path, "llama", kv, list(_tensor_plan(specs, dtype, seed, std=std)))
 
 
 def make_gemma3_model(
@@ -296,6 +307,84 @@ def make_gemma3_model(
             (b + "post_ffw_norm.weight", (n_embd,), True),
         ]
     return _write(path, "gemma3", kv, list(_tensor_plan(specs, dtype, seed)))
+
+
+def make_mlp_projector(
+    path: str | os.PathLike[str],
+    *,
+    n_embd_text: int = 64,
+    n_layer: int = 2,
+    n_embd: int = 32,
+    n_head: int = 2,
+    n_ff: int = 64,
+    n_hidden: int = 64,
+    image_size: int = 32,
+    patch_size: int = 8,
+    seed: int = 0,
+    std: float = 0.3,
+    name: str = "modeld-test-mmproj",
+) -> Path:
+    """Write a random-weight image projector (``mmproj``) of llama.cpp's ``mlp`` type (LLaVA's):
+    a ViT of ``n_layer`` blocks over ``patch_size`` patches of an ``image_size`` square, then
+    two linear layers into the text model's ``n_embd_text``; an image is
+    ``(image_size // patch_size) ** 2`` tokens (16 by default). ``clip.vision.feature_layer``
+    names the last block so every block is used (LLaVA's default stops one short).
+
+    Weights of std ``std``, not 0.02: the image's embeddings must be large enough that two
+    images lead the text model to different replies."""
+    if n_embd % n_head or image_size % patch_size:
+        raise ValueError("n_embd must divide by n_head, image_size by patch_size")
+    if n_ff == n_embd:
+        raise ValueError("n_ff must differ from n_embd (clip.cpp would swap ffn up and down)")
+    n_pos = (image_size // patch_size) ** 2
+
+    def kv(w: gguf.GGUFWriter) -> None:
+        w.add_type("mmproj")
+        w.add_name(name)
+        w.add_file_type(_FILE_TYPE["f32"])
+        w.add_string("clip.projector_type", "mlp")
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_bool("clip.use_gelu", True)
+        w.add_uint32("clip.vision.embedding_length", n_embd)
+        w.add_uint32("clip.vision.feed_forward_length", n_ff)
+        w.add_uint32("clip.vision.block_count", n_layer)
+        w.add_uint32("clip.vision.projection_dim", n_embd_text)
+        w.add_uint32("clip.vision.attention.head_count", n_head)
+        w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        w.add_uint32("clip.vision.image_size", image_size)
+        w.add_uint32("clip.vision.patch_size", patch_size)
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.feature_layer", [n_layer])
+
+    specs: list[tuple[str, tuple[int, ...], bool]] = [
+        ("v.patch_embd.weight", (n_embd, 3, patch_size, patch_size), False),
+        ("v.patch_embd.bias", (n_embd,), False),
+        ("v.position_embd.weight", (n_pos, n_embd), False),
+        ("v.pre_ln.weight", (n_embd,), True),
+        ("v.pre_ln.bias", (n_embd,), False),
+    ]
+    for i in range(n_layer):
+        b = f"v.blk.{i}."
+        specs += [(b + "ln1.weight", (n_embd,), True), (b + "ln1.bias", (n_embd,), False)]
+        for part in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            specs += [(b + part + ".weight", (n_embd, n_embd), False),
+                      (b + part + ".bias", (n_embd,), False)]  # fmt: skip
+        specs += [
+            (b + "ln2.weight", (n_embd,), True),
+            (b + "ln2.bias", (n_embd,), False),
+            (b + "ffn_up.weight", (n_ff, n_embd), False),
+            (b + "ffn_up.bias", (n_ff,), False),
+            (b + "ffn_down.weight", (n_embd, n_ff), False),
+            (b + "ffn_down.bias", (n_embd,), False),
+        ]
+    specs += [
+        ("mm.0.weight", (n_hidden, n_embd), False),
+        ("mm.0.bias", (n_hidden,), False),
+        ("mm.2.weight", (n_embd_text, n_hidden), False),
+        ("mm.2.bias", (n_embd_text,), False),
+    ]
+    return _write(path, "clip", kv, list(_tensor_plan(specs, "f32", seed, std=std)))
 
 
 BERT_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -426,9 +515,20 @@ SWA: dict[str, Any] = dict(  # kind "gemma3"
 )  # fmt: skip
 
 RERANKER: dict[str, Any] = dict(n_layer=2, n_embd=64, n_head=4, n_ff=128, n_vocab=400)  # "bert"
+#: TINY_CHAT whose attention weighs earlier positions enough that an image changes the reply
+VISION_CHAT: dict[str, Any] = dict(TINY_CHAT, std=0.4)
+#: kind "mmproj": a projector for TINY/TINY_CHAT/VISION_CHAT (n_embd 64); an image is 16 tokens
+TINY_MMPROJ: dict[str, Any] = dict(n_embd_text=64, n_layer=2, n_embd=32, n_head=2, n_ff=64,
+                                   image_size=32, patch_size=8)  # fmt: skip
+
+
+def mmproj_tokens(params: dict[str, Any]) -> int:
+    """Tokens one image takes with a projector made from ``params`` (``mlp``: one a patch)."""
+    return int((params.get("image_size", 32) // params.get("patch_size", 8)) ** 2)
 
 MAKERS: dict[str, Callable[..., Path]] = {
     "llama": make_llama_model, "gemma3": make_gemma3_model, "bert": make_bert_reranker,
+    "mmproj": make_mlp_projector,
 }  # fmt: skip
 
 

@@ -240,7 +240,7 @@ def test_a_client_that_leaves_cancels_on_the_daemon(setup: Setup) -> None:
     client = setup.daemons[a_node].client
     until(lambda: any(r["in_flight"] for r in client.ps()), what="a generating")
     resp.close()
-    until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=15,
+    until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=30,
           what="the generation cancelled on the daemon")
 
 

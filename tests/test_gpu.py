@@ -81,3 +81,43 @@ def test_tiny_generated_models_too(daemon_factory: Callable[..., Any],
         row = c.load(str(tiny), gpu_layers=layers)
         assert row["state"] in ("ready", "busy"), row
         assert c.generate(str(tiny), "hi", max_tokens=4).text() is not None
+
+
+@pytest.fixture(scope="module")
+def other(model_factory: Callable[..., Path]) -> Path:
+    return model_factory("llama", **dict(SHAPE, seed=3))
+
+
+def _capped(daemon_factory: Callable[..., Any], model: Path) -> tuple[Any, int]:
+    """A daemon whose card budget (vram_cap) holds one such model and half another: the
+    plan of one is read on a first daemon."""
+    first = daemon_factory().client(timeout=300)
+    planned = int(first.load(str(model), n_ctx=4096, parallel=1)["vram_estimate"])
+    first.unload(all=True)
+    cap = planned + planned // 2
+    return daemon_factory(env={"MODELD_VRAM_CAP": str(cap)}).client(timeout=300), planned
+
+
+def test_a_second_model_beside_a_pinned_one_goes_partly_to_ram(
+    daemon_factory: Callable[..., Any], model: Path, other: Path
+) -> None:
+    c, planned = _capped(daemon_factory, model)
+    a = c.load(str(model), n_ctx=4096, parallel=1, pinned=True)
+    assert a["processor"] == "100% GPU", a
+    b = c.load(str(other), n_ctx=4096, parallel=1)
+    assert 0 < b["gpu_layers"] < SHAPE["n_layer"] + 1 and "CPU/GPU" in b["processor"], b
+    assert int(b["vram_estimate"]) < planned
+    stats = c.stats()
+    assert stats["evictions"]["vram"] == 0 and stats["backend"] == "CUDA"
+    assert c.generate(str(other), "Hello", max_tokens=8, temperature=0).text() is not None
+
+
+def test_an_idle_model_is_evicted_when_the_card_is_short(
+    daemon_factory: Callable[..., Any], model: Path, other: Path
+) -> None:
+    c, _ = _capped(daemon_factory, model)
+    assert c.load(str(model), n_ctx=4096, parallel=1)["processor"] == "100% GPU"
+    b = c.load(str(other), n_ctx=4096, parallel=1)
+    assert b["processor"] == "100% GPU", b
+    assert c.stats()["evictions"]["vram"] == 1
+    assert [r["name"] for r in c.ps() if r["state"] != "unloading"] == [other.stem]

@@ -51,13 +51,18 @@ class Served:
 def served(daemon_factory: Factory, tiny_chat_model: Path, tmp_path: Path) -> Iterator[Served]:
     """A daemon with HTTP on a free loopback port; the tiny chat model is ``tiny`` in its
     models dir (so names resolve as for the CLI)."""
+    yield start_served(daemon_factory, tiny_chat_model)
+
+
+def start_served(daemon_factory: Factory, tiny_chat_model: Path, *flags: str) -> Served:
+    """:func:`served`'s daemon, with more daemon ``flags``."""
     port = free_port()
-    d = daemon_factory("--http", f"127.0.0.1:{port}")
+    d = daemon_factory("--http", f"127.0.0.1:{port}", *flags)
     models = d.root / "models"
     models.mkdir(exist_ok=True)
     (models / "tiny.gguf").write_bytes(tiny_chat_model.read_bytes())
     until(lambda: _answers(port), timeout=30, what="the HTTP front door")
-    yield Served(d, port)
+    return Served(d, port)
 
 
 def _answers(port: int) -> bool:
@@ -132,6 +137,29 @@ def test_openai_chat_completions_embeddings_models(served: Served) -> None:
     assert "tiny" in [m.id for m in c.models.list()]
 
 
+def test_ollama_style_options_are_honoured_on_both_apis(served: Served) -> None:
+    """``num_gpu`` (Ollama's GPU layers), ``num_ctx`` and ``keep_alive``, in Ollama's
+    ``options`` and at the top level of an OpenAI request (as Ollama's OpenAI API takes them:
+    they were accepted there and dropped, issue 34). On a CPU build GPU layers change nothing,
+    so they cost no reload; a larger context does."""
+    o, ps = served.ollama, lambda: served.d.client().ps()
+    o.generate(model="tiny", prompt="hi", options={**GREEDY, "num_predict": 2, "num_ctx": 512,
+                                                   "num_gpu": 99})  # fmt: skip
+    (row,) = ps()
+    assert row["n_ctx"] == 512 and row["processor"] == "100% CPU" and row["gpu_layers"] == 0
+    r = httpx.post(f"{served.base}/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+        "keep_alive": "7m", "num_ctx": 1024, "num_gpu": 0, **GREEDY})  # fmt: skip
+    assert r.status_code == 200, r.text
+    (row,) = ps()
+    assert row["n_ctx"] == 1024 and row["keep_alive_s"] == 420  # honoured, not dropped
+    o.generate(model="tiny", prompt="hi", options={**GREEDY, "num_predict": 2, "num_gpu": 5})
+    assert served.stats()["evictions"]["reload"] == 1  # the context's; none for num_gpu
+    bad = httpx.post(f"{served.base}/api/generate", timeout=60, json={
+        "model": "tiny", "prompt": "hi", "options": {"num_gpu": "all"}})  # fmt: skip
+    assert bad.status_code == 400 and "gpu_layers" in bad.json()["error"], bad.text
+
+
 def test_errors_have_the_apis_shapes_and_statuses(served: Served) -> None:
     with pytest.raises(ollama.ResponseError) as info:
         served.ollama.generate(model="no-such-model", prompt="x")
@@ -192,6 +220,36 @@ def test_metrics(served: Served) -> None:
                  "modeld_model_n_ctx", "modeld_http_request_seconds_bucket"):
         assert name in text, name
     assert re.search(r'modeld_model_n_ctx\{mode="generate",model="tiny"\} \d+', text)
+    assert 'modeld_backend{backend="CPU"} 1.0' in text  # this machine's build: no card
+    assert 'modeld_model_vram_bytes{mode="generate",model="tiny"} 0.0' in text
+    assert "modeld_vram_used_bytes{" not in text  # no card, no per-card series
+
+
+def test_metrics_per_card() -> None:
+    """/metrics per card, from the daemon's stats (what a CUDA build's stats carry)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from modeld.http.metrics import Snapshot
+
+    snap, registry = Snapshot(), CollectorRegistry(auto_describe=False)
+    registry.register(snap)
+    gib = 1 << 30
+    snap.stats = {"backend": "CUDA", "devices": [
+        {"name": "CPU", "type": "cpu"},
+        {"name": "CUDA0", "type": "gpu", "total_bytes": 80 * gib, "free_bytes": 70 * gib,
+         "budget_bytes": 79 * gib, "used_bytes": 9 * gib, "estimate_bytes": 8 * gib},
+        {"name": "CUDA1", "type": "gpu", "total_bytes": 24 * gib, "free_bytes": 24 * gib,
+         "budget_bytes": 23 * gib, "used_bytes": 0, "estimate_bytes": 0}]}
+    snap.ps = {"models": [{"name": "big", "mode": "generate", "size_vram": 9 * gib}]}
+    found = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+             for line in generate_latest(registry).decode().splitlines()
+             if not line.startswith("#")}  # fmt: skip
+    assert found['modeld_backend{backend="CUDA"}'] == 1
+    assert found['modeld_vram_used_bytes{device="CUDA0"}'] == 9 * gib
+    assert found['modeld_vram_estimate_bytes{device="CUDA0"}'] == 8 * gib
+    assert found['modeld_vram_budget_bytes{device="CUDA1"}'] == 23 * gib
+    assert not any('device="CPU"' in k for k in found)
+    assert found['modeld_model_vram_bytes{mode="generate",model="big"}'] == 9 * gib
 
 
 def test_non_loopback_needs_an_api_key(daemon_factory: Factory, tmp_path: Path) -> None:

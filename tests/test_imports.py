@@ -19,6 +19,8 @@ PURE_MODULES = [
     "modeld.config",
     "modeld.registry",
     "modeld.pull.names",
+    "modeld.images",
+    "modeld.projector",
     "modeld.runnerwire",
     "modeld.replyflow",
     "modeld.sizing",
@@ -34,6 +36,7 @@ PURE_MODULES = [
     "modeld.runner.promptfile",
     "modeld.cluster.placement",
     "modeld.cluster.asgi",
+    "modeld.schema",
 ]
 NATIVE = ("llama_cpp", "zmq", "psutil", "pynvml", "ray")
 

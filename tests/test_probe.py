@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fakenvml import FakeCard, FakeNvml
 from modeld import probe
 
 MiB = 1 << 20
@@ -236,3 +237,29 @@ def test_own_memory_fast_path_agrees_with_smaps_rollup() -> None:
     assert fast["anon"] >= 64 << 20 and full["anon"] >= 64 << 20
     assert fast["rss"] == fast["anon"] + fast["file"]
     del block
+
+
+
+def test_gpu_probe_reads_each_card_and_its_processes_from_nvml(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # card 0 holds a runner (pid 4242) and another process, card 1 a process NVML cannot see
+    fake = FakeNvml([FakeCard("NVIDIA H100", 80 * GiB, {4242: 6 * GiB, 999: 24 * GiB}),
+                     FakeCard("NVIDIA L4", 24 * GiB, None, used=2 * GiB)])  # fmt: skip
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    h100, l4 = probe.gpu_memory()
+    assert (h100.name, h100.total, h100.used, h100.free) == ("NVIDIA H100", 80 * GiB, 30 * GiB,
+                                                             50 * GiB)  # fmt: skip
+    assert h100.processes == ((999, 24 * GiB), (4242, 6 * GiB))
+    assert l4.processes is None and l4.to_dict()["free"] == 22 * GiB  # none named: unknown
+    assert probe.gpu_process_memory_per_card(4242) == (6 * GiB, 0)
+    assert probe.gpu_process_memory(4242) == 6 * GiB
+    assert fake.inits == fake.shutdowns == 3  # every probe closes NVML again
+    # the budgets the daemon plans with: others' bytes out, modeld's own runner's kept
+    from modeld import placement
+
+    cards = [placement.Card(g.index, g.name, g.total, g.used,
+                            None if g.processes is None else dict(g.processes))
+             for g in (h100, l4)]  # fmt: skip
+    assert placement.vram_budget(cards[0], {4242}, 0, margin=0) == 56 * GiB
+    assert placement.vram_budget(cards[1], {4242}, 0, margin=0) == 22 * GiB

@@ -109,3 +109,56 @@ def test_plan_never_reuses_a_non_stable_snapshot_for_greedy() -> None:
     unstable = Cached(seq(10), 0, logits_stable=False, has_logits=True)
     assert pp.plan(prompt, Cached([], 0), [unstable], True, C) == Plan(-1, 0)
     assert pp.plan(prompt, Cached([], 0), [unstable], False, C) == Plan(0, 10, exact=True)
+
+
+# --------------------------------------------------------------------------- images (issue 38)
+# An image is a span of positions evaluated whole in a piece of its own: the fresh layout cuts
+# at multiples of C outside images and at every image's start and end.
+
+IMG = -7  # a placeholder token (one id for every position of one image)
+
+
+def with_image(n: int, span: tuple[int, int]) -> list[int]:
+    s, e = span
+    return [IMG if s <= i < e else i for i in range(n)]
+
+
+def test_pieces_keep_an_image_whole_and_cut_at_its_bounds() -> None:
+    spans = [(5, 10)]
+    assert pp.pieces(0, 14, True, 64, C, spans) == [(0, 4), (4, 5), (5, 10), (10, 12), (12, 14)]
+    assert pp.pieces(0, 14, False, 6, C, spans) == [(0, 5), (5, 10), (10, 14)]
+    assert pp.pieces(10, 14, True, 64, C, spans) == [(10, 12), (12, 14)]
+
+
+def test_boundaries_skip_multiples_inside_an_image() -> None:
+    spans = [(5, 10)]
+    assert [pp.floor_cut(p, C, spans) for p in range(14)] == \
+        [0, 0, 0, 0, 4, 5, 5, 5, 5, 5, 10, 10, 12, 12]  # fmt: skip
+    assert pp.next_cut(4, C, spans) == 5 and pp.next_cut(5, C, spans) == 10
+    assert pp.next_cut(10, C, spans) == 12
+    assert pp.last_piece_start(14, C, spans) == 12 and pp.last_piece_start(10, C, spans) == 5
+
+
+def test_reuse_never_keeps_part_of_an_image() -> None:
+    spans = [(5, 10)]
+    prompt = with_image(14, (5, 10))
+    cached = Cached([*prompt[:7], 99, 98], stable=4)  # shares 7 positions: 2 of the image
+    assert pp.usable(cached, prompt, False, C, spans) == 5  # fast: back to the image's start
+    stable = Cached(prompt, stable=12)
+    assert pp.usable(stable, prompt, True, C, spans) == 12
+    assert pp.usable(Cached(prompt, stable=10), prompt, True, C, spans) == 10
+    # another image at the same place shares only the text before it
+    other = [IMG - 1 if 5 <= i < 10 else i for i in range(14)]
+    assert pp.usable(Cached(other, stable=12), prompt, True, C, spans) == 5
+
+
+def test_a_fresh_evaluation_with_an_image_is_stable_piece_by_piece() -> None:
+    spans = [(5, 10)]
+    stable, before = 0, 0
+    todo = pp.pieces(0, 14, True, 64, C, spans)
+    for piece in todo:
+        before, stable = stable, pp.stable_after(stable, piece, C, spans)
+    assert stable == 12  # the last piece (12, 14) is partial: a longer prompt cuts at 16
+    assert pp.logits_stable(before, todo[-1], 14, C, spans)
+    # fast pieces that run across a boundary do not count
+    assert pp.stable_after(10, (10, 14), C, spans) == 10

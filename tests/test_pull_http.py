@@ -20,12 +20,6 @@ NAME = "hf.co/org/tiny-GGUF:Q4_K_M"
 
 
 @pytest.fixture()
-def hub() -> Iterator[FakeHub]:
-    with FakeHub() as h:
-        yield h
-
-
-@pytest.fixture()
 def served(daemon_factory: Any, hub: FakeHub, tiny_chat_model: Path,
            tmp_path: Path) -> Iterator[tuple[ollama.Client, Path]]:
     hub.add("org/tiny-GGUF", {Q4: tiny_chat_model.read_bytes(), "tiny-Q8_0.gguf": b"GGUF"})

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from modeld.pull.names import BadReference, HubRef, choose, parse, parse_or_none, quant_of
+from modeld.pull.names import (
+    BadReference,
+    HubRef,
+    choose,
+    choose_projector,
+    is_model_file,
+    is_projector_file,
+    model_base,
+    parse,
+    parse_or_none,
+    quant_of,
+)
 
 
 @pytest.mark.parametrize(
@@ -81,3 +92,31 @@ def test_choose_falls_back_to_the_best_listed_and_never_swaps_an_asked_quant() -
         choose(HubRef("o/r", quant="Q6_K"), LISTED[:-1])
     with pytest.raises(KeyError, match=r"no \.gguf model files"):
         choose(HubRef("o/r"), ["README.md", "mmproj-F16.gguf"])
+
+
+def test_the_repositorys_image_projector_is_chosen_with_the_model() -> None:
+    assert choose(HubRef("o/r"), LISTED).projector == "mmproj-m-F16.gguf"
+    assert choose(HubRef("o/r"), LISTED[:4]).projector is None  # a text-only repository
+    # the model's own precision first, else F16 before BF16, Q8_0 and F32
+    unsloth = ["g-Q4_K_M.gguf", "g-BF16.gguf", "mmproj-BF16.gguf", "mmproj-F32.gguf",
+               "mmproj-F16.gguf"]  # fmt: skip
+    assert choose(HubRef("o/r"), unsloth).projector == "mmproj-F16.gguf"
+    assert choose(HubRef("o/r", quant="bf16"), unsloth).projector == "mmproj-BF16.gguf"
+    assert choose_projector("g-Q4_K_M.gguf", ["mmproj-Q4_0.gguf", "mmproj-a.gguf"]) == \
+        "mmproj-Q4_0.gguf"  # none preferred: the first by name
+    # a repository of several models: the projector named after the model, in its folder
+    many = ["4b/gemma-3-4b-it-Q4_K_M.gguf", "12b/gemma-3-12b-it-Q4_K_M.gguf",
+            "4b/mmproj-gemma-3-4b-it-f16.gguf", "12b/mmproj-gemma-3-12b-it-f16.gguf",
+            "mmproj-gemma-3-12b-it-f16.gguf"]  # fmt: skip
+    assert choose(HubRef("o/r", filename="12b/gemma-3-12b-it-Q4_K_M.gguf"), many).projector \
+        == "12b/mmproj-gemma-3-12b-it-f16.gguf"
+    flat = ["gemma-3-4b-it-Q4_K_M.gguf", "gemma-3-12b-it-Q4_K_M.gguf",
+            "mmproj-gemma-3-12b-it-f16.gguf", "mmproj-gemma-3-4b-it-f16.gguf"]  # fmt: skip
+    assert choose(HubRef("o/r", filename="gemma-3-4b-it-Q4_K_M.gguf"), flat).projector == \
+        "mmproj-gemma-3-4b-it-f16.gguf"
+    # pulling a projector by its own name fetches it alone
+    c = choose(HubRef("o/r", filename="mmproj-m-F16.gguf"), LISTED)
+    assert (c.files, c.projector) == (("mmproj-m-F16.gguf",), None)
+    assert model_base("Q8_0/gemma-3-4b-it-Q8_0.gguf") == "gemma-3-4b-it"
+    assert (is_projector_file("o/MMPROJ-x.gguf"), is_model_file("o/MMPROJ-x.gguf")) == \
+        (True, False)

@@ -3,12 +3,12 @@
 The README's ``sh`` code blocks are read and each command runs in order, in bash with
 pipefail, with ``modeld`` on PATH (the venv's bin, as the tour says to set up), in a private
 HOME whose config file is the README's own ``config.toml`` example, with the models the
-examples name (``qwen`` at the alias's path and ``~/models/qwen.gguf``: the tiny chat model;
-``nomic`` and ``bge-reranker`` in the models dir: tiny embedding and rerank models) and
-``notes.txt`` in the current directory. Port 11434 is swapped for a free one. Every command must
-exit 0. New README sections are replayed too; an example that cannot run here goes in
-:data:`SKIP` with its reason (an entry that matches no README line fails the test, so the list
-stays true).
+examples name (``qwen`` at the alias's path and ``~/models/qwen.gguf``: the tiny chat model
+with 32-wide heads; ``nomic`` and ``bge-reranker`` in the models dir: tiny embedding and rerank
+models) and ``notes.txt`` in the current directory. Port 11434 is swapped for a free one.
+Every command must exit 0. New README sections are replayed too; an example that cannot run
+here goes in :data:`SKIP` with its reason (an entry that matches no README line fails the
+test, so the list stays true).
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import ggufgen
 from daemonutil import until
 from test_http import free_port
 
@@ -79,8 +80,10 @@ class Home:
 
 
 @pytest.fixture()
-def home(tiny_chat_model: Path, tiny_model: Path, reranker: Path,
+def home(model_factory: Callable[..., Path], tiny_model: Path, reranker: Path,
          default_model: Path) -> Iterator[Home]:
+    # the tiny chat model with 32-wide heads, as a real qwen's: a quantized KV cache needs them
+    tiny_chat_model = model_factory("llama", **dict(ggufgen.TINY_CHAT, n_embd=128))
     root = Path(tempfile.mkdtemp(prefix="mdrd-", dir="/tmp"))
     readme = (ROOT / "README.md").read_text()
     config = root / ".config" / "modeld" / "config.toml"

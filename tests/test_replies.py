@@ -56,12 +56,13 @@ def test_runner_lifecycle_messages_have_the_declared_keys() -> None:
     device = {"device": "RPC0", "endpoint": "127.0.0.1:50052", "model_bytes": 1,
               "kv_bytes": 2, "compute_bytes": 3, "free_bytes": 4, "total_bytes": 5}  # fmt: skip
     full = rp.loaded(**common, parallel=2, greedy_batch_invariant=False, mode="generate",
-                     architecture="gemma3", has_chat_template=True, devices=[device],
+                     architecture="gemma3", has_chat_template=True, vision=True, devices=[device],
                      layers_offloaded="3/3")  # fmt: skip
     typed = replies.RunnerLoaded
     assert set(full) == typed.__required_keys__ | typed.__optional_keys__  # every key, once
-    assert list(full)[-7:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
-                               "has_chat_template", "devices", "layers_offloaded"]  # fmt: skip
+    assert list(full)[-8:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
+                               "has_chat_template", "vision", "devices",
+                               "layers_offloaded"]  # fmt: skip
     keys_match(dict(full["devices"][0]), replies.DeviceShare)
     keys_match(dict(full["memory"]), replies.RunnerMemory)
     keys_match(dict(full["footprint"]), replies.RunnerMemory)

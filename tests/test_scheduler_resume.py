@@ -29,16 +29,18 @@ def _stopped(h: Harness, runner: str, job: Job, written: int, prompt: int = 100)
     })  # fmt: skip
 
 
-def _model(model_factory: Any, context_length: int) -> Path:
-    return Path(model_factory("llama", **dict(ggufgen.TINY, context_length=context_length)))
-
-
-def test_a_reply_goes_on_in_a_larger_context(model_factory: Any) -> None:
-    model = _model(model_factory, 32768)
+def _loaded(model_factory: Any, context_length: int) -> tuple[Harness, Path]:
+    """A scheduler with a model of ``context_length`` loaded at n_ctx 512, parallel 1."""
+    model = Path(model_factory("llama", **dict(ggufgen.TINY, context_length=context_length)))
     h = make()
     _load(h, model, "L", n_ctx=512, parallel=1)
     h.hello("r1")
     h.loaded("r1")
+    return h, model
+
+
+def test_a_reply_goes_on_in_a_larger_context(model_factory: Any) -> None:
+    h, model = _loaded(model_factory, 32768)
     job = h.submit(model, "a", max_tokens=4000)
     (first,) = h.sup.messages("r1", "generate")
     assert first["grow"] is True and "resume" not in first
@@ -69,11 +71,7 @@ def test_a_reply_goes_on_in_a_larger_context(model_factory: Any) -> None:
 
 
 def test_a_reply_that_cannot_grow_ends_where_it_is(model_factory: Any) -> None:
-    model = _model(model_factory, 32768)
-    h = make()
-    _load(h, model, "L", n_ctx=512, parallel=1)
-    h.hello("r1")
-    h.loaded("r1")
+    h, model = _loaded(model_factory, 32768)
     info = sizing.read_info(str(model))
     at = [sizing.estimate_n(info, n).total for n in (512, 768)]
     h.cache.budget_bytes = h.sched.baseline + (at[0] + at[1]) // 2  # memory got short
@@ -87,11 +85,7 @@ def test_a_reply_that_cannot_grow_ends_where_it_is(model_factory: Any) -> None:
 
 
 def test_no_growth_is_offered_at_the_training_context(model_factory: Any) -> None:
-    model = _model(model_factory, 512)
-    h = make()
-    _load(h, model, "L", n_ctx=512, parallel=1)
-    h.hello("r1")
-    h.loaded("r1")
+    h, model = _loaded(model_factory, 512)
     h.submit(model, "a", max_tokens=4000)
     (gen,) = h.sup.messages("r1", "generate")
     assert gen["grow"] is False

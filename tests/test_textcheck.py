@@ -43,3 +43,33 @@ def test_cli_text_from_bytes_and_argv() -> None:
     with pytest.raises(InvalidRequestError, match="not valid UTF-8"):
         from_argv(argv, "the prompt argument")
     assert from_argv("café", "x") == "café"
+
+
+def _nested(levels: int) -> dict[str, object]:
+    doc: dict[str, object] = {"type": "string"}
+    for _ in range(levels - 1):
+        doc = {"p": doc}
+    return doc
+
+
+def test_nesting_past_the_limit_is_refused_with_its_path() -> None:
+    """Issue 35 item 8: deep JSON is a 400 naming the limit (and where), never a RecursionError
+    in a later walk; the limit itself still passes."""
+    from modeld.textcheck import MAX_DEPTH
+
+    check_text(_nested(MAX_DEPTH))
+    with pytest.raises(InvalidRequestError) as err:
+        check_text({"tools": [{"parameters": _nested(600)}]})
+    assert f"deeper than {MAX_DEPTH} levels" in err.value.message
+    assert err.value.message.split(" at ")[1].startswith("tools[0].parameters.p.p")
+    assert err.value.details["max_depth"] == MAX_DEPTH
+    with pytest.raises(InvalidRequestError, match="deeper than"):
+        check_text(_nested(MAX_DEPTH + 1))
+
+
+def test_protocol_decode_refuses_json_too_deep_to_parse_with_the_request_id() -> None:
+    frame = b'{"v":1,"id":"r-7","type":"generate","format":%s}' % (
+        b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(protocol.ProtocolError) as err:
+        protocol.decode([frame])
+    assert err.value.request_id == "r-7" and "deeper than" in err.value.message

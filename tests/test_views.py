@@ -131,3 +131,60 @@ def test_stats_view_replaces_samples_by_a_mean() -> None:
     assert ("estimate abs error mean", "6.3%") in cells
     assert ("uptime", "65.00s") in cells
     assert not any("samples" in label for label, _ in cells)
+
+
+def test_ps_shows_processor_and_vram_when_a_model_is_on_a_gpu() -> None:
+    cpu = pstable.text([row()], NOW, width=80)
+    assert "PROCESSOR" not in cpu and "on GPU" not in cpu  # all on the CPU: nothing to say
+    gpu = row(name="tiny", processor="100% GPU", gpu_layers=23, n_layers=23,
+              size_vram=3000 * 2**20, vram_measured=2900 * 2**20, vram_estimate=3100 * 2**20,
+              layers={"CUDA0": "0-22"}, gpu_reason="every layer fits the free VRAM")
+    part = row(name="big", processor="35%/65% CPU/GPU", gpu_layers=15, n_layers=23,
+               vram_measured=None, vram_estimate=5 * 2**30, layers={"RAM": "0-7",
+                                                                     "CUDA0": "8-22"})
+    text = pstable.text([gpu, part, row(name="small", processor="100% CPU")], NOW, width=120)
+    header, _, *cells = text.splitlines()
+    assert header.split()[:6] == ["MODEL", "MODE", "STATE", "MEM", "meas/est", "PROCESSOR"]
+    assert "100% GPU" in cells[0] and "35%/65% CPU/GPU" in cells[1] and "100% CPU" in cells[2]
+    assert ("tiny on GPU: VRAM 2.8/3.0 GiB meas/est, 23/23 layers (CUDA0 0-22) (every layer "
+            "fits the free VRAM)") in text
+    assert "big on GPU: VRAM -/5.0 GiB meas/est, 15/23 layers (RAM 0-7, CUDA0 8-22)" in text
+    assert "small on GPU" not in text
+
+
+def _text(renderables: list[Any]) -> str:
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    for r in renderables:
+        console.print(r)
+    return " ".join(console.export_text().split())  # single spaces: no column widths
+
+
+def test_stats_and_show_name_the_backend_devices_and_vram_accuracy() -> None:
+    GiB = 2**30
+    card = {"name": "CUDA0", "description": "NVIDIA H100 80GB HBM3", "type": "gpu",
+            "total_bytes": 80 * GiB, "free_bytes": 60 * GiB, "budget_bytes": 79 * GiB,
+            "used_bytes": 3 * GiB, "estimate_bytes": 3 * GiB}
+    stats = _text(views.stats_view({
+        "backend": "CUDA", "devices": [{"name": "CPU", "type": "cpu"}, card],
+        "vram_estimate_error_mean": 0.04, "vram_estimate_error_samples": [0.03, 0.05],
+        "vram_estimate_abs_error_mean": 0.04, "vram_used_bytes": [3 * GiB]}))
+    assert "vram estimate error mean +4.0% (2 loads)" in stats
+    assert "CUDA: CPU; CUDA0 NVIDIA H100 80GB HBM3 (80.0 GiB, 60.0 GiB free" in stats
+    assert "vram used 3.0 GiB" in stats
+    show = _text(views.show_view({
+        "name": "big", "info": {}, "fits": True, "n_ctx": 4096, "plan": "evict",
+        "plan_reason": "evicting 1 idle model(s) to free 2.9 GiB of VRAM for big",
+        "placement": {"backend": "CUDA", "kv_cache_type": "q8_0", "processor":
+                      "35%/65% CPU/GPU", "reason": "15 of 23 layers fit", "layers":
+                      {"RAM": "0-7", "CUDA0": "8-22"}, "vram_bytes": [5 * GiB]},
+        "evicts": [{"name": "tiny", "reason": "vram", "ram_bytes": 300 * 2**20,
+                    "vram_bytes": [3 * GiB]}],
+        "backend": "CUDA", "devices": [card]}))
+    for line in ("backend CUDA", "KV cache type q8_0",
+                 "processor 35%/65% CPU/GPU (15 of 23 layers fit)",
+                 "layers RAM 0-7, CUDA0 8-22", "VRAM on CUDA0 5.0 GiB",
+                 "would evict tiny (vram: frees 3.0 GiB of VRAM, 300.0 MiB of RAM)",
+                 "daemon backend CUDA: CUDA0 NVIDIA H100 80GB HBM3"):
+        assert line in show, show

@@ -23,6 +23,7 @@ from modeld.errors import (
     ModeldError,
     RequestTimeoutError,
 )
+from modeld.images import encode as encode_image
 from modeld.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
 from modeld.replyflow import ReplyStream
 from modeld.socketcheck import socket_problem
@@ -241,12 +242,15 @@ class Client:
         n_ctx: int | None = None,
         format: str | dict[str, Any] | None = None,
         stream: bool = True,
+        images: Sequence[bytes] = (),
         **options: Any,
     ) -> Generation:
         """Stream a completion; options: those of :class:`modeld.options.Sampling`;
         ``format``: "json" or a JSON Schema the reply must follow; ``stream`` false: the reply
-        is read whole, so its text comes in a few large chunks (fewer wake-ups while decoding)."""
-        what = {"prompt": prompt, "format": format, "stream": None if stream else False}
+        is read whole, so its text comes in a few large chunks (fewer wake-ups while decoding);
+        ``images``: image files shown to the model before the prompt (PNG, JPEG, WebP, GIF)."""
+        what = {"prompt": prompt, "format": format, "stream": None if stream else False,
+                "images": [encode_image(d) for d in images] or None}
         return self._stream(model, what, raw, keep_alive, n_ctx, options)
 
     def chat(
@@ -328,15 +332,18 @@ class Client:
         rpc: Sequence[str] | None = None,
         kv_cache_type: str | None = None,
         gpu_layers: int | None = None,
+        mmproj: str | None = None,
     ) -> PsRow | UnloadedRow:
         """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
         the model is made for (rerank for a reranker, else generate). ``parallel``: the
         requests it decodes together (None: the daemon's setting, else automatic). ``rpc``:
         llama.cpp RPC workers ("HOST:PORT") that get every layer (None: the config's).
         ``kv_cache_type`` (f16, q8_0, q4_0) and ``gpu_layers`` (-1: auto, 0: CPU only): None
-        is the config's (per model, else the setting)."""
+        is the config's (per model, else the setting). ``mmproj``: the image projector to load
+        with ("": none; None: the config's, else the one beside the model)."""
         extra: dict[str, Any] = {k: v for k, v in (("kv_cache_type", kv_cache_type),
-                                                   ("gpu_layers", gpu_layers)) if v is not None}
+                                                   ("gpu_layers", gpu_layers),
+                                                   ("mmproj", mmproj)) if v is not None}
         reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,
             parallel=parallel, rpc=None if rpc is None else list(rpc), **extra,

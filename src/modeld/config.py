@@ -17,6 +17,7 @@ from modeld import paths
 from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
 from modeld.memory import MiB
+from modeld.pull.store import PARTIAL_MAX_AGE_S
 from modeld.settingvalues import (
     parse_aliases,
     parse_api_key,
@@ -31,6 +32,7 @@ from modeld.settingvalues import (
     parse_keep_alive_text,
     parse_kv_cache_type,
     parse_log_level,
+    parse_mmproj,
     parse_model_options,
     parse_optional_bytes,
     parse_optional_int,
@@ -104,11 +106,16 @@ class Settings:
     memory_fraction: float = field(default=0.75, metadata=_spec(
         env="MODELD_MEMORY_FRACTION", parse=parse_float,
         check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]",
-        help="Share of available memory (RAM capped by a cgroup limit, or VRAM) the cache may"
-        " use, in (0, 1]."))
+        help="Share of available RAM (capped by a cgroup limit) the cache may use, in (0, 1]."
+        " Each card has a budget of its own (vram_cap)."))
     memory_cap_bytes: int | None = field(default=None, metadata=_spec(
         env="MODELD_MEMORY_CAP", parse=parse_optional_bytes, synonyms=("memory_cap",),
         help="Hard cap on the cache budget, e.g. 8GiB or 512M; none or 0 removes it."))
+    vram_cap_bytes: int | None = field(default=None, metadata=_spec(
+        env="MODELD_VRAM_CAP", parse=parse_optional_bytes, synonyms=("vram_cap",),
+        help="Hard cap on what modeld's models may hold on each GPU, e.g. 12GiB (a card shared"
+        " with other work); none: the card's memory less what other processes hold and 512"
+        " MiB."))
     rpc_worker_memory_bytes: int | None = field(default=None, metadata=_spec(
         env="MODELD_RPC_WORKER_MEMORY", parse=parse_optional_bytes,
         synonyms=("rpc_worker_memory",),
@@ -155,6 +162,11 @@ class Settings:
         check=_not_negative,
         help="Seconds without a new runner after which the fork server exits (its own ~10 MiB"
         " go back); the next runner starts it again, ~0.2 s."))
+    partial_max_age_s: float = field(default=PARTIAL_MAX_AGE_S, metadata=_spec(
+        env="MODELD_PARTIAL_MAX_AGE", parse=parse_float, synonyms=("partial_max_age",),
+        check=_not_negative,
+        help="Seconds after which a pull's partial download that no pull is using counts as"
+        " abandoned: the next pull deletes it from the models dir's .partial/ (7 days)."))
     aliases: dict[str, str] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_aliases,
         help='Model names for paths: a table name = "path" (NAME=PATH,... as a flag).'))
@@ -162,6 +174,10 @@ class Settings:
         env=None, parse=parse_rpc,
         help='llama.cpp RPC workers per model name: a table name = ["HOST:PORT", ...]; every'
         " request for that name loads it with its layers on them (docs/rpc.md)."))
+    mmproj: dict[str, str] = field(default_factory=dict, metadata=_spec(
+        env=None, parse=parse_mmproj,
+        help='Image projectors per model: a table name = "path" (an empty path: none); by'
+        " default the mmproj file beside the model is used (issue 38)."))
     log_dir: Path = field(default_factory=paths.log_dir, metadata=_spec(
         env="MODELD_LOG_DIR", parse=parse_path,
         help="Directory for the daemon log and one log per runner."))
@@ -213,6 +229,20 @@ class Settings:
         env=None, parse=parse_model_options,
         help="Options per model name: tables [model_options.NAME] with kv_cache_type and"
         " gpu_layers."))
+    http_header_timeout_s: float = field(default=10.0, metadata=_spec(
+        env="MODELD_HTTP_HEADER_TIMEOUT", parse=parse_float, synonyms=("http_header_timeout",),
+        check=_positive,
+        help="Seconds an HTTP connection may take to send a request's headers (408 and closed"
+        " after)."))
+    http_body_timeout_s: float = field(default=20.0, metadata=_spec(
+        env="MODELD_HTTP_BODY_TIMEOUT", parse=parse_float, synonyms=("http_body_timeout",),
+        check=_positive,
+        help="Seconds an HTTP request's body may take, plus 1 s per 16 KiB received (408 and"
+        " closed after)."))
+    http_client_connections: int = field(default=32, metadata=_spec(
+        env="MODELD_HTTP_CLIENT_CONNECTIONS", parse=parse_int, check=_at_least(1),
+        help="Most HTTP connections one client address may have sending a request at once;"
+        " one more closes its oldest (429)."))
     parallel: int | None = field(default=None, metadata=_spec(
         env="MODELD_PARALLEL", parse=parse_optional_int,
         check=lambda v: None if 1 <= v <= 64 else "must be between 1 and 64 (or 0/auto)",

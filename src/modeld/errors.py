@@ -49,6 +49,7 @@ class ExitCode(IntEnum):
     DISK_FULL = 12
     VERIFICATION_FAILED = 13
     RPC_WORKER = 14
+    INVALID_REPLY = 15  # `run --format`: the reply was printed, but fails its schema
     INTERRUPTED = 130
 
 

@@ -322,6 +322,47 @@ def read_model_info(path: str | os.PathLike[str]) -> ModelInfo:
         return _build_info(r, h, notes)
 
 
+@dataclass(frozen=True)
+class ProjectorInfo:
+    """An image projector file (``mmproj``, architecture ``clip``): what modeld plans with."""
+
+    path: str
+    file_size: int
+    tensor_bytes: int
+    projector_type: str
+    vision: bool
+    image_size: int
+    patch_size: int
+    embedding_length: int  # the vision tower's width
+    feed_forward_length: int
+    projection_dim: int | None  # the text model's width, where the file says it
+
+
+def read_projector_info(path: str | os.PathLike[str]) -> ProjectorInfo:
+    """Parse a projector's header (InvalidModelError when the file is no projector)."""
+    with _open(path) as r:
+        h = _read_header(r)
+        s = h.scalars
+        if s.get("general.architecture") != "clip":
+            raise r.fail("this GGUF is not an image projector (general.architecture is "
+                         f"{s.get('general.architecture')!r}, not 'clip')",
+                         "pass the model's mmproj file")  # fmt: skip
+
+        def num(key: str) -> int:
+            v = s.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+        kind = s.get("clip.projector_type") or s.get("clip.vision.projector_type") or ""
+        return ProjectorInfo(
+            path=r.path, file_size=r.size, tensor_bytes=sum(t.n_bytes for t in h.tensors),
+            projector_type=str(kind), vision=s.get("clip.has_vision_encoder") is True,
+            image_size=num("clip.vision.image_size"), patch_size=num("clip.vision.patch_size"),
+            embedding_length=num("clip.vision.embedding_length"),
+            feed_forward_length=num("clip.vision.feed_forward_length"),
+            projection_dim=num("clip.vision.projection_dim") or None,
+        )
+
+
 _SHARD_NAME = re.compile(r"^(?P<base>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 
 

@@ -4,8 +4,9 @@ the daemon before any runner sees it.
 Sources: a ``format`` ("json" or a JSON Schema: Ollama's ``format``, OpenAI's
 ``response_format``, ``modeld run --format``) and forced tool calls (``tool_choice``
 ``required`` or one named tool: the reply is ``{"name": …, "arguments": …}`` whose arguments
-follow the tool's ``parameters``). Schemas become GBNF with llama-cpp-python's port of
-llama.cpp's converter; the text is then parsed by llama.cpp's own grammar parser. A grammar that
+follow the tool's ``parameters``). Schemas become GBNF with :mod:`modeld.schema` (bounded
+before it builds, every keyword enforced or refused); the text is then parsed by llama.cpp's
+own grammar parser. A grammar that
 parser rejects makes ``llama_sampler_init_grammar`` return NULL, and llama-cpp-python's sampler
 chain would add that NULL and crash the runner (llama.cpp#19051, #22396): here it is a 400
 naming what could not be used, and the model never runs unconstrained.
@@ -16,7 +17,7 @@ llama_cpp is imported on first use only (a daemon that never sees a format never
 from __future__ import annotations
 
 import functools
-import json
+import logging
 import os
 import tempfile
 import threading
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool, forced_tool, forces_call
+from modeld.messages import Tool, forced_tool, forces_call, format_schema
 from modeld.replyparse import native_family
 
 #: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
@@ -32,10 +33,10 @@ MAX_GRAMMAR_BYTES = 1 << 20
 #: Deepest nesting of groups handed to llama.cpp's parser (a schema's ``maxLength: 100000``
 #: nests 100000 deep and crashed it with a stack overflow: llama.cpp#22396's family).
 MAX_NESTING = 1024
-_HINT = "simplify the schema (llama.cpp's converter takes a subset of JSON Schema: local " \
-        "$refs only, patterns anchored with ^…$, small repetition bounds), or send " \
-        "'format': 'json'"  # fmt: skip
+_HINT = "simplify the schema (docs/protocol.md lists the JSON Schema subset modeld enforces), " \
+        "or send 'format': 'json'"  # fmt: skip
 _lock = threading.Lock()
+log = logging.getLogger("modeld.daemon")
 
 
 def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
@@ -55,8 +56,7 @@ def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
         return None
     # "json": any object, as the converter writes it (its numbers have at most 16 digits,
     # where llama-cpp-python's JSON_GBNF lets a greedy base model write zeros forever)
-    schema = fmt if isinstance(fmt, dict) else {"type": "object"}
-    return check(from_schema(schema, "format"), "format")
+    return check(from_schema(format_schema(fmt), "format"), "format")
 
 
 #: How each family writes one forced call around its JSON object (llama-server's forms).
@@ -105,24 +105,23 @@ def tool_call_schema(tools: Sequence[Tool], only: str | None,
     chosen = [t for t in tools if only is None or t.name == only]
     shapes = [{"type": "object", "properties": {
         "name": {"const": t.name},
-        key: dict(t.parameters) if t.parameters else {"type": "object"},
+        key: t.schema(),
     }, "required": ["name", key]} for t in chosen]  # fmt: skip
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
 def from_schema(schema: dict[str, Any], what: str) -> str:
-    """GBNF for ``schema`` (llama.cpp's converter: raises on what it does not support)."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """GBNF for ``schema`` (:mod:`modeld.schema`: raises naming what it cannot hold)."""
+    from modeld import schema as converter
 
     try:
-        return str(json_schema_to_gbnf(json.dumps(schema)))
-    except RecursionError:
+        built = converter.to_gbnf(schema, what, MAX_GRAMMAR_BYTES)
+    except RecursionError:  # bounded by the converter; kept as a last guard
         raise InvalidRequestError(f"{what}: the JSON Schema nests too deeply",
                                   hint=_HINT) from None
-    except Exception as exc:  # the converter asserts on what it cannot translate
-        text = str(exc) or type(exc).__name__
-        raise InvalidRequestError(f"{what}: this JSON Schema cannot be used: {text[:300]}",
-                                  hint=_HINT) from None
+    if built.unchecked:  # annotations by JSON Schema's default: accepted, not held
+        log.info("%s: not checked (no grammar for them): %s", what, "; ".join(built.unchecked))
+    return built.gbnf
 
 
 def check(gbnf: str, what: str) -> str:
@@ -138,8 +137,14 @@ def check(gbnf: str, what: str) -> str:
             f"{what}: the grammar built from it nests {depth} groups deep (at most "
             f"{MAX_NESTING}): a repetition bound such as maxLength or maxItems is too large",
             hint=_HINT)
+    sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+    if sampler:
+        llama_cpp.llama_sampler_free(sampler)
+        return gbnf
+    # Rejected (rare: modeld.schema writes grammars the parser takes): parse again with fd 2
+    # on a file for llama.cpp's reason. Only here: this runs on a thread of the daemon, and a
+    # runner started meanwhile would inherit the file as its stderr.
     with _lock, tempfile.TemporaryFile() as err:
-        # llama.cpp prints the parser's reason with fprintf(stderr): keep it for the reply
         saved = os.dup(2)
         os.dup2(err.fileno(), 2)
         try:
@@ -147,13 +152,14 @@ def check(gbnf: str, what: str) -> str:
         finally:
             os.dup2(saved, 2)
             os.close(saved)
-        if not sampler:
-            err.seek(0)
-            lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
-            why = next((ln for ln in lines if "error" in ln), "it failed to parse")
-            raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
-                                      hint=_HINT)
-        llama_cpp.llama_sampler_free(sampler)
+        if sampler:  # not expected: the same text parsed twice
+            llama_cpp.llama_sampler_free(sampler)
+            return gbnf
+        err.seek(0)
+        lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
+        why = next((ln for ln in lines if "error" in ln), "it failed to parse")
+        raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
+                                  hint=_HINT)
     return gbnf
 
 

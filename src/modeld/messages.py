@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modeld.images import check_count, parse_list
+
 ROLES = ("system", "user", "assistant", "tool")
 CHOICES = ("auto", "none", "required")
 #: Most tools one request may declare (a bound on the grammar the daemon builds).
@@ -38,7 +40,9 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ChatMessage:
-    """One turn. ``tool_call_id``/``tool_name`` say which call a ``tool`` turn answers."""
+    """One turn. ``tool_call_id``/``tool_name`` say which call a ``tool`` turn answers.
+    ``images``: base64 images (:mod:`modeld.images`), each shown to the model at its offset in
+    ``content`` (``image_at``, characters; none given: all before the text, as Ollama does)."""
 
     role: str
     content: str = ""
@@ -46,9 +50,28 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     tool_name: str = ""
+    images: tuple[str, ...] = ()
+    image_at: tuple[int, ...] = ()
+
+    def offsets(self) -> tuple[int, ...]:
+        """Where each image goes in ``content``."""
+        return self.image_at or (0,) * len(self.images)
+
+    def with_markers(self, marker: str) -> str:
+        """``content`` with ``marker`` where each image goes (the runner swaps it for the
+        image's tokens)."""
+        out, last = [], 0
+        for at in self.offsets():
+            out += [self.content[last:at], marker]
+            last = at
+        return "".join(out) + self.content[last:]
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.images:
+            out["images"] = list(self.images)
+        if self.image_at:
+            out["image_at"] = list(self.image_at)
         if self.thinking:
             out["thinking"] = self.thinking
         if self.tool_calls:
@@ -76,6 +99,10 @@ class Tool:
             out["parameters"] = dict(self.parameters)
         return out
 
+    def schema(self) -> dict[str, Any]:
+        """The JSON Schema a forced call's arguments follow (no parameters: any object)."""
+        return dict(self.parameters) if self.parameters else {"type": "object"}
+
     def openai(self) -> dict[str, Any]:
         """The OpenAI shape chat templates iterate over (``tools[i].function.name``)."""
         fn: dict[str, Any] = {"name": self.name, "description": self.description,
@@ -91,7 +118,9 @@ def parse_messages(value: Any, fail: Fail) -> tuple[ChatMessage, ...]:
     """The wire form of a message list; every error names the message and its field."""
     if not isinstance(value, list) or not value:
         raise fail("'messages' must be a non-empty list of messages")
-    return tuple(_message(i, m, fail) for i, m in enumerate(value))
+    messages = tuple(_message(i, m, fail) for i, m in enumerate(value))
+    check_count(sum(len(m.images) for m in messages), fail)
+    return messages
 
 
 def _message(i: int, m: Any, fail: Fail) -> ChatMessage:
@@ -111,9 +140,22 @@ def _message(i: int, m: Any, fail: Fail) -> ChatMessage:
         if role != "assistant" or not isinstance(raw_calls, list):
             raise fail(f"{where}.tool_calls must be a list, on an assistant message")
         calls = [_call(f"{where}.tool_calls[{j}]", c, fail) for j, c in enumerate(raw_calls)]
+    images = parse_list(m.get("images"), f"{where}.images", fail)
     return ChatMessage(role, content, thinking, tuple(calls),
                        _opt_str(m, "tool_call_id", where, fail),
-                       _opt_str(m, "tool_name", where, fail))  # fmt: skip
+                       _opt_str(m, "tool_name", where, fail), images,
+                       _image_at(m.get("image_at"), len(images), len(content), where, fail))
+
+
+def _image_at(value: Any, n: int, length: int, where: str, fail: Fail) -> tuple[int, ...]:
+    """``image_at``: one offset into the content per image, in order (absent: all at 0)."""
+    if value is None:
+        return ()
+    if (not isinstance(value, list) or len(value) != n
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            or value != sorted(value) or (value and not 0 <= value[0] <= value[-1] <= length)):
+        raise fail(f"{where}.image_at must be one offset into the content per image, in order")
+    return tuple(value)
 
 
 def _call(where: str, c: Any, fail: Fail) -> ToolCall:
@@ -200,6 +242,11 @@ def parse_format(value: Any, fail: Fail) -> str | dict[str, Any] | None:
     if isinstance(value, dict):
         return value
     raise fail("'format' must be \"json\" or a JSON Schema object")
+
+
+def format_schema(fmt: str | dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema a ``format`` holds a reply to (``"json"``: any object)."""
+    return fmt if isinstance(fmt, dict) else {"type": "object"}
 
 
 # --------------------------------------------------------------------------- templates

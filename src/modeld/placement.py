@@ -1,22 +1,31 @@
 """Where a model goes: its KV cache type, and how many of its layers sit on each GPU (pure).
 
-The options come from the load (``--kv-cache-type``, ``--gpu-layers``), else the model's own
-``[model_options.NAME]`` table, else the settings. Layers: as many as fit each card's VRAM budget
-(NVML's free bytes, so what other processes hold is already out), the rest in RAM with their
-KV cache; several cards share the layers in proportion to what each can take. A process that
-uses a card pays :data:`CUDA_PROCESS_BYTES` there before any weight.
+The options come from the load (``--gpu-layers``, ``num_gpu``), else the model's own
+``[model_options.NAME]`` table, else the settings. Layers: as many as fit each card's room,
+the rest in RAM with their KV cache; several cards share the layers in proportion to what each
+can take. A process that uses a card pays :data:`CUDA_PROCESS_BYTES` there before any weight.
+A card's room is what the cache leaves a load there: the card's total less what other
+processes hold and a margin (:func:`vram_budget`), less what every resident or loading model
+accounts, plus what idle models it may evict (``CachePolicy.vram_available_for``).
 
-llama.cpp's ``--fit`` (common/fit.cpp) fits one model to what is free, keeping 1 GiB per card
-and shrinking the context toward 4096 before it moves layers off the card. modeld plans the
-same way per load (:func:`sizing.size_for` shrinks the context down to ``FIT_CTX`` to keep
-every layer on the card), but against its own budget of every resident model, and it moves
-whole layers by its calibrated estimate rather than probing allocations.
+llama.cpp's ``--fit`` (common/fit.cpp) dry-runs allocations of one model: at the full
+training context with every layer on the cards; when that leaves less than 1 GiB on a card it
+shrinks an automatic context toward ``--fit-ctx`` (4096) by linear interpolation, and only
+then moves layers off the cards (back to front, by false position; MoE experts first). It
+fits against what is free now, ignores host RAM and other models, and the context it gives up
+is gone for the process's life. modeld keeps the preference (layers before context:
+:func:`modeld.sizing.keep_on_cards`, down to ``max(ctx_floor, FIT_CTX)``) but plans RAM and
+every card in one step against every resident model (evicting idle ones per tier, counting
+loads in flight), by its calibrated estimate instead of probing loads, and the context it gives
+up is only a start: it grows on demand when a prompt needs it, and the placement is planned
+again then (with fewer layers if that is what fits, rather than a refusal).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +65,17 @@ class Placement:
     vram: tuple[int, ...] = ()  # bytes per card (the CUDA context included)
     tensor_split: tuple[float, ...] = ()  # llama.cpp's split between the cards (empty: one)
     reason: str = "CPU only"
+    cards: int = 0  # cards it was planned against (0: no GPU)
+    asked: int | None = None  # the layers asked (at most ``n_layers``; None: as many as fit)
+
+    def wants_reload(self, gpu_layers: int | None) -> bool:
+        """Whether a request's ``gpu_layers`` (-1: as many as fit; None: says nothing) asks
+        for another placement than this one: never without a card, never when it has what
+        is asked (so a count that does not fit is not reloaded for again and again)."""
+        if gpu_layers is None or not self.cards:
+            return False
+        want = None if gpu_layers < 0 else min(gpu_layers, self.n_layers)
+        return want != self.asked and (want is None or want != self.gpu_layers)
 
     @property
     def on_gpu(self) -> bool:
@@ -79,6 +99,7 @@ class Where:
     kv_type: str = "f16"
     gpus: tuple[Gpu, ...] = ()
     gpu_layers: int | None = 0  # None: as many as fit
+    margin: int = VRAM_MARGIN  # kept free on each card (0: ``free`` is already a budget)
 
 
 #: elements per block of the quantized KV types: a head's K and V rows must hold whole blocks
@@ -118,7 +139,7 @@ def planned(
 ) -> tuple[MemoryEstimate, Placement]:
     """The estimate (RAM in ``total``, the cards in ``vram``) and the placement of a load."""
     place_ = place(info, n_ctx, where.gpus, where.gpu_layers, mode=mode, parallel=parallel,
-                   kv_type=where.kv_type)  # fmt: skip
+                   kv_type=where.kv_type, margin=where.margin)  # fmt: skip
     est = with_layers(info, n_ctx, place_.gpu_layers, mode=mode, parallel=parallel,
                       kv_type=where.kv_type, prompt_cache=prompt_cache)  # fmt: skip
     return est, place_
@@ -146,6 +167,73 @@ def with_layers(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Card:
+    """One card as NVML reads it: its memory and, when NVML says, each process's bytes."""
+
+    index: int
+    name: str
+    total: int
+    used: int
+    processes: Mapping[int, int] | None = None  # pid -> bytes; None: NVML did not say
+
+
+def vram_budget(card: Card, own_pids: Collection[int], own_bytes: int,
+                margin: int = VRAM_MARGIN) -> int:  # fmt: skip
+    """What modeld's models may hold on ``card``: its total less what other processes hold
+    and the margin. Other processes: NVML's used bytes less those of modeld's runners
+    (``own_pids``), or, when NVML names no processes, less ``own_bytes`` (what modeld
+    accounts there). Budgeting from the total, not from NVML's free bytes, is what lets the
+    cache charge a load that has not allocated yet, and count an idle model's VRAM as room."""
+    if card.processes is not None:
+        others = card.used - sum(b for pid, b in card.processes.items() if pid in own_pids)
+    else:
+        others = card.used - own_bytes
+    return max(0, card.total - max(0, others) - margin)
+
+
+def layer_map(p: Placement, names: Sequence[str]) -> dict[str, Any]:
+    """Which layers go where, as llama.cpp assigns them: the first blocks stay in RAM and the
+    last ``gpu_layers`` (the output layer counted last, as block ``n_layers - 1``) go to the
+    cards in order, split by ``tensor_split``: ``{"RAM": "0-9", "CUDA0": "10-22"}``."""
+    first = p.n_layers - p.gpu_layers
+    out: dict[str, Any] = {"RAM": _span(0, first)} if first > 0 else {}
+    if p.gpu_layers <= 0:
+        return out
+    split = p.tensor_split or tuple(1.0 if i == 0 else 0.0 for i in range(max(1, len(names))))
+    start, acc = first, 0.0
+    for i, share in enumerate(split):
+        acc += share
+        end = p.n_layers if i == len(split) - 1 else first + round(p.gpu_layers * acc)
+        if end > start and i < len(names):
+            out[names[i]] = _span(start, end)
+        start = max(start, end)
+    return out
+
+
+def describe(p: Placement, kv_type: str) -> dict[str, Any]:
+    """Where a load's layers go, for ``show`` and ``ps``: the processor split as ``ollama ps``
+    says it, which layers sit in RAM and on each card, the bytes each card holds, why."""
+    names = [f"CUDA{i}" for i in range(len(p.vram))]
+    return {"backend": "CUDA" if p.gpu_layers > 0 else "CPU",
+            "processor": processor(p.gpu_layers, p.n_layers), "gpu_layers": p.gpu_layers,
+            "n_layers": p.n_layers, "layers": layer_map(p, names), "vram_bytes": list(p.vram),
+            "reason": p.reason, "kv_cache_type": kv_type}  # fmt: skip
+
+
+def split_like(total: int, planned: Sequence[int]) -> tuple[int, ...]:
+    """A runner's measured VRAM (NVML's sum over the cards) split as the plan split it; the
+    daemon reads each card's own figure before the next plan (``Admission.read_cards``)."""
+    whole = sum(planned)
+    if whole <= 0:
+        return tuple(0 for _ in planned)
+    return tuple(total * p // whole for p in planned)
+
+
+def _span(a: int, b: int) -> str:
+    return str(a) if b - a == 1 else f"{a}-{b - 1}"
+
+
 def budgets(gpus: Sequence[Gpu], margin: int = VRAM_MARGIN) -> list[int]:
     """What a load may put on each card: its free bytes less the margin."""
     return [max(0, g.free - margin) for g in gpus]
@@ -159,14 +247,15 @@ def place(
     """How many layers go on the cards: ``asked`` (None: as many as fit), never more than fit
     the cards' budgets; split between the cards by their budgets."""
     n_layers = info.block_count + 1
+    want = n_layers if asked is None else min(asked, n_layers)
+    none = functools.partial(Placement, 0, n_layers, cards=len(gpus),
+                             asked=None if asked is None else want)  # fmt: skip
     if not gpus or asked == 0 or info.block_count <= 0:
-        why = "no GPU" if not gpus else "gpu_layers 0: CPU only"
-        return Placement(0, n_layers, reason=why)
+        return none(reason="no GPU" if not gpus else "gpu_layers 0: CPU only")
     room = budgets(gpus, margin)
     usable = [i for i, r in enumerate(room) if r > CUDA_PROCESS_BYTES]
     if not usable:
-        return Placement(0, n_layers, reason="no card has room for the CUDA context and a layer")
-    want = n_layers if asked is None else min(asked, n_layers)
+        return none(reason="no card has room for the CUDA context and a layer")
 
     def fits(layers: int) -> tuple[int, ...] | None:
         est = with_layers(info, n_ctx, layers, mode=mode, parallel=parallel, kv_type=kv_type)
@@ -193,7 +282,7 @@ def place(
         else:
             hi = mid - 1
     if best is None:
-        return Placement(0, n_layers, reason="not one layer fits the free VRAM")
+        return none(reason="not one layer fits the free VRAM")
     layers, vram = best
     used = [i for i, b in enumerate(vram) if b > 0]
     split = tuple(round(vram[i] / sum(vram), 4) for i in range(len(gpus))) if len(used) > 1 else ()
@@ -203,4 +292,5 @@ def place(
         why = f"{asked} layers asked"
     else:
         why = f"{layers} of {n_layers} layers fit the free VRAM; the rest in RAM"
-    return Placement(layers, n_layers, vram, split, why)
+    return Placement(layers, n_layers, vram, split, why, len(gpus),
+                     None if asked is None else want)  # fmt: skip

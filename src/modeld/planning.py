@@ -8,13 +8,15 @@ same way.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from modeld import ctx, memory, sizing
-from modeld.cache.policy import CachePolicy, Entry, ModelKey
+from modeld import ctx, memory, placement, projector, sizing
+from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import ModeldError, format_bytes
 from modeld.modelinfo import ModelInfo
+from modeld.placement import Where
 
 
 def show_data(
@@ -26,9 +28,14 @@ def show_data(
     settings: Settings,
     n_ctx: int | None = None,
     loaded_parallel: tuple[int, str] | None = None,
+    where: Where | None = None,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     """The show document for ``key`` planned against ``cache`` (not mutated);
-    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it)."""
+    ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it);
+    ``where``: its KV cache type and the room on each card (None: CPU only, f16);
+    ``mmproj``: the image projector it was loaded with ("": none; None: the one it would
+    find, :func:`projector.find`)."""
     out: dict[str, Any] = {
         "name": name,
         "path": key.path,
@@ -38,6 +45,16 @@ def show_data(
         "runner_baseline_bytes": baseline,
     }
     requested = None if n_ctx is None else ctx.round_up(n_ctx)
+    vision = 0
+    try:  # the image projector it loads with (issue 38)
+        proj = projector.find(Path(key.path), info, name, settings, mmproj) \
+            if key.mode == "generate" else None  # fmt: skip
+    except ModeldError as exc:
+        out["mmproj_error"] = exc.to_dict()
+        proj = None
+    if proj is not None:
+        vision = projector.memory_bytes(proj, info.embedding_length)
+        out.update(mmproj=proj.path, mmproj_bytes=vision)
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
         out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
@@ -47,12 +64,12 @@ def show_data(
         out["rpc"] = list(workers)
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings,
-                               offload=bool(workers))  # fmt: skip
+                               offload=bool(workers), where=where, projector=vision)  # fmt: skip
     except ModeldError as exc:
         out["fits"] = False
         out["error"] = exc.to_dict()
         return out
-    plan = cache.plan(key, size.need_bytes)
+    plan = cache.plan(key, size.need_bytes, size.placement.vram)
     out.update(
         fits=plan.action != "refuse",
         n_ctx=size.n_ctx,
@@ -62,17 +79,29 @@ def show_data(
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
         estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel,
-                                  offload=bool(workers)),
+                                  offload=bool(workers), where=where),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,
         would_evict=[v.name for v in plan.victims if v != key],
+        evicts=[_victim(cache, v, plan.victim_reason(v)) for v in plan.victims if v != key],
+        placement=placement.describe(size.placement, size.kv_type),
     )
     if workers:
         out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
+        out["placement"]["backend"] = "RPC"
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
     return _with_max(out, info, key, cache, baseline, settings)
+
+
+def _victim(cache: CachePolicy, key: ModelKey, reason: EvictionReason) -> dict[str, Any]:
+    """A model the plan evicts: why (``memory``: RAM, ``vram``: a card, ``slots``, ``reload``)
+    and what it frees in each tier."""
+    entry = cache.get(key)
+    return {"name": key.name, "reason": reason.value,
+            "ram_bytes": entry.accounted_bytes if entry else 0,
+            "vram_bytes": list(entry.accounted_vram) if entry else []}  # fmt: skip
 
 
 def _with_max(out: dict[str, Any], info: ModelInfo, key: ModelKey, cache: CachePolicy,

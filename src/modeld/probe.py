@@ -34,6 +34,13 @@ class GpuMemory:
     total: int
     free: int
     used: int
+    #: (pid, bytes) of each process NVML names on the card; None when it names none (a
+    #: container's NVML often cannot see other processes' pids)
+    processes: tuple[tuple[int, int], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "total": self.total, "free": self.free,
+                "used": self.used}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ class MemoryBudget:
             "cgroup_limit": self.cgroup_limit,
             "cgroup_usage": self.cgroup_usage,
             "cgroup_version": self.cgroup_version,
-            "gpus": [g.__dict__ for g in self.gpus],
+            "gpus": [g.to_dict() for g in self.gpus],
         }
 
 
@@ -238,7 +245,7 @@ def _nvml() -> Any | None:
 
 
 def gpu_memory() -> tuple[GpuMemory, ...]:
-    """Every NVIDIA GPU's memory; empty when NVML is unavailable for any reason."""
+    """Every NVIDIA GPU's memory and its processes' bytes; empty when NVML is unavailable."""
     nvml = _nvml()
     if nvml is None:
         return ()
@@ -249,7 +256,8 @@ def gpu_memory() -> tuple[GpuMemory, ...]:
             mem = nvml.nvmlDeviceGetMemoryInfo(h)
             name = nvml.nvmlDeviceGetName(h)
             name = name.decode() if isinstance(name, bytes) else str(name)
-            gpus.append(GpuMemory(i, name, int(mem.total), int(mem.free), int(mem.used)))
+            gpus.append(GpuMemory(i, name, int(mem.total), int(mem.free), int(mem.used),
+                                  _processes(nvml, h)))  # fmt: skip
     except Exception:
         return tuple(gpus)
     finally:
@@ -257,32 +265,32 @@ def gpu_memory() -> tuple[GpuMemory, ...]:
     return tuple(gpus)
 
 
+def _processes(nvml: Any, handle: Any) -> tuple[tuple[int, int], ...] | None:
+    """(pid, bytes) of the compute and graphics processes on a card (a pid in both: summed);
+    None when NVML lists none or cannot say (no per-process accounting, a container)."""
+    found: dict[int, int] = {}
+    for fn in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            procs = getattr(nvml, fn)(handle)
+        except Exception:
+            continue
+        for p in procs:
+            pid, used = getattr(p, "pid", None), getattr(p, "usedGpuMemory", None)
+            if isinstance(pid, int) and isinstance(used, int):
+                found[pid] = found.get(pid, 0) + used
+    return tuple(sorted(found.items())) if found else None
+
+
 def gpu_process_memory(pid: int) -> int | None:
     """GPU bytes NVML attributes to ``pid`` over all devices; None without NVML."""
-    nvml = _nvml()
-    if nvml is None:
-        return None
-    total = 0
-    try:
-        for i in range(nvml.nvmlDeviceGetCount()):
-            h = nvml.nvmlDeviceGetHandleByIndex(i)
-            for fn in (
-                "nvmlDeviceGetComputeRunningProcesses",
-                "nvmlDeviceGetGraphicsRunningProcesses",
-            ):
-                try:
-                    procs = getattr(nvml, fn)(h)
-                except Exception:
-                    continue
-                for p in procs:
-                    used = getattr(p, "usedGpuMemory", None)
-                    if getattr(p, "pid", None) == pid and isinstance(used, int):
-                        total += used
-    except Exception:
-        return None
-    finally:
-        _shutdown(nvml)
-    return total
+    per_card = gpu_process_memory_per_card(pid)
+    return None if per_card is None else sum(per_card)
+
+
+def gpu_process_memory_per_card(pid: int) -> tuple[int, ...] | None:
+    """GPU bytes NVML attributes to ``pid`` on each device; None without NVML or a card."""
+    gpus = gpu_memory()
+    return tuple(dict(g.processes or ()).get(pid, 0) for g in gpus) if gpus else None
 
 
 def _shutdown(nvml: Any) -> None:

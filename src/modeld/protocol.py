@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from modeld import options
+from modeld import images, options
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
 from modeld.messages import (
     ChatMessage,
@@ -32,7 +33,7 @@ from modeld.messages import (
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
-from modeld.textcheck import check_text
+from modeld.textcheck import check_text, too_deep
 
 #: Request types a client may send.
 REQUEST_TYPES = frozenset(
@@ -57,7 +58,9 @@ MAX_ID_LENGTH = 128
 #: this only splits a context into slivers on a CPU).
 MAX_PARALLEL = 64
 #: Options of a generate request that are not sampling: the model's lifetime and context.
-_LIFETIME_OPTIONS = frozenset({"keep_alive", "n_ctx", "raw", "deterministic"})
+_LIFETIME_OPTIONS = frozenset({"keep_alive", "n_ctx", "raw", "deterministic", "gpu_layers"})
+#: ``gpu_layers``: the most layers a request may ask on the GPUs (-1: as many as fit)
+MAX_GPU_LAYERS = 1 << 16
 #: Most documents one rerank request scores (each is one query-document pair to evaluate).
 MAX_DOCUMENTS = 4096
 
@@ -154,7 +157,11 @@ def decode(frames: list[bytes]) -> Message:
         )
     try:
         data = json.loads(body_frames[0].decode("utf-8"), parse_constant=_reject_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+    except RecursionError:
+        deep = too_deep()
+        raise ProtocolError(deep.message, hint=deep.hint, details=deep.details,
+                            request_id=_leading_id(body_frames[0])) from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise ProtocolError(f"frame is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise ProtocolError(f"message must be a JSON object, got {type(data).__name__}")
@@ -173,12 +180,21 @@ def decode(frames: list[bytes]) -> Message:
     if not isinstance(type_, str):
         raise ProtocolError("'type' must be a string", request_id=request_id)
     body = body_of(data)
-    try:  # a lone surrogate must be refused here, not raise in a runner's tokenizer
+    try:  # a lone surrogate or deep nesting: refused here, not in a runner or a later walk
         check_text(body)
     except InvalidRequestError as exc:
         raise ProtocolError(exc.message, hint=exc.hint, details=exc.details,
                             request_id=request_id) from None
     return Message(type_, request_id, body, version)
+
+
+def _leading_id(frame: bytes) -> str | None:
+    """The ``id`` of a frame json could not parse, when it comes before any nested value (where
+    modeld's clients put it): its error then reaches the request that sent it."""
+    nested = min((i for i in (frame.find(b"[", 1), frame.find(b"{", 1)) if i > 0),
+                 default=len(frame))
+    found = re.search(rb'"id"\s*:\s*"([A-Za-z0-9_.:-]{1,%d})"' % MAX_ID_LENGTH, frame[:nested])
+    return found.group(1).decode() if found else None
 
 
 def reply_object(frames: list[bytes]) -> object:
@@ -206,6 +222,7 @@ class GenerateOptions:
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
     raw: bool = False
+    gpu_layers: int | None = None  # layers on the GPUs, -1 auto (None: as loaded / the config's)
     #: Greedy output must not depend on other requests (None: true at temperature 0). Such a
     #: request runs alone on its runner when batching could change its tokens.
     deterministic: bool | None = None
@@ -230,6 +247,12 @@ class GenerateRequest:
     count_only: bool = False
     #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
     stream: bool = True
+    #: base64 images shown before ``prompt`` (messages carry their own)
+    images: tuple[str, ...] = ()
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images) or any(m.images for m in self.messages or ())
 
 
 @dataclass(frozen=True)
@@ -239,6 +262,7 @@ class EmbedRequest:
     inputs: tuple[str, ...]
     keep_alive: str | int | float | None = None
     n_ctx: int | None = None
+    gpu_layers: int | None = None  # as for a generate request
 
 
 @dataclass(frozen=True)
@@ -265,6 +289,7 @@ class LoadRequest:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
     kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
     gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
+    mmproj: str | None = None  # the image projector to load with ("": none; None: found)
 
 
 @dataclass(frozen=True)
@@ -318,6 +343,8 @@ def parse_request(msg: Message) -> ParsedRequest:
         if (prompt is None) == (raw_messages is None):
             raise b.fail("give exactly one of 'prompt' or 'messages'")
         messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
+        if messages is not None and msg.body.get("images"):
+            raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
         tools = parse_tools(msg.body.get("tools"), b.fail)
         think = msg.body.get("think")
         if think is not None and not isinstance(think, bool):
@@ -327,6 +354,7 @@ def parse_request(msg: Message) -> ParsedRequest:
             parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
             parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
             b.flag("stream", default=True),
+            images.parse_list(msg.body.get("images"), "'images'", b.fail),
         )  # fmt: skip
     if t == "embed":
         raw_inputs = msg.body.get("inputs")
@@ -340,7 +368,8 @@ def parse_request(msg: Message) -> ParsedRequest:
             inputs = tuple(raw_inputs)
         else:
             raise b.fail("'inputs' must be a string or a non-empty list of strings")
-        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx())
+        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx(),
+                            b.gpu_layers())
     if t == "rerank":
         query = b.opt_str("query")
         if query is None:
@@ -364,7 +393,8 @@ def parse_request(msg: Message) -> ParsedRequest:
             b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
             b.rpc(),
             b.kv_cache_type(),
-            b.int_field(b.body, "gpu_layers", -1, 1 << 16, None),
+            b.gpu_layers(),
+            b.opt_str("mmproj"),
         )
     if t == "unload":
         everything = b.flag("all")
@@ -466,6 +496,10 @@ class _Body:
     def n_ctx(self, src: dict[str, Any] | None = None) -> int | None:
         return self.int_field(self.body if src is None else src, "n_ctx", 1, 1 << 24, None)
 
+    def gpu_layers(self, src: dict[str, Any] | None = None) -> int | None:
+        return self.int_field(self.body if src is None else src, "gpu_layers", -1,
+                              MAX_GPU_LAYERS, None)  # fmt: skip
+
     def keep_alive(self, src: dict[str, Any] | None = None) -> str | int | float | None:
         value = (self.body if src is None else src).get("keep_alive")
         if value is None:
@@ -500,5 +534,6 @@ class _Body:
             keep_alive=self.keep_alive(src),
             n_ctx=self.n_ctx(src),
             raw=raw,
+            gpu_layers=self.gpu_layers(src),
             deterministic=deterministic,
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from modeld.errors import InvalidModelError, InvalidRequestError, ModelNotFoundError
+from modeld.pull.names import is_model_file
 
 if TYPE_CHECKING:
     from modeld.config import Settings
@@ -151,7 +152,8 @@ def _shard_size(path: Path) -> int:
 def scan_models_dir(models_dir: Path) -> list[tuple[str, Path]]:
     """(name, path) of every ``.gguf`` under ``models_dir`` (a few levels deep), sorted.
 
-    Secondary shards of split models are skipped; hidden directories are not entered.
+    Secondary shards of split models and image projectors (``mmproj``, loaded with their
+    model) are skipped; hidden directories are not entered.
     """
     found: list[tuple[str, Path]] = []
     if not models_dir.is_dir():
@@ -162,7 +164,7 @@ def scan_models_dir(models_dir: Path) -> list[tuple[str, Path]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith(".")) if depth < _SCAN_DEPTH else []
         for fname in sorted(files):
             path = Path(root) / fname
-            if fname.lower().endswith(".gguf") and not _is_secondary_shard(path):
+            if is_model_file(fname) and not _is_secondary_shard(path):
                 found.append((model_stem(path), path))
     return sorted(found, key=lambda item: (item[0].lower(), str(item[1])))
 

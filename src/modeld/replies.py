@@ -49,6 +49,22 @@ class ToolCallDone(TypedDict):
     arguments: str
 
 
+class ValidationProblem(TypedDict):
+    """One way a reply fails its schema."""
+
+    at: str  # a JSON pointer into the done body's reply ("" the text, /tool_calls/0/arguments/x)
+    keyword: str  # the schema keyword it fails ("" when the reply is not complete JSON)
+    message: str
+
+
+class Validation(TypedDict):
+    """A constrained reply checked against its whole schema once complete (issue 35)."""
+
+    valid: bool
+    errors: list[ValidationProblem]  # at most 10; empty when valid
+    unchecked: list[str]  # ``format`` values modeld has no check for, and where
+
+
 class GenerateDone(TypedDict):
     """The ``done`` body of a ``generate`` request."""
 
@@ -60,6 +76,7 @@ class GenerateDone(TypedDict):
     tool_calls: NotRequired[list[ToolCallDone]]  # the calls the reply made, in order
     stop_sequence: NotRequired[str]  # the stop string that ended the reply, when one did
     length_reason: NotRequired[str]  # finish "length": "max_tokens" or "context_window"
+    validation: NotRequired[Validation]  # a reply held to a schema (format, forced call)
 
 
 class PooledTimings(TypedDict, total=False):
@@ -144,6 +161,9 @@ class PsRow(TypedDict):
     processor: NotRequired[str]  # as ollama ps: "100% GPU", "35%/65% CPU/GPU", "100% CPU"
     gpu_layers: NotRequired[int]  # layers planned on the GPUs
     size_vram: NotRequired[int]  # bytes on the GPUs: NVML's for its runner, else the plan
+    vram_measured: NotRequired[int | None]  # NVML's bytes of its runner (None: not yet)
+    n_layers: NotRequired[int]  # its layers, the output layer counted (llama.cpp's count)
+    layers: NotRequired[dict[str, str]]  # which layers where: {"RAM": "0-9", "CUDA0": "10-22"}
     vram_estimate: NotRequired[int]  # the plan's bytes on the GPUs
     vram_per_gpu: NotRequired[list[int]]  # the plan, per card
     gpu_reason: NotRequired[str]  # why that many layers
@@ -205,6 +225,7 @@ class RunnerLoaded(TypedDict):
     mode: NotRequired[str]
     architecture: NotRequired[str]
     has_chat_template: NotRequired[bool]
+    vision: NotRequired[bool]  # an image projector was loaded beside the model (issue 38)
     devices: NotRequired[list[DeviceShare]]  # with rpc workers: what each device holds
     layers_offloaded: NotRequired[str]  # with rpc workers: "N/M" as llama.cpp logged
 

@@ -119,6 +119,37 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def listen_address(host: str) -> str:
+    """The IPv4 address a worker started with ``--host HOST`` listens on. llama.cpp's RPC
+    server (ggml-rpc of llama-cpp-python 0.3.36) splits ``HOST:PORT`` at its first colon and
+    takes only an IPv4 address (``inet_addr``; its client resolves names with
+    ``gethostbyname``): a name is resolved here (``localhost`` → ``127.0.0.1``), an IPv6
+    address (``::1``, ``[::1]``) is refused with that reason."""
+    bare = host.strip()
+    if bare.startswith("[") and bare.endswith("]"):
+        bare = bare[1:-1]
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        ip = None
+    if ip is not None and ip.version == 6:
+        raise InvalidRequestError(
+            f"cannot listen on {host}: llama.cpp's RPC server and client speak IPv4 only "
+            "(they split HOST:PORT at the first colon)",
+            hint="use --host 127.0.0.1, the IPv4 loopback" + (
+                "" if ip.is_loopback else ", or this machine's IPv4 address"),
+        )  # fmt: skip
+    if ip is not None:
+        return str(ip)
+    try:
+        found = socket.getaddrinfo(bare, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise InvalidRequestError(f"cannot listen on {host}: no IPv4 address for that name "
+                                  f"({getattr(exc, 'strerror', None) or exc})",
+                                  hint="give an IPv4 address, e.g. --host 127.0.0.1") from None
+    return str(found[0][4][0])
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:

@@ -118,6 +118,7 @@ def load(
     type_v: str = "f16",
     handoff: str | None = None,
     handoff_pid: int | None = None,
+    mmproj: str | None = None,
 ) -> dict[str, Any]:
     """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
 
@@ -170,6 +171,8 @@ def load(
         msg["handoff"] = handoff
         if handoff_pid is not None:
             msg["handoff_pid"] = handoff_pid
+    if mmproj is not None:  # the image projector loaded beside the model (generate mode)
+        msg["mmproj"] = mmproj
     return msg
 
 
@@ -187,6 +190,7 @@ def loaded(
     mode: str | None = None,
     architecture: str | None = None,
     has_chat_template: bool | None = None,
+    vision: bool = False,
     devices: Sequence[Mapping[str, Any]] | None = None,
     layers_offloaded: str | None = None,
 ) -> RunnerLoaded:
@@ -212,6 +216,8 @@ def loaded(
         msg["architecture"] = architecture
     if has_chat_template is not None:
         msg["has_chat_template"] = has_chat_template
+    if vision:  # an image projector was loaded beside the model
+        msg["vision"] = True
     if devices is not None:
         msg["devices"] = [cast(DeviceShare, dict(d)) for d in devices]
     if layers_offloaded is not None:
@@ -245,6 +251,7 @@ def generate(
     think: bool | None = None,
     count_only: bool = False,
     stream: bool = True,
+    images: Sequence[str] = (),
     **options: Any,
 ) -> dict[str, Any]:
     """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
@@ -283,6 +290,8 @@ def generate(
         msg["count_only"] = True
     if not stream:
         msg["stream"] = False
+    if images:  # base64, shown before the prompt (messages carry their own)
+        msg["images"] = list(images)
     return msg
 
 

@@ -134,6 +134,18 @@ def parse_aliases(value: object) -> dict[str, str]:
     return out
 
 
+def parse_mmproj(value: object) -> dict[str, str]:
+    """``[mmproj]`` table: a model name (or path) -> its image projector file ("": none)."""
+    if not isinstance(value, Mapping):
+        raise ValueError('mmproj must be a table of name = "path"')
+    out: dict[str, str] = {}
+    for name, target in value.items():
+        if not isinstance(target, str) or not str(name).strip():
+            raise ValueError(f"mmproj of {name!r} must be a path string (\"\": none)")
+        out[str(name).strip()] = target.strip()
+    return out
+
+
 def parse_rpc(value: object) -> dict[str, tuple[str, ...]]:
     """``[rpc]`` table: a model name (alias, models-dir name) -> its llama.cpp RPC workers,
     a list of "HOST:PORT" or one comma-separated string."""

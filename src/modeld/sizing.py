@@ -30,7 +30,7 @@ from modeld.errors import (
 )
 from modeld.memory import MemoryEstimate
 from modeld.modelinfo import MODE_VERBS, ModelInfo
-from modeld.placement import Placement, Where, check_kv_type, planned
+from modeld.placement import FIT_CTX, Placement, Where, check_kv_type, place, planned
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
 AUTO_PARALLEL = 4
@@ -236,6 +236,7 @@ def size_for(
     parallel: int | None = None,
     offload: bool = False,
     where: Where | None = None,
+    projector: int = 0,
 ) -> Sizing:
     """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
@@ -245,12 +246,14 @@ def size_for(
     own value (None: the setting, else automatic); lowered until its contexts fit.
     ``offload``: the layers go to RPC workers; only what stays local is charged here.
     ``where``: the KV cache type and the cards: layers on them are charged to them, not to
-    the RAM budget (:mod:`modeld.placement`).
+    the RAM budget (:mod:`modeld.placement`). ``projector``: the bytes of an image projector
+    loaded beside the model (:func:`modeld.projector.memory_bytes`), reserved with it.
     """
     check_mode(info, mode, key.path)
     if where is not None:
         check_kv_type(info, where.kv_type)
-    extra = baseline + prompt_cache_bytes(mode, settings)  # reserved beside the model's estimate
+    # reserved beside the model's estimate
+    extra = baseline + prompt_cache_bytes(mode, settings) + projector
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)
     try:
@@ -279,9 +282,40 @@ def size_for(
         f"{source} asked for {want}; {n} contexts of {n_ctx} tokens are what fit in memory"
     )
     if where is None or offload:
-        return Sizing(n_ctx, est, est + extra, reason, n, why)
+        cpu = Placement(0, info.block_count + 1, reason="on RPC workers" if offload else "no GPU")
+        return Sizing(n_ctx, est, est + extra, reason, n, why, placement=cpu)
+    if requested is None:  # an automatic context may shrink to keep layers on the cards
+        kept = keep_on_cards(info, mode, n_ctx, n, where, max(settings.ctx_floor, FIT_CTX))
+        if kept is not None:
+            n_ctx, reason = kept
+            est = _estimate(info, n_ctx, mode, n, offload, where)
     full, place = planned(info, n_ctx, where, mode=mode, parallel=n)
     return Sizing(n_ctx, est, est + extra, reason, n, why, where.kv_type, place, full.vram)
+
+
+def keep_on_cards(
+    info: ModelInfo, mode: str, n_ctx: int, parallel: int, where: Where, floor: int
+) -> tuple[int, str] | None:
+    """(n_ctx, reason) when a smaller automatic context, not below ``floor`` (or ``n_ctx``),
+    puts more layers on the cards: the largest context that keeps as many as the floor would.
+    None when shrinking gains no layer.
+
+    Why layers before context: a layer left in RAM slows every token (the CPU computes it),
+    while the context grows on demand when a prompt needs it (a reload, planned again then).
+    llama.cpp's ``--fit`` shrinks the context first too, but once, for one model against
+    what is free; here the cards' room is what the other resident models leave."""
+    def layers(n: int) -> int:
+        return place(info, n, where.gpus, where.gpu_layers, mode=mode, parallel=parallel,
+                     kv_type=where.kv_type, margin=where.margin).gpu_layers  # fmt: skip
+
+    lower = min(n_ctx, round_up(floor))
+    now, best = layers(n_ctx), layers(lower)
+    if best <= now:
+        return None
+    kept = largest_fitting(lambda n: layers(n) >= best, lower, n_ctx) or lower
+    total = info.block_count + 1
+    return kept, (f"{kept} keeps {best} of {total} layers on the GPU (at {n_ctx}: {now}); "
+                  "it grows when a prompt needs more")  # fmt: skip
 
 
 def max_context(

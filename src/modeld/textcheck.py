@@ -1,4 +1,5 @@
-"""Text that cannot cross an encoding boundary is refused where it enters.
+"""JSON that cannot cross a boundary is refused where it enters: text with no UTF-8 form, and
+nesting deeper than :data:`MAX_DEPTH`.
 
 JSON may carry ``"\\ud83d"`` (a lone UTF-16 surrogate): valid JSON, but no UTF-8 encoding exists
 for it, so the first ``str.encode("utf-8")`` on its way to the tokenizer raises. Found deep in a
@@ -6,11 +7,21 @@ runner, that error once ended another client's stream and left the bad request i
 good. Every entry point (HTTP bodies, the daemon's protocol decode, the CLI's prompt) checks
 decoded JSON here and answers ``invalid_request`` naming the field. Pure: no imports beyond
 errors.
+
+Nesting: a body 100,000 arrays deep made ``json.loads`` raise RecursionError (a 500), and a
+tool's parameters 600 levels deep recursed through every later walk of them. No API body
+needs more than a few dozen levels (OpenAI allows 10 levels of schema nesting), so deeper JSON
+is refused once, here, with its path: the walks after this one never meet it.
 """
 
 from __future__ import annotations
 
-#: Nesting deeper than this is not walked further (json's own recursion limit stops worse).
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from modeld.errors import InvalidRequestError
+
+#: The deepest nesting of objects and arrays accepted in a request (the body itself is level 1).
 MAX_DEPTH = 64
 
 
@@ -18,23 +29,41 @@ def bad_text(value: object, path: str = "") -> tuple[str, str] | None:
     """The first (field path, offending string) whose text is not encodable as UTF-8, or None.
 
     Paths read like ``messages[1].content``; a bad object key is reported at its own path.
+    Raises :func:`too_deep` for a container nested deeper than :data:`MAX_DEPTH`.
     """
     stack: list[tuple[object, str, int]] = [(value, path, 0)]
     while stack:
         item, where, depth = stack.pop()
+        if depth >= MAX_DEPTH and isinstance(item, dict | list):
+            raise too_deep(where)
         if isinstance(item, str):
             if not _encodable(item):
                 return where or "the body", item
-        elif depth < MAX_DEPTH and isinstance(item, dict):
+        elif isinstance(item, dict):
             for key, sub in reversed(list(item.items())):
                 name = f"{where}.{key}" if where else str(key)
                 if isinstance(key, str) and not _encodable(key):
                     return name, key
                 stack.append((sub, name, depth + 1))
-        elif depth < MAX_DEPTH and isinstance(item, list):
+        elif isinstance(item, list):
             for i in reversed(range(len(item))):
                 stack.append((item[i], f"{where}[{i}]", depth + 1))
     return None
+
+
+def too_deep(where: str = "") -> InvalidRequestError:
+    """The error for JSON nested deeper than :data:`MAX_DEPTH` (``where``: the path reached,
+    empty when the parser itself gave up)."""
+    from modeld.errors import InvalidRequestError  # on the error path only: the fast CLI path
+
+    shown = where.encode("utf-8", "backslashreplace").decode("utf-8")
+    where = shown[:200] + ("…" if len(shown) > 200 else "")
+    at = f" at {where}" if where else ""
+    return InvalidRequestError(
+        f"the JSON nests deeper than {MAX_DEPTH} levels{at}",
+        hint=f"flatten it: objects and arrays may nest at most {MAX_DEPTH} levels deep",
+        details={"max_depth": MAX_DEPTH, **({"field": where} if where else {})},
+    )
 
 
 def _encodable(text: str) -> bool:

@@ -26,19 +26,33 @@ from modeld.errors import format_bytes
 
 @dataclass(frozen=True)
 class Room:
-    """What planning needs to know about the cache at one moment."""
+    """What planning needs to know about the cache at one moment. Memory comes in tiers: 0 is
+    RAM (``budget_bytes``), 1 + i card i's VRAM (``vram_budgets[i]``); an entry holds bytes in
+    each (:meth:`Entry.held`)."""
 
     budget_bytes: int
     max_models: int
     live: Mapping[ModelKey, Entry]  # loading and ready entries (each holds a slot)
     unloading: Sequence[Entry]  # evicted, still holding memory until their runners exit
     victim_order: Callable[[], list[Entry]]  # evictable entries, first victim first
+    vram_budgets: tuple[int, ...] = ()  # per card: what modeld's models may hold there
+
+    @property
+    def tiers(self) -> int:
+        return 1 + len(self.vram_budgets)
+
+    def budget(self, tier: int) -> int:
+        return self.budget_bytes if tier == 0 else self.vram_budgets[tier - 1]
+
+    def used(self, tier: int) -> int:
+        """Bytes held in ``tier`` by every entry, unloading ones included (not free yet)."""
+        return sum(e.held(tier) for e in self.live.values()) + sum(
+            e.held(tier) for e in self.unloading
+        )
 
     def used_bytes(self) -> int:
         """Accounted bytes of every entry, unloading ones included (their memory is not free)."""
-        return sum(e.accounted_bytes for e in self.live.values()) + sum(
-            e.accounted_bytes for e in self.unloading
-        )
+        return self.used(0)
 
 
 def replaceable(entry: Entry) -> bool:
@@ -47,17 +61,23 @@ def replaceable(entry: Entry) -> bool:
 
 
 def plan_load(
-    room: Room, key: ModelKey, need_bytes: int, failure: FailureRecord | None, now: float
+    room: Room, key: ModelKey, need_bytes: int, failure: FailureRecord | None, now: float,
+    need_vram: tuple[int, ...] = (),
 ) -> Plan:
-    """Decide how to make room for ``key`` (a new load, or a reload of its idle entry)."""
+    """Decide how to make room for ``key`` (a new load, or a reload of its idle entry) needing
+    ``need_bytes`` of RAM and ``need_vram`` on each card. A victim is taken only when it frees
+    a tier that is short (or a model slot): a model on the CPU is not evicted for VRAM."""
     need = int(need_bytes)
+    tiers = range(room.tiers)
+    needs = [need] + [int(need_vram[i]) if i < len(need_vram) else 0
+                      for i in range(room.tiers - 1)]  # fmt: skip
     budget, used = room.budget_bytes, room.used_bytes()
     free = max(0, budget - used)
     own = room.live.get(key)
     others = [e for e in room.live.values() if e is not own]
-    pinned_bytes = sum(e.accounted_bytes for e in others if e.pinned)
-    busy_bytes = sum(e.accounted_bytes for e in others if e.busy and not e.pinned)
-    busy_bytes += sum(e.accounted_bytes for e in room.unloading)
+    pinned = [sum(e.held(t) for e in others if e.pinned) for t in tiers]
+    busy = [sum(e.held(t) for e in others if e.busy and not e.pinned)
+            + sum(e.held(t) for e in room.unloading) for t in tiers]  # fmt: skip
     pinned_slots = sum(1 for e in others if e.pinned)
 
     def make(
@@ -70,13 +90,15 @@ def plan_load(
         chosen = victims or []
         return Plan(
             action=action, key=key, need_bytes=need, budget_bytes=budget, used_bytes=used,
-            available_bytes=free, busy_bytes=busy_bytes, pinned_bytes=pinned_bytes,
+            available_bytes=free, busy_bytes=busy[0], pinned_bytes=pinned[0],
             slots_used=len(room.live), max_models=room.max_models, reason=reason,
             reclaimable_bytes=sum(v.accounted_bytes for v in chosen),
             victims=tuple(v.key for v in chosen),
             victim_reasons=tuple(victim_reasons or ()),
             failure=failure.reason if failure else None,
             failure_code=failure.code if failure else None,
+            need_vram=tuple(needs[1:]), vram_budgets=room.vram_budgets,
+            vram_used=tuple(room.used(t) for t in tiers if t > 0),
         )  # fmt: skip
 
     if failure is not None and now < failure.until:
@@ -87,53 +109,68 @@ def plan_load(
             f"not retrying for another {wait_s:.0f} s",
             failure=failure,
         )
-    if need > budget - pinned_bytes or pinned_slots >= room.max_models:
-        if pinned_slots >= room.max_models:
-            why = f"all {room.max_models} model slots hold pinned models"
-        else:
-            why = (
-                f"{key.name} needs {format_bytes(need)} but the budget is "
-                f"{format_bytes(budget)}"
-                + (f" with {format_bytes(pinned_bytes)} pinned" if pinned_bytes else "")
-            )
-        return make("refuse", why)
+    if pinned_slots >= room.max_models:
+        return make("refuse", f"all {room.max_models} model slots hold pinned models")
+    for t in tiers:
+        if needs[t] > room.budget(t) - pinned[t]:
+            return make("refuse", f"{key.name} needs {format_bytes(needs[t])} "
+                        + ("" if t == 0 else f"on GPU {t - 1} ") + "but the "
+                        + ("budget" if t == 0 else "card's budget") + " is "
+                        + f"{format_bytes(room.budget(t))}"
+                        + (f" with {format_bytes(pinned[t])} pinned" if pinned[t] else ""))
     if own is not None and not replaceable(own):
         return make("wait", f"{key.name} is {own.state.value} or busy; waiting to reload it")
 
     slots_free = room.max_models - len(room.live)
-    space = budget - used  # negative after a measured overshoot: that debt is paid first
+    # negative after a measured overshoot: that debt is paid first
+    space = [room.budget(t) - room.used(t) for t in tiers]
     victims: list[Entry] = []
     reasons: list[EvictionReason] = []
-    if own is not None:  # a reload always replaces the idle entry of the same key
-        victims.append(own)
-        reasons.append(EvictionReason.RELOAD)
-        space += own.accounted_bytes
+
+    def take(entry: Entry, why: EvictionReason) -> None:
+        nonlocal slots_free
+        victims.append(entry)
+        reasons.append(why)
+        for t in tiers:
+            space[t] += entry.held(t)
         slots_free += 1
+
+    def short() -> list[int]:
+        return [t for t in tiers if space[t] < needs[t]]
+
+    if own is not None:  # a reload always replaces the idle entry of the same key
+        take(own, EvictionReason.RELOAD)
     for cand in room.victim_order():
-        if space >= need and slots_free >= 1:
+        if not short() and slots_free >= 1:
             break
         if cand is own:
             continue
-        victims.append(cand)
-        reasons.append(EvictionReason.MEMORY if space < need else EvictionReason.SLOTS)
-        space += cand.accounted_bytes
-        slots_free += 1
-    if space >= need and slots_free >= 1:
+        frees = [t for t in short() if cand.held(t) > 0]
+        if frees:
+            take(cand, EvictionReason.MEMORY if frees[0] == 0 else EvictionReason.VRAM)
+        elif slots_free < 1:
+            take(cand, EvictionReason.SLOTS)
+    lacking = short()
+    if not lacking and slots_free >= 1:
         if not victims:
-            return make("admit", f"{format_bytes(need)} fits in {format_bytes(free)} free")
+            return make("admit", f"{format_bytes(need)} fits in {format_bytes(free)} free"
+                        + "".join(f" and {format_bytes(n)} on GPU {i}"
+                                  for i, n in enumerate(needs[1:]) if n))  # fmt: skip
         return make("evict", _evict_reason(key.name, victims, reasons, room.max_models),
                     victims=victims, victim_reasons=reasons)
-    if space + busy_bytes >= need or slots_free < 1:
+    if all(space[t] + busy[t] >= needs[t] for t in lacking) or slots_free < 1:
+        t = lacking[0] if lacking else 0
+        where = "" if t == 0 else f" on GPU {t - 1}"
         return make(
             "wait",
-            f"{key.name} needs {format_bytes(need)}; {format_bytes(max(0, space))} can be "
-            "freed now "
-            f"and {format_bytes(busy_bytes)} is held by busy models"
+            f"{key.name} needs {format_bytes(needs[t])}{where}; "
+            f"{format_bytes(max(0, space[t]))} can be freed now "
+            f"and {format_bytes(busy[t])} is held by busy models"
             + ("" if slots_free >= 1 else f" (all {room.max_models} slots busy)"),
         )
     return make(  # pragma: no cover - unreachable: the pinned check above covers it
         "refuse",
-        f"{key.name} needs {format_bytes(need)} but at most {format_bytes(space + busy_bytes)}"
+        f"{key.name} needs {format_bytes(need)} but at most {format_bytes(space[0] + busy[0])}"
         " can ever be freed",
     )
 
@@ -150,39 +187,52 @@ def _evict_reason(name: str, victims: list[Entry], reasons: list[EvictionReason]
                 if r is EvictionReason.MEMORY)
     if freed:
         whys.append(f"to free {format_bytes(freed)} for {name}")
+    on_cards = [v for v, r in zip(victims, reasons, strict=True) if r is EvictionReason.VRAM]
+    if on_cards:
+        vram = sum(sum(v.accounted_vram) for v in on_cards)
+        whys.append(f"to free {format_bytes(vram)} of VRAM for {name}")
     if EvictionReason.SLOTS in reasons:
         whys.append(f"because all {max_models} model slots are taken (max_models {max_models})")
     return f"evicting {len(victims)} idle model(s) " + " and ".join(whys)
 
 
 def plan_rebalance(room: Room) -> Plan | None:
-    """Idle victims that bring usage back under the budget after a measured overshoot.
+    """Idle victims that bring every tier (RAM, each card) back under its budget after a
+    measured overshoot; a victim is taken only when it holds bytes in a tier that is over.
 
     None when usage is within budget. The plan's action is ``evict`` when idle victims
     suffice, else ``wait`` (busy entries hold the rest; nothing is evicted).
     """
-    used = room.used_bytes()
-    over = max(0, used - room.budget_bytes)
-    if over == 0:
+    tiers = range(room.tiers)
+    over = [max(0, room.used(t) - room.budget(t)) for t in tiers]
+    if not any(over):
         return None
     victims: list[Entry] = []
-    freed = 0
+    reasons: list[EvictionReason] = []
     for cand in room.victim_order():
-        if freed >= over:
+        lacking = [t for t in tiers if over[t] > 0 and cand.held(t) > 0]
+        if not any(over[t] > 0 for t in tiers):
             break
+        if not lacking:
+            continue
         victims.append(cand)
-        freed += cand.accounted_bytes
-    action: Action = "evict" if freed >= over else "wait"
+        reasons.append(EvictionReason.MEMORY if lacking[0] == 0 else EvictionReason.VRAM)
+        for t in tiers:
+            over[t] = max(0, over[t] - cand.held(t))
+    action: Action = "evict" if not any(over) else "wait"
+    first = next(t for t in tiers if room.used(t) > room.budget(t))
     live = room.live.values()
     key = victims[0].key if victims else next(iter(room.live), ModelKey("", 0, 0))
     return Plan(
-        action=action, key=key, need_bytes=over, budget_bytes=room.budget_bytes,
-        used_bytes=used, available_bytes=0, reclaimable_bytes=freed,
+        action=action, key=key, need_bytes=room.used(first) - room.budget(first),
+        budget_bytes=room.budget_bytes, used_bytes=room.used(0), available_bytes=0,
+        reclaimable_bytes=sum(v.accounted_bytes for v in victims),
         busy_bytes=sum(e.accounted_bytes for e in live if e.busy),
         pinned_bytes=sum(e.accounted_bytes for e in live if e.pinned),
-        reason=f"measured usage is {format_bytes(over)} over the budget",
+        reason=f"measured usage is {format_bytes(room.used(first) - room.budget(first))} over "
+        f"the {'budget' if first == 0 else f'budget of GPU {first - 1}'}",
         victims=tuple(v.key for v in victims) if action == "evict" else (),
-        victim_reasons=tuple(EvictionReason.MEMORY for _ in victims)
-        if action == "evict" else (),
+        victim_reasons=tuple(reasons) if action == "evict" else (),
         slots_used=len(room.live), max_models=room.max_models,
+        vram_budgets=room.vram_budgets, vram_used=tuple(room.used(t) for t in tiers if t > 0),
     )  # fmt: skip

@@ -80,6 +80,7 @@ class CachePolicy:
         self._seq = 0
         self._stats = CacheStats(started_at=clock())
         self._scorer = EvictionScorer(eviction)  # victim order: "lru" or "cost" (eviction.py)
+        self.vram_budgets: tuple[int, ...] = ()  # per card (set_vram_budgets); () no card
 
     # ---- queries -------------------------------------------------------------------------
 
@@ -105,6 +106,33 @@ class CachePolicy:
     def used_bytes(self) -> int:
         """Accounted bytes of every entry, unloading ones included (their memory is not free)."""
         return sum(e.accounted_bytes for e in self.entries())
+
+    def set_vram_budgets(self, budgets: tuple[int, ...]) -> None:
+        """What modeld's models may hold on each card: its total less what other processes
+        hold and a margin (:func:`modeld.placement.vram_budget`), read afresh before each plan."""
+        self.vram_budgets = tuple(max(0, int(b)) for b in budgets)
+
+    def vram_used(self) -> tuple[int, ...]:
+        """Accounted bytes on each card, loading and unloading entries included: a load that
+        has not allocated yet still counts, so loads planned together never share the room."""
+        return tuple(self._room().used(1 + i) for i in range(len(self.vram_budgets)))
+
+    def vram_planned(self) -> tuple[int, ...]:
+        """The plans' bytes on each card (what :meth:`vram_used` charges before NVML says)."""
+        return tuple(sum(e.vram[i] for e in self.entries() if i < len(e.vram))
+                     for i in range(len(self.vram_budgets)))  # fmt: skip
+
+    def vram_available_for(self, key: ModelKey) -> tuple[int, ...]:
+        """Bytes a (re)load of ``key`` may plan with on each card: free + what evictable
+        entries and its own idle entry hold there (the VRAM twin of
+        :meth:`budget_available_for`); busy and pinned models' VRAM is never counted."""
+        out = []
+        for i, (budget, used) in enumerate(zip(self.vram_budgets, self.vram_used(), strict=True)):
+            total = budget - used + sum(e.vram_on(i) for e in self._unloading.values())
+            total += sum(e.vram_on(i) for e in self._entries.values()
+                         if e.evictable or (e.key == key and replaceable(e)))  # fmt: skip
+            out.append(max(0, total))
+        return tuple(out)
 
     def free_bytes(self) -> int:
         return max(0, self.budget_bytes - self.used_bytes())
@@ -179,12 +207,14 @@ class CachePolicy:
     def _room(self) -> Room:
         return Room(
             self.budget_bytes, self.max_models, self._entries,
-            list(self._unloading.values()), self.victim_order,
+            list(self._unloading.values()), self.victim_order, self.vram_budgets,
         )  # fmt: skip
 
-    def plan(self, key: ModelKey, need_bytes: int) -> Plan:
-        """Decide how to make room for ``key`` (a new load, or a reload of its idle entry)."""
-        return plan_load(self._room(), key, need_bytes, self._failures.get(key), self._clock())
+    def plan(self, key: ModelKey, need_bytes: int, need_vram: tuple[int, ...] = ()) -> Plan:
+        """Decide how to make room for ``key`` (a new load, or a reload of its idle entry)
+        needing ``need_bytes`` of RAM and ``need_vram`` on each card."""
+        return plan_load(self._room(), key, need_bytes, self._failures.get(key), self._clock(),
+                         need_vram)  # fmt: skip
 
     def rebalance(self) -> Plan | None:
         """Idle victims that bring usage back under the budget after a measured overshoot.
@@ -205,15 +235,18 @@ class CachePolicy:
         runner_id: str,
         pinned: bool = False,
         keep_alive_s: float | None = None,
+        vram: tuple[int, ...] = (),
+        gpu_layers: int = 0,
     ) -> Entry:
-        """Reserve ``estimate_bytes`` and a slot for a load that is starting.
+        """Reserve ``estimate_bytes`` of RAM, ``vram`` on each card and a slot for a load that
+        is starting (``gpu_layers`` of its layers on the cards).
 
         Raises :class:`InsufficientMemoryError` if that would break the budget or the slot
         limit (evict the plan's victims first) and :class:`ModeldError` if ``key`` is present.
         """
         if key in self._entries:
             raise ModeldError(f"{key.name} is already in the cache; remove it before reloading")
-        plan = self.plan(key, estimate_bytes)
+        plan = self.plan(key, estimate_bytes, vram)
         if plan.action != "admit":
             if plan.failure is not None:
                 raise plan.error()
@@ -228,15 +261,18 @@ class CachePolicy:
             key=key, state=EntryState.LOADING, estimate_bytes=int(estimate_bytes), n_ctx=n_ctx,
             ctx_reason=ctx_reason, runner_id=runner_id, pinned=pinned,
             keep_alive_s=self.default_keep_alive_s if keep_alive_s is None else keep_alive_s,
-            last_used=now, created_at=now, seq=self._seq,
+            last_used=now, created_at=now, seq=self._seq, vram=tuple(int(b) for b in vram),
+            gpu_layers=gpu_layers,
         )
         self._entries[key] = entry
         return entry
 
     def load_succeeded(
-        self, key: ModelKey, measured_bytes: int | None, n_ctx: int, load_seconds: float
+        self, key: ModelKey, measured_bytes: int | None, n_ctx: int, load_seconds: float,
+        measured_vram: tuple[int, ...] | None = None,
     ) -> Entry:
-        """Mark ``key`` READY and charge its measured footprint from now on.
+        """Mark ``key`` READY and charge its measured footprint (RAM, and NVML's bytes on each
+        card when it has layers there) from now on.
 
         If the measurement exceeds the estimate the next plan sees it; call :meth:`rebalance`
         to learn whether idle entries must go to get back under the budget.
@@ -253,6 +289,11 @@ class CachePolicy:
                 errors = self._stats.estimate_errors
                 errors.append((measured_bytes - entry.estimate_bytes) / entry.estimate_bytes)
                 del errors[:-ERROR_SAMPLES]
+        if measured_vram is not None and sum(entry.vram) > 0:
+            self.update_vram(key, measured_vram)
+            errors = self._stats.vram_errors
+            errors.append((sum(measured_vram) - sum(entry.vram)) / sum(entry.vram))
+            del errors[:-ERROR_SAMPLES]
         if entry.in_flight == 0 and entry.queued == 0:
             entry.last_used = now
             entry.expires_at = now + entry.keep_alive_s
@@ -265,6 +306,13 @@ class CachePolicy:
     def update_measured(self, key: ModelKey, measured_bytes: int) -> None:
         """A fresh measurement of a ready entry (e.g. after its KV cache filled)."""
         self._require(key).measured_bytes = int(measured_bytes)
+
+    def update_vram(self, key: ModelKey, measured: tuple[int, ...]) -> None:
+        """NVML's bytes of a ready entry's runner on each card (they grow with the first
+        batch: the compute buffers); an entry with no layers on the cards is left alone."""
+        entry = self._entries.get(key)
+        if entry is not None and sum(entry.vram) > 0:
+            entry.vram_measured = tuple(int(b) for b in measured)
 
     def load_failed(
         self, key: ModelKey, reason: str, code: str | None = None, runner_alive: bool = False
@@ -418,10 +466,8 @@ class CachePolicy:
             "load_seconds_mean": (s.load_seconds_total / s.loads) if s.loads else None,
             "evictions": dict(s.evictions),
             "evictions_total": sum(s.evictions.values()),
-            "estimate_error_samples": list(errors),
-            "estimate_error_mean": (sum(errors) / len(errors)) if errors else None,
-            "estimate_abs_error_mean": (sum(abs(x) for x in errors) / len(errors))
-            if errors else None,
+            **_errors("estimate", errors),
+            **_errors("vram_estimate", s.vram_errors),
             "tokens_generated": s.tokens,
             "prompt_tokens": s.prompt_tokens,
             "requests": s.requests,
@@ -429,6 +475,9 @@ class CachePolicy:
             "budget_bytes": self.budget_bytes,
             "used_bytes": self.used_bytes(),
             "max_models": self.max_models,
+            "vram_budget_bytes": list(self.vram_budgets),
+            "vram_used_bytes": list(self.vram_used()),
+            "vram_estimate_bytes": list(self.vram_planned()),
             "eviction_policy": self._scorer.policy,
             "models_loaded": self.slots_used(),
             "cooling_down": [
@@ -437,3 +486,11 @@ class CachePolicy:
                 for k, f in self._failures.items() if f.until > self._clock()
             ],
         }
+
+
+def _errors(name: str, errors: list[float]) -> dict[str, object]:
+    """Estimate-vs-measured statistics: the samples, their mean and mean absolute error."""
+    n = len(errors)
+    return {f"{name}_error_samples": list(errors),
+            f"{name}_error_mean": sum(errors) / n if n else None,
+            f"{name}_abs_error_mean": sum(abs(x) for x in errors) / n if n else None}  # fmt: skip

@@ -41,6 +41,7 @@ class EvictionReason(StrEnum):
     """Why an entry left the cache; counted in stats and shown as ``last_unload_reason``."""
 
     MEMORY = "memory"
+    VRAM = "vram"  # a card's memory (the tier that was short)
     SLOTS = "slots"
     KEEP_ALIVE = "keep_alive"
     EXPLICIT = "explicit"
@@ -108,11 +109,28 @@ class Entry:
     last_unload_reason: EvictionReason | None = None
     created_at: float = 0.0
     seq: int = 0  # insertion order; breaks LRU ties deterministically
+    vram: tuple[int, ...] = ()  # planned bytes on each card (the CUDA context included)
+    vram_measured: tuple[int, ...] | None = None  # NVML's bytes of its runner on each card
+    gpu_layers: int = 0  # layers on the cards
 
     @property
     def accounted_bytes(self) -> int:
         """What the budget charges: the measured footprint once known, else the estimate."""
         return self.measured_bytes if self.measured_bytes is not None else self.estimate_bytes
+
+    @property
+    def accounted_vram(self) -> tuple[int, ...]:
+        """What each card's budget charges: NVML's measure once known, else the plan."""
+        return self.vram_measured if self.vram_measured is not None else self.vram
+
+    def vram_on(self, card: int) -> int:
+        """Bytes this entry holds on card ``card`` (0 when none)."""
+        held = self.accounted_vram
+        return held[card] if card < len(held) else 0
+
+    def held(self, tier: int) -> int:
+        """Bytes held in a tier: 0 is RAM, 1 + i card i's VRAM (the plan's tier numbers)."""
+        return self.accounted_bytes if tier == 0 else self.vram_on(tier - 1)
 
     @property
     def busy(self) -> bool:
@@ -151,6 +169,8 @@ class Entry:
             "loaded_at": self.loaded_at,
             "load_seconds": self.load_seconds,
             "runner_id": self.runner_id,
+            "vram_bytes": list(self.accounted_vram),
+            "gpu_layers": self.gpu_layers,
             "last_unload_reason": self.last_unload_reason.value
             if self.last_unload_reason else None,
         }
@@ -182,6 +202,9 @@ class Plan:
     max_models: int = 0
     failure: str | None = None
     failure_code: str | None = None
+    need_vram: tuple[int, ...] = ()  # per card
+    vram_budgets: tuple[int, ...] = ()  # per card
+    vram_used: tuple[int, ...] = ()  # per card, unloading entries included
 
     def victim_reason(self, key: ModelKey) -> EvictionReason:
         return self.victim_reasons[self.victims.index(key)]
@@ -199,6 +222,9 @@ class Plan:
             "slots_used": self.slots_used,
             "max_models": self.max_models,
         }
+        if any(self.need_vram):
+            details.update(need_vram=list(self.need_vram), vram_budgets=list(self.vram_budgets),
+                           vram_used=list(self.vram_used))  # fmt: skip
         if self.failure is not None:
             err = error_from_dict(
                 {"code": self.failure_code or ErrorCode.INVALID_MODEL.value,
@@ -322,3 +348,4 @@ class CacheStats:
         default_factory=lambda: {r.value: 0 for r in EvictionReason}
     )
     estimate_errors: list[float] = field(default_factory=list)  # (measured-estimate)/estimate
+    vram_errors: list[float] = field(default_factory=list)  # the same for the cards (NVML)

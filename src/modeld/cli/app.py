@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -55,6 +56,11 @@ RpcOpt = Annotated[
         help="llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them "
         "(modeld rpc-worker; docs/rpc.md).",
     ),
+]
+MmprojOpt = Annotated[
+    str | None,
+    typer.Option("--mmproj", help="The model's image projector (mmproj .gguf; default: the one "
+                 "beside the model or in the config; '' for none)."),
 ]
 NoPullOpt = Annotated[
     bool,
@@ -233,6 +239,11 @@ def run(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Timings on stderr.")] = False,
     no_pull: NoPullOpt = False,
     rpc: RpcOpt = None,
+    gpu_layers: GpuOpt = None,
+    image: Annotated[list[Path] | None, typer.Option(
+        "--image", help="An image (PNG, JPEG, WebP, GIF) the model sees with the prompt "
+        "(repeatable; a model with an image projector).")] = None,
+    mmproj: MmprojOpt = None,
 ) -> None:
     """Generate a reply, streamed to stdout. No prompt on a terminal opens a chat."""
     from modeld.cli.pullcmd import ensure_pulled
@@ -256,8 +267,16 @@ def run(
         format=format,
         think=think,
         rpc=rpc,
+        gpu_layers=_placement_opts(None, gpu_layers).get("gpu_layers"),
+        images=tuple(image or ()),
+        mmproj=mmproj,
     )
     run_command(settings, model, prompt, opts, lambda: _client(settings, autostart=True))
+
+
+def _mmproj(path: str | None) -> str | None:
+    """``--mmproj``: absolute (the daemon runs elsewhere); "" stays "" (none)."""
+    return os.path.abspath(os.path.expanduser(path)) if path else path
 
 
 @app.command()
@@ -367,6 +386,7 @@ def load(
     rpc: RpcOpt = None,
     kv_cache_type: KvOpt = None,
     gpu_layers: GpuOpt = None,
+    mmproj: MmprojOpt = None,
 ) -> None:
     """Load a model (or refresh its keep-alive) without generating."""
     from modeld.cli import render, views
@@ -384,6 +404,7 @@ def load(
             pinned=pin,
             parallel=parallel,
             rpc=None if rpc is None else _endpoints(rpc),
+            mmproj=_mmproj(mmproj),
             **_placement_opts(kv_cache_type, gpu_layers),
         )
     if json_out:

@@ -3,13 +3,17 @@
 Standard library only and no ``typing`` import, because :mod:`modeld.cli.entry` prints ``ps``
 without loading Typer or rich and every millisecond of start-up counts there. The table fits an
 80-column terminal for model names up to about 25 characters; beyond the terminal width only
-the MODEL column folds. Long per-model facts (why this context, runner pid, path) go under the
+the MODEL column folds. PROCESSOR (``ollama ps``'s: ``100% GPU``, ``35%/65% CPU/GPU``) is
+shown when a model has layers on a GPU, with a line under the table per such model (its VRAM,
+measured/planned, and its layers); on the CPU alone every row would say ``100% CPU``. Long
+per-model facts (why this context, runner pid, path) go under the
 table with ``--verbose``; ``--json`` always has everything.
 """
 
 from __future__ import annotations
 
 HEADERS = ("MODEL", "MODE", "STATE", "MEM meas/est", "CTX", "REQ", "UNTIL", "USED")
+PROCESSOR_AT = 4  # the PROCESSOR column's place, when shown (after MEM, as in ollama ps)
 MIN_NAME = 12  # the MODEL column folds long names down to this width, never less
 GAP = "  "
 
@@ -75,9 +79,17 @@ def ctx_cell(n_ctx: object, parallel: object) -> str:
     return f"{n_ctx}x{parallel}" if isinstance(parallel, int) and parallel > 1 else str(n_ctx)
 
 
-def rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
+def on_gpu(models: list[dict[str, object]]) -> bool:
+    """Whether any model has layers on a GPU (then ``ps`` shows PROCESSOR)."""
+    return any(m.get("processor") not in (None, "100% CPU") for m in models)
+
+
+def rows(
+    models: list[dict[str, object]], now: float, processor: bool = False
+) -> list[tuple[str, ...]]:
     """The table cells; CTX is n_ctx, ``x N`` when N sequences of it decode together
-    (``parallel``), REQ active (decoding) / queued requests, MODE ``gen`` or ``embed``."""
+    (``parallel``), REQ active (decoding) / queued requests, MODE ``gen`` or ``embed``;
+    ``processor``: with the PROCESSOR cell."""
     out: list[tuple[str, ...]] = []
     for m in models:
         last = m.get("last_used")
@@ -95,6 +107,10 @@ def rows(models: list[dict[str, object]], now: float) -> list[tuple[str, ...]]:
                 ago(now - float(last)) if isinstance(last, (int, float)) else "-",
             )
         )
+        if processor:
+            cells = out[-1]
+            out[-1] = (*cells[:PROCESSOR_AT], str(m.get("processor") or "-"),
+                       *cells[PROCESSOR_AT:])  # fmt: skip
     return out
 
 
@@ -124,19 +140,22 @@ def text(
     models: list[dict[str, object]], now: float, width: int = 80, verbose: bool = False
 ) -> str:
     """The whole ``ps`` output, at most ``width`` columns unless names cannot fold further."""
-    cells = rows(models, now)
+    gpu = on_gpu(models)
+    cells = rows(models, now, gpu)
     if not cells:
         return "no models loaded\n"
-    widths = [max(len(r[i]) for r in (HEADERS, *cells)) for i in range(len(HEADERS))]
+    headers = HEADERS if not gpu else (*HEADERS[:PROCESSOR_AT], "PROCESSOR",
+                                       *HEADERS[PROCESSOR_AT:])  # fmt: skip
+    widths = [max(len(r[i]) for r in (headers, *cells)) for i in range(len(headers))]
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - width
     if excess > 0:
         widths[0] = max(MIN_NAME, widths[0] - excess)
-    lines = [_line(HEADERS, widths), GAP.join("─" * w for w in widths)]
+    lines = [_line(headers, widths), GAP.join("─" * w for w in widths)]
     for row in cells:
         name = row[0]
         lines.append(_line((name[: widths[0]], *row[1:]), widths))
         lines.extend(name[i : i + widths[0]] for i in range(widths[0], len(name), widths[0]))
-    lines += [line for m in models if (line := devices_line(m))]
+    lines += [line for m in models if (line := devices_line(m) or gpu_line(m))]
     if verbose:
         for m in models:
             lines += ["", f"{m.get('name')} ({m.get('mode')}):"]
@@ -164,6 +183,20 @@ def devices_line(model: dict[str, object]) -> str:
     layers = model.get("layers_offloaded")
     tail = f" (layers on workers {layers})" if layers else ""
     return f"{model.get('name')} on rpc workers{tail}: " + "; ".join(parts)
+
+
+def gpu_line(model: dict[str, object]) -> str:
+    """For a model with layers on a GPU: its VRAM (NVML's bytes of its runner / the plan) and
+    its layers there: ``tiny on GPU: VRAM 2.9/3.1 GiB, 23/23 layers (every layer fits …)``."""
+    layers = model.get("gpu_layers")
+    if not isinstance(layers, int) or layers <= 0:
+        return ""
+    where = model.get("layers")
+    spans = ", ".join(f"{k} {v}" for k, v in where.items()) if isinstance(where, dict) else ""
+    vram = mem_pair(model.get("vram_measured"), model.get("vram_estimate"))
+    line = (f"{model.get('name')} on GPU: VRAM {vram} meas/est, {layers}/"
+            f"{model.get('n_layers', '?')} layers" + (f" ({spans})" if spans else ""))
+    return line + (f" ({model.get('gpu_reason')})" if model.get("gpu_reason") else "")
 
 
 def _mib(value: object) -> str:

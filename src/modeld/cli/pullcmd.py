@@ -34,6 +34,8 @@ def pull_command(settings: Settings, ref: str, *, json_out: bool, quiet: bool) -
     with _Bars() as bars:
         done = _pull(settings, ref, bars.event)
     sys.stdout.write(f"pulled {done['model']} ({_size(done['size'])}): {done['path']}\n")
+    if done["mmproj"]:
+        sys.stdout.write(f"with its image projector: {done['mmproj']}\n")
 
 
 def ensure_pulled(settings: Settings, model: str | None, *, no_pull: bool) -> None:
@@ -59,13 +61,24 @@ def ensure_pulled(settings: Settings, model: str | None, *, no_pull: bool) -> No
 
 
 def _pull(settings: Settings, ref: str, on_event: EventFn) -> dict[str, Any]:
+    """The pull; Ctrl-C or SIGTERM stop it as a cancellation (its lock file goes, the partial
+    download stays for the next pull to resume)."""
+    import signal
+
     from modeld.pull.puller import pull
 
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, stop)
     try:
-        return pull(ref, Path(settings.models_dir).expanduser(), on_event)
+        return pull(ref, Path(settings.models_dir).expanduser(), on_event,
+                    partial_max_age_s=settings.partial_max_age_s)  # fmt: skip
     except KeyboardInterrupt:
         raise CancelledError(f"pull of {ref} interrupted",
                              hint="pull again: it resumes where it stopped") from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _json_lines(event: dict[str, Any]) -> None:

@@ -47,10 +47,11 @@ def rpc_worker(
     from modeld import probe, rpc
     from modeld.errors import InvalidRequestError, RpcWorkerError
 
+    asked, host = host, rpc.listen_address(host)  # what llama.cpp's server can listen on
     if not rpc.is_loopback(host):
         if not allow_insecure_network:
             raise InvalidRequestError(
-                f"refusing to listen on {host}: an RPC worker has no authentication and no "
+                f"refusing to listen on {asked}: an RPC worker has no authentication and no "
                 "encryption, and runs whatever it is sent",
                 hint="keep --host 127.0.0.1 and reach it through an SSH or WireGuard tunnel, "
                 "or pass --allow-insecure-network on a trusted network",

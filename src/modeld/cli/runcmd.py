@@ -7,10 +7,12 @@ generated text; everything else (spinner, timings, hints) goes to stderr.
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from modeld.cli import render
@@ -41,6 +43,25 @@ class RunOptions:
     format: str | None = None  # "json" or the path of a JSON Schema file
     think: bool | None = None
     rpc: str | None = None  # llama.cpp RPC workers to load the model with first
+    gpu_layers: int | None = None  # layers on the GPUs (-1: as many as fit; None: as loaded)
+    images: tuple[Path, ...] = ()  # image files shown with the prompt
+    mmproj: str | None = None  # the image projector to load the model with first
+
+    def image_data(self) -> list[str]:
+        """``--image`` files, read and checked, in the wire form (base64)."""
+        from modeld import images
+
+        out = []
+        for path in self.images:
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                raise InvalidRequestError(f"--image {path}: {exc.strerror or exc}",
+                                          hint="give the path of an image file") from None
+            images.check(data, f"--image {path}", InvalidRequestError)
+            out.append(images.encode(data))
+        images.check_count(len(out), InvalidRequestError)
+        return out
 
     def output_format(self) -> str | dict[str, Any] | None:
         """``--format``: "json", or the JSON Schema read from the file it names."""
@@ -48,15 +69,22 @@ class RunOptions:
             return self.format
         import json
 
+        from modeld.textcheck import check_text, too_deep
+
         try:
             with open(self.format, encoding="utf-8") as f:
                 schema = json.load(f)
         except (OSError, ValueError) as exc:
             raise InvalidRequestError(f"--format {self.format}: cannot read a JSON Schema: "
                                       f"{exc}", hint='give "json" or a JSON Schema file') from None
+        except RecursionError:
+            deep = too_deep()
+            raise InvalidRequestError(f"--format {self.format}: {deep.message}", hint=deep.hint,
+                                      details=deep.details) from None
         if not isinstance(schema, dict):
             raise InvalidRequestError(f"--format {self.format}: the file is not a JSON object",
                                       hint="a JSON Schema is an object")
+        check_text(schema, "--format")  # deep nesting: its 400 here, not a RecursionError later
         return schema
 
     def sampling(self) -> dict[str, Any]:
@@ -109,12 +137,14 @@ def _could_be_a_name(word: str) -> bool:
 
 def _load_on_workers(client: Client, model: str | None, opts: RunOptions) -> Client:
     """``--rpc``: load the model on those llama.cpp RPC workers first (one loaded otherwise
-    reloads there)."""
-    if opts.rpc is not None:
+    reloads there); ``--mmproj``: with that image projector."""
+    if opts.rpc is not None or opts.mmproj is not None:
         from modeld.rpc import parse_endpoints
 
-        client.load(model, n_ctx=opts.n_ctx, keep_alive=opts.keep_alive,
-                    rpc=parse_endpoints(opts.rpc))  # fmt: skip
+        mmproj = os.path.abspath(os.path.expanduser(opts.mmproj)) if opts.mmproj else opts.mmproj
+        client.load(model, n_ctx=opts.n_ctx, keep_alive=opts.keep_alive, mmproj=mmproj,
+                    rpc=None if opts.rpc is None else parse_endpoints(opts.rpc),
+                    gpu_layers=opts.gpu_layers)  # fmt: skip
     return client
 
 
@@ -137,6 +167,9 @@ def run_command(
         prompt = f"{prompt}\n\n{piped}"
     elif piped:
         prompt = piped
+    if prompt is None and opts.images:
+        raise InvalidRequestError("--image needs a prompt to go with it",
+                                  hint='modeld run MODEL "what is this?" --image photo.jpg')
     if prompt is None:
         if sys.stdin is not None and sys.stdin.isatty() and not opts.json_out:
             chat_loop(_load_on_workers(connect(), model, opts), model, opts)
@@ -144,8 +177,11 @@ def run_command(
         raise InvalidRequestError(
             "no prompt given", hint='pass one as an argument or on stdin: echo "hi" | modeld run'
         )
+    images = opts.image_data()
     client = _load_on_workers(connect(), model, opts)
-    messages = _messages(opts.system, [("user", prompt)])
+    messages: list[dict[str, Any]] = _messages(opts.system, [("user", prompt)])
+    if images:
+        messages[-1]["images"] = images
     gen = _start(client, model, prompt, messages, opts)
     try:
         text = _stream(gen, echo=not opts.json_out)
@@ -158,8 +194,30 @@ def run_command(
     if opts.format and gen.done is not None and gen.done.get("finish_reason") == "length":
         render.message("modeld: the reply was cut at the token limit before it was complete, "
                        "so it may not parse; raise --max-tokens")
+    valid = _validation(gen.done or {}) if opts.format else True
     if opts.verbose:
         _timings(gen.done or {})
+    if not valid:
+        from modeld.errors import ExitCode
+
+        raise SystemExit(int(ExitCode.INVALID_REPLY))
+
+
+def _validation(done: Mapping[str, Any]) -> bool:
+    """Say on stderr how the reply to ``--format`` failed its schema, and which formats were
+    not checked; whether it is valid (the daemon validated it: docs/protocol.md)."""
+    check = done.get("validation")
+    if not isinstance(check, dict):
+        return True
+    for what in check.get("unchecked") or []:
+        render.message(f"modeld: not checked (no check for it): {what}")
+    if check.get("valid", True):
+        return True
+    render.message("modeld: the reply does not validate against the schema:")
+    for problem in check.get("errors") or []:
+        keyword = f" ({problem.get('keyword')})" if problem.get("keyword") else ""
+        render.message(f"  {problem.get('at') or '/'}: {problem.get('message')}{keyword}")
+    return False
 
 
 def _messages(system: str | None, turns: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -172,14 +230,16 @@ def _start(
     client: Client,
     model: str | None,
     prompt: str,
-    messages: list[dict[str, str]],
+    messages: list[dict[str, Any]],
     opts: RunOptions,
 ) -> Generation:
     common: dict[str, Any] = {"keep_alive": opts.keep_alive, "n_ctx": opts.n_ctx,
-                              "format": opts.output_format(), **opts.sampling()}  # fmt: skip
+                              "format": opts.output_format(), "gpu_layers": opts.gpu_layers,
+                              **opts.sampling()}  # fmt: skip
     if opts.raw:
         text = f"{opts.system}\n\n{prompt}" if opts.system else prompt
-        return client.generate(model, text, raw=True, **common)
+        images = [base64.b64decode(m) for m in messages[-1].get("images", ())]
+        return client.generate(model, text, raw=True, images=images, **common)
     gen = client.chat(model, messages, think=opts.think, **common)
     if sys.stderr.isatty() and not opts.json_out:
         gen.on_thinking = render.thinking  # dimmed on the terminal; never on stdout

@@ -80,14 +80,57 @@ def show_view(data: dict[str, Any]) -> list[Any]:
     mem_rows.append(("runner baseline", fmt_bytes(data.get("runner_baseline_bytes"))))
     if data.get("budget_bytes") is not None:
         mem_rows.append(("budget", fmt_bytes(data.get("budget_bytes"))))
+    mem_rows += _placement_rows(data.get("placement"))
     if data.get("plan"):
         mem_rows.append(("plan", f"{data.get('plan')}: {data.get('plan_reason')}"))
-    victims = data.get("would_evict") or []
+    victims = data.get("evicts") or [{"name": v} for v in data.get("would_evict") or []]
     if victims:
-        mem_rows.append(("would evict", ", ".join(str(v) for v in victims)))
+        mem_rows.append(("would evict", "; ".join(_victim(v) for v in victims)))
+    if data.get("backend"):
+        mem_rows.append(("daemon backend", _backend(data)))
     mem_rows.append(("source", str(data.get("source", "daemon"))))
     out.append(key_value_table("Memory", mem_rows))
     return out
+
+
+def _placement_rows(where: Any) -> list[tuple[str, str]]:
+    """Where the layers go (show): backend, processor split, which layers where, VRAM."""
+    if not isinstance(where, dict):
+        return []
+    layers = where.get("layers") or {}
+    spans = ", ".join(f"{k} {v}" for k, v in layers.items()) if isinstance(layers, dict) else ""
+    rows = [("backend", str(where.get("backend", "CPU"))),
+            ("KV cache type", str(where.get("kv_cache_type", "f16"))),
+            ("processor", f"{where.get('processor')}  ({where.get('reason')})")]
+    if spans:
+        rows.append(("layers", spans))
+    for i, b in enumerate(where.get("vram_bytes") or []):
+        rows.append((f"VRAM on CUDA{i}", fmt_bytes(b)))
+    return rows
+
+
+def _victim(v: dict[str, Any]) -> str:
+    """``tiny (vram: frees 2.9 GiB of VRAM, 300 MiB of RAM)`` for the dry run."""
+    why = v.get("reason")
+    if why is None:
+        return str(v.get("name"))
+    vram = sum(int(b) for b in v.get("vram_bytes") or [])
+    frees = (f"{fmt_bytes(vram)} of VRAM, " if vram else "") + f"{fmt_bytes(v.get('ram_bytes'))}"
+    return f"{v.get('name')} ({why}: frees {frees} of RAM)"
+
+
+def _backend(data: dict[str, Any]) -> str:
+    """``CUDA: CUDA0 NVIDIA H100 (80 GiB, 60 GiB free)``: the backend and its devices."""
+    parts = []
+    for d in data.get("devices") or []:
+        part = " ".join(str(d[k]) for k in ("name", "description") if d.get(k))
+        if d.get("total_bytes"):
+            part += (f" ({fmt_bytes(d['total_bytes'])}, {fmt_bytes(d.get('free_bytes'))} free,"
+                     f" budget {fmt_bytes(d.get('budget_bytes'))}, models "
+                     f"{fmt_bytes(d.get('used_bytes'))} meas/"
+                     f"{fmt_bytes(d.get('estimate_bytes'))} est)")
+        parts.append(part)
+    return f"{data.get('backend')}" + (f": {'; '.join(parts)}" if parts else "")
 
 
 def ps_view(data: dict[str, Any], verbose: bool = False) -> list[Any]:
@@ -134,7 +177,10 @@ def _stat_value(key: str, value: Any) -> str:
     if isinstance(value, list):
         if not value:
             return "none"
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if numbers and key.endswith("_bytes"):  # one per card
+            return ", ".join(fmt_bytes(v) for v in value)
+        if numbers:
             mean = sum(value) / len(value)
             return f"{len(value)} values, mean {mean:.3f}"
         if all(isinstance(v, dict) for v in value):
@@ -154,18 +200,23 @@ def _named(item: dict[str, Any]) -> str:
 
 def stats_view(data: dict[str, Any]) -> list[Any]:
     """``modeld stats`` as one key/value table; estimate error samples become a mean."""
-    skip = {"schema_version", "kind", "estimate_error_samples"}
+    skip = {"schema_version", "kind", "estimate_error_samples", "vram_estimate_error_samples"}
     rows = []
     for key, value in data.items():
         if key in skip:
             continue
-        if key == "estimate_error_mean" and value is not None:
-            samples = data.get("estimate_error_samples")
+        if key.endswith("estimate_error_mean") and value is not None:
+            samples = data.get(key.replace("_mean", "_samples"))
             n = len(samples) if isinstance(samples, list) else 0
-            rows.append(("estimate error mean", f"{float(value) * 100:+.1f}% ({n} loads)"))
+            rows.append((_label(key), f"{float(value) * 100:+.1f}% ({n} loads)"))
             continue
-        if key == "estimate_abs_error_mean" and value is not None:
-            rows.append(("estimate abs error mean", f"{float(value) * 100:.1f}%"))
+        if key.endswith("estimate_abs_error_mean") and value is not None:
+            rows.append((_label(key), f"{float(value) * 100:.1f}%"))
+            continue
+        if key == "devices":
+            rows.append(("backend", _backend(data)))
+            continue
+        if key == "backend":
             continue
         rows.append((_label(key), _stat_value(key, value)))
     return [key_value_table("modeld stats", rows)]

@@ -10,25 +10,29 @@ daemon's event loop (no locks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
-from typing import TypedDict
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
-from modeld import placement, sizing
+from modeld import placement, projector, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
 from modeld.daemon.dispatch import Dispatch
 from modeld.daemon.jobs import Job, Waiting
-from modeld.daemon.leases import RpcLeases
+from modeld.daemon.leases import leased_error
 from modeld.daemon.pool import BASELINE_WAIT_S, RunnerPool
 from modeld.errors import (
     ContextExceededError,
     ModeldError,
     RequestTimeoutError,
-    RpcWorkerError,
     format_bytes,
 )
+from modeld.gguf import ProjectorInfo
 from modeld.modelinfo import ModelInfo
+
+if TYPE_CHECKING:
+    from modeld.probe import GpuMemory
 
 log = logging.getLogger("modeld.daemon")
 
@@ -63,12 +67,24 @@ class Admission:
         self._clock = clock
         self.waiting: dict[ModelKey, Waiting] = {}
         self.infos: dict[ModelKey, ModelInfo] = {}
-        self.leases = RpcLeases()
+        self.leases = dispatch.leases  # who holds which RPC worker (dispatch checks too)
+        self._cuda_built: bool | None = None  # a CUDA library beside llama_cpp (read once)
 
     def model_info(self, key: ModelKey) -> ModelInfo:
         if key not in self.infos:
             self.infos[key] = sizing.read_info(key.path)
         return self.infos[key]
+
+    def projector(self, key: ModelKey, name: str,
+                  jobs: Sequence[Job] = ()) -> ProjectorInfo | None:
+        """The image projector ``key`` loads with (generate mode): what a ``load`` named (this
+        one's, else an earlier one's), the config's, or the one beside it (projector.py)."""
+        if key.mode != "generate":
+            return None
+        before = self.dispatch.asked.get(key)
+        asked = next((j.mmproj for j in jobs if j.mmproj is not None),
+                     before.mmproj if before else None)  # fmt: skip
+        return projector.find(Path(key.path), self.model_info(key), name, self.settings, asked)
 
     def queued(self) -> int:
         return sum(len(w.jobs) for w in self.waiting.values())
@@ -90,12 +106,12 @@ class Admission:
             return True
         return False
 
-    def where(self, name: str, jobs: list[Job]) -> placement.Where:
+    def where(self, key: ModelKey, name: str, jobs: list[Job]) -> placement.Where:
         """The KV cache type and GPU layers of a load (its own, what an earlier ``load`` set,
-        which reloads keep, ``[model_options.NAME]``'s or the settings'), and the cards now:
-        NVML's free bytes when the runners' llama.cpp has a GPU backend (their hello), none
-        otherwise (CPU only, as without a card)."""
-        before = self.dispatch.asked.get(jobs[0].key) if jobs else None  # kept by reloads
+        which reloads keep, ``[model_options.NAME]``'s or the settings'), and the room on each
+        card: what the cache's card budgets leave for ``key`` (:meth:`read_cards`), when the
+        runners' llama.cpp has a GPU backend (their hello); none otherwise (CPU only)."""
+        before = self.dispatch.asked.get(key)  # kept by reloads
         kv = placement.option(
             next((j.kv_cache_type for j in jobs if j.kv_cache_type),
                  before.kv_cache_type if before else None),
@@ -106,12 +122,69 @@ class Admission:
             name, "gpu_layers", self.settings)  # fmt: skip
         layers = None if layers is not None and layers < 0 else layers
         cards: tuple[placement.Gpu, ...] = ()
-        if self.pool.gpu_devices and layers != 0:
-            from modeld import probe
+        if self.cuda_devices():  # read with gpu_layers 0 too: the placement says it had cards
+            found = self.read_cards()
+            rooms = self.cache.vram_available_for(key)
+            cards = tuple(placement.Gpu(g.index, g.name, g.total, room)
+                          for g, room in zip(found, rooms, strict=False))  # fmt: skip
+        return placement.Where(str(kv), cards, layers, margin=0)
 
-            found = probe.gpu_memory()[: self.pool.gpu_devices]
-            cards = tuple(placement.Gpu(g.index, g.name, g.total, g.free) for g in found)
-        return placement.Where(str(kv), cards, layers)
+    def cuda_devices(self) -> int:
+        """How many cards llama.cpp uses: what the last runner's hello counted; before any
+        hello (the first load may be sent before it), every card NVML finds when a CUDA
+        library sits beside llama_cpp, else none."""
+        if self.pool.gpu_devices is not None:
+            return self.pool.gpu_devices
+        if self._cuda_built is None:
+            from modeld.daemon import forkserver
+
+            self._cuda_built = "cuda" in forkserver.gpu_backends()
+        return 1 << 10 if self._cuda_built else 0
+
+    def devices(self) -> tuple[str, list[dict[str, Any]]]:
+        """(backend, devices) for ``stats``: ``CUDA`` or ``CPU`` (the runners' llama.cpp,
+        from their hello, else from the libraries beside llama_cpp), and llama.cpp's devices,
+        each card with NVML's total and free bytes and the cache's budget, its models'
+        accounted (measured where known) and planned bytes there."""
+        cards = self.read_cards() if self.cuda_devices() else ()
+        used, planned = self.cache.vram_used(), self.cache.vram_planned()
+        listed: list[dict[str, Any]] = [dict(d) for d in self.pool.devices] or [
+            {"name": "CPU", "type": "cpu"}, *({"name": f"CUDA{i}", "description": g.name,
+                                              "type": "gpu"} for i, g in enumerate(cards))]
+        for d in listed:
+            name = str(d.get("name", ""))
+            i = int(name[4:]) if name.startswith("CUDA") and name[4:].isdigit() else -1
+            if 0 <= i < len(cards):
+                d.update(total_bytes=cards[i].total, free_bytes=cards[i].free,
+                         budget_bytes=self.cache.vram_budgets[i], used_bytes=used[i],
+                         estimate_bytes=planned[i])  # fmt: skip
+        return ("CUDA" if self.cuda_devices() else "CPU"), listed
+
+    def read_cards(self) -> tuple[GpuMemory, ...]:
+        """Read the cards (NVML), charge each ready model what NVML says its runner holds
+        on each, and give the cache each card's budget: its total less what other processes
+        hold and the margin (:func:`modeld.placement.vram_budget`), at most ``vram_cap``."""
+        from modeld import probe
+
+        found = probe.gpu_memory()[: self.cuda_devices()]
+        runners = self.pool.sup.runners
+        entries = self.cache.entries()
+        # the runners the cache charges (a spare's bytes, if any, count as another process's)
+        pids = {runners[e.runner_id].pid for e in entries if e.runner_id in runners}
+        named = all(g.processes is not None for g in found)
+        for entry in entries:
+            runner = runners.get(entry.runner_id)
+            if named and runner is not None and entry.state is EntryState.READY:
+                self.cache.update_vram(entry.key, tuple(dict(g.processes or ()).get(runner.pid, 0)
+                                                        for g in found))  # fmt: skip
+        cap = self.settings.vram_cap_bytes
+        self.cache.set_vram_budgets(tuple(
+            min(cap if cap else 1 << 62, placement.vram_budget(
+                placement.Card(g.index, g.name, g.total, g.used,
+                               None if g.processes is None else dict(g.processes)),
+                pids, sum(e.vram_on(i) for e in entries)))
+            for i, g in enumerate(found)))  # fmt: skip
+        return found
 
     def admit(
         self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
@@ -131,14 +204,16 @@ class Admission:
         rpc = rpc_of(jobs)
         try:
             info = self.model_info(key)
+            proj = self.projector(key, name, jobs)
             size = sizing.size_for(
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
-                asked, offload=bool(rpc), where=self.where(name, jobs),
+                asked, offload=bool(rpc), where=self.where(key, name, jobs),
+                projector=projector.memory_bytes(proj, info.embedding_length) if proj else 0,
             )  # fmt: skip
         except ModeldError as exc:
             self.fail(key, jobs, exc)
             return
-        plan = self.cache.plan(key, size.need_bytes)
+        plan = self.cache.plan(key, size.need_bytes, size.placement.vram)
         if plan.action == "refuse":
             self.fail(key, jobs, plan.error())
             return
@@ -149,7 +224,9 @@ class Admission:
             unloading = sum(
                 e.accounted_bytes for e in self.cache.entries() if e.state is EntryState.UNLOADING
             )
-            for_slots = any(plan.victim_reason(v) is EvictionReason.SLOTS for v in plan.victims)
+            # a slot, or a card's memory (what unloading models free is RAM's figure): evict
+            for_slots = any(plan.victim_reason(v) in (EvictionReason.SLOTS, EvictionReason.VRAM)
+                            for v in plan.victims)  # fmt: skip
             now = self._clock()
             recent = any(
                 now - e.last_used < SWAP_GRACE_S and not self._moved_on(v, jobs)
@@ -161,7 +238,7 @@ class Admission:
             elif for_slots or plan.available_bytes + unloading < size.need_bytes:
                 for victim in plan.victims:
                     yield Evict(victim, plan.victim_reason(victim))
-            plan = self.cache.plan(key, size.need_bytes)
+            plan = self.cache.plan(key, size.need_bytes, size.placement.vram)
             if not recent:
                 reason = f"{reason}; waiting for unloading models to exit"
         if plan.action != "admit":
@@ -173,7 +250,7 @@ class Admission:
             waiting.need_bytes = size.need_bytes
             return
         self.waiting.pop(key, None)
-        yield StartLoad(key, name, jobs, info, size)
+        yield StartLoad(key, name, jobs, info, size, proj.path if proj else None)
 
     def _sized_with_measured_baseline(
         self, key: ModelKey, name: str, jobs: list[Job], waiting: Waiting | None
@@ -213,14 +290,7 @@ class Admission:
         for lease in held:
             slot = self.dispatch.slot_of(lease.runner_id)
             if slot is not None and slot.key != key:
-                self.fail(key, jobs, RpcWorkerError(
-                    f"rpc worker {lease.endpoint} is in use by {lease.model} (runner "
-                    f"{lease.runner_id}); a worker serves one model at a time",
-                    hint=f"unload it first (modeld unload {lease.model}), or give {name} "
-                    "other workers (modeld rpc-worker --port N on another port)",
-                    details={"endpoint": lease.endpoint, "problem": "leased",
-                             "leased_to": lease.model},
-                ))  # fmt: skip
+                self.fail(key, jobs, leased_error(lease, name))
                 return False
         if waiting is None:
             waiting = Waiting(key, name, jobs, self._clock() + self.settings.queue_timeout_s)

@@ -28,6 +28,7 @@ class StartLoad:
     jobs: list[Job]
     info: ModelInfo
     size: sizing.Sizing
+    mmproj: str | None = None  # the image projector it loads with
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Iterator
 from typing import Any, cast
 
-from modeld import ctx, protocol, runnerwire, sizing
+from modeld import ctx, placement, protocol, runnerwire, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.daemon import crashinfo
+from modeld.daemon import crashinfo, workercheck
 from modeld.daemon.decisions import AnswerLoad, Reload
 from modeld.daemon.jobs import Asked, Job, Send, Slot, done_body, joined
+from modeld.daemon.leases import RpcLeases, leased_error
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
     CancelledError,
@@ -28,7 +29,7 @@ from modeld.errors import (
     format_bytes,
 )
 from modeld.replies import DeviceShare
-from modeld.rpc import lost_workers, require_reachable
+from modeld.rpc import lost_workers
 
 log = logging.getLogger("modeld.daemon")
 
@@ -44,6 +45,7 @@ class Dispatch:
         self.sup = supervisor
         self._send = send  # the daemon's socket: replies to clients
         self.slots: dict[ModelKey, Slot] = {}
+        self.leases = RpcLeases()  # which runner holds which RPC worker
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self.asked: dict[ModelKey, Asked] = {}  # what ``load`` set, kept through reloads
         self._seq = 0
@@ -83,10 +85,13 @@ class Dispatch:
             if self.needs_reload(slot, job, entry.n_ctx):
                 if slot.active:
                     return
-                if (err := self._workers_down(slot, job)) is not None:
+                verdict = self._workers_ready(slot, job)
+                if verdict is False:
+                    return  # the workers are being asked (off the loop); the tick pumps again
+                if isinstance(verdict, ModeldError):
                     slot.queue.popleft()
                     self.cache.dequeue(slot.key)
-                    self.finish(job, err)
+                    self.finish(job, verdict)
                     continue
                 yield Reload(slot)
                 return
@@ -125,18 +130,29 @@ class Dispatch:
             return asked.keep_alive_s
         return self.settings.keep_alive_s
 
-    @staticmethod
-    def _workers_down(slot: Slot, job: Job) -> RpcWorkerError | None:
-        """The error for a load onto other RPC workers when one refuses a connection now: it
-        fails alone, before a reload would unload the working model for a load that cannot
-        start (the runner's own probe would only tell after the unload)."""
+    def _workers_ready(self, slot: Slot, job: Job) -> bool | ModeldError:
+        """Before a reload onto other RPC workers unloads the working model: True when each
+        new worker answered ``HELLO`` (:mod:`.workercheck`), False while they are being asked,
+        else the error, which fails the request alone (the model stays loaded). A worker
+        leased to another loaded model fails it at once."""
         if not job.rpc or job.rpc == slot.rpc:
-            return None
-        try:
-            require_reachable(job.rpc)
-        except RpcWorkerError as err:
-            return err
-        return None
+            return True
+        for lease in self.leases.held(job.rpc):
+            other = self.slot_of(lease.runner_id)
+            if lease.runner_id != slot.runner_id and other is not None:
+                return leased_error(lease, slot.name)
+        if job.rpc_check is None:
+            job.rpc_check = workercheck.start(job.rpc, serving=slot.rpc)
+        if not job.rpc_check.done():
+            return False
+        err = job.rpc_check.exception()
+        return err if isinstance(err, ModeldError) else True
+
+    def checked_workers(self, slot: Slot) -> bool:
+        """Whether the request first in ``slot``'s queue waits on a finished worker check (the
+        tick then pumps the slot)."""
+        check = slot.queue[0].rpc_check if slot.queue else None
+        return check is not None and check.done() and not slot.active
 
     @staticmethod
     def needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
@@ -148,8 +164,10 @@ class Dispatch:
             return True  # other RPC workers (or the first ones) than it was loaded with
         if job.kind == "load" and job.kv_cache_type not in (None, slot.kv_type):
             return True  # another KV cache type
-        if job.kind == "load" and job.gpu_layers not in (None, slot.asked_gpu_layers):
-            return True  # other GPU layers asked than loaded with
+        if slot.placement.wants_reload(job.gpu_layers):
+            return True  # other GPU layers asked than loaded with (num_gpu, --gpu-layers)
+        if job.kind == "load" and job.mmproj not in (None, slot.mmproj or ""):
+            return True  # another image projector (or none) than loaded with
         return (
             job.kind == "load"
             and job.parallel is not None
@@ -215,7 +233,9 @@ class Dispatch:
                 f"lowered from {entry.n_ctx} so every rpc worker's share fits its memory"
             )
         self.cache.load_succeeded(
-            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s
+            slot.key, measured, int(n_ctx) if isinstance(n_ctx, int) else entry.n_ctx, load_s,
+            None if slot.vram_measured is None
+            else placement.split_like(slot.vram_measured, slot.placement.vram),
         )
         log.info(
             "loaded %s in %.2f s: n_ctx %d, parallel %d, measured %s (estimate %s)%s",
@@ -303,6 +323,10 @@ class Dispatch:
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
+            if err.details.get("prompt_tokens_at_least"):  # counted from its bytes, a bound
+                exc.message = exc.message.replace(f"has {prompt_tokens} tokens",
+                                                  f"has at least {prompt_tokens} tokens")
+                exc.details["prompt_tokens_at_least"] = True
             self.finish(job, exc)
             return True
         job.ctx_retries += 1

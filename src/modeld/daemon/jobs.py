@@ -10,10 +10,11 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, placement, protocol
+from modeld import ctx, grammar, placement, protocol, replycheck
 from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
@@ -57,8 +58,11 @@ class Job:
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
+    rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
+    mmproj: str | None = None  # a load's own image projector ("": none; None: found)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
     earlier: dict[str, Any] | None = None  # the runner's done of the reply's part so far
+    check: replycheck.ReplyCheck | None = None  # a reply held to a schema: validated when done
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Asked:
     pinned: bool = False
     kv_cache_type: str | None = None
     gpu_layers: int | None = None
+    mmproj: str | None = None
 
     def take(self, job: Job) -> None:
         """Remember what the ``load`` ``job`` set."""
@@ -83,6 +88,7 @@ class Asked:
         self.pinned = self.pinned or job.pinned
         self.kv_cache_type = job.kv_cache_type or self.kv_cache_type
         self.gpu_layers = job.gpu_layers if job.gpu_layers is not None else self.gpu_layers
+        self.mmproj = job.mmproj if job.mmproj is not None else self.mmproj
 
 
 @dataclass(eq=False)
@@ -111,7 +117,7 @@ class Slot:
     layers_offloaded: str | None = None
     kv_type: str = "f16"  # the KV cache type it was loaded with
     asked_kv_type: str | None = None  # the load request's own (another one reloads)
-    asked_gpu_layers: int | None = None  # the load request's own (another one reloads)
+    mmproj: str | None = None  # the image projector loaded beside the model (issue 38)
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers planned
     vram_estimate: int = 0  # planned bytes on the GPUs
     vram_measured: int | None = None  # NVML's bytes of its runner (None: no NVML)
@@ -153,6 +159,22 @@ def requested_ctx(n_ctx: int | None) -> int | None:
     return None if n_ctx is None else ctx.round_up(n_ctx)
 
 
+def needs_grammar(req: protocol.GenerateRequest) -> bool:
+    """Whether ``req``'s reply is held to a grammar (a format, a forced tool call)."""
+    return not req.count_only and (req.format is not None
+                                   or forces_call(req.tools, req.tool_choice))
+
+
+def request_grammar(req: protocol.GenerateRequest, key: ModelKey) -> str | None:
+    """``req``'s grammar, built and checked (raises InvalidRequestError): bounded, but slow
+    enough to run off the event loop (:mod:`modeld.daemon.builds`)."""
+    if not needs_grammar(req):
+        return None
+    family = grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice) \
+        else "generic"  # fmt: skip
+    return grammar.for_request(req.format, req.tools, req.tool_choice, family)
+
+
 def request_job(
     client: bytes,
     rid: str,
@@ -160,14 +182,16 @@ def request_job(
     key: ModelKey,
     name: str,
     settings: Settings,
+    gbnf: str | None = None,
 ) -> Job:
     """The job of a generate, embed or rerank request: its runner message, built by the runner
-    protocol's own builders (the scheduler sets the runner's rid when it dispatches)."""
+    protocol's own builders (the scheduler sets the runner's rid when it dispatches).
+    ``gbnf``: the generate request's grammar (:func:`request_grammar`)."""
     if isinstance(req, protocol.EmbedRequest):
         payload = rp.embed(rid, req.inputs)
         return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
                    keep_alive_s=keep_alive_of(req.keep_alive, settings),
-                   n_ctx=requested_ctx(req.n_ctx))  # fmt: skip
+                   n_ctx=requested_ctx(req.n_ctx), gpu_layers=req.gpu_layers)  # fmt: skip
     if isinstance(req, protocol.RerankRequest):
         payload = rp.rerank(rid, req.query, req.documents, req.top_n)
         return Job(client=client, rid=rid, kind="rerank", key=key, name=name, payload=payload,
@@ -180,15 +204,13 @@ def request_job(
         rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
         raw=o.raw, sampling=o.sampling, deterministic=alone,
         tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
-        grammar=None if req.count_only else grammar.for_request(
-            req.format, req.tools, req.tool_choice,
-            grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice)
-            else "generic"),
-        think=req.think, count_only=req.count_only, stream=req.stream,
+        grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
+        images=req.images,
     )  # fmt: skip
+    check = replycheck.for_request(req.format, req.tools, req.tool_choice) if gbnf else None
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),
-               alone=alone)  # fmt: skip
+               alone=alone, gpu_layers=o.gpu_layers, check=check)  # fmt: skip
 
 
 def done_body(
@@ -260,17 +282,19 @@ def joined(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, An
     return {**later, "usage": usage, "timings": timings}
 
 
-def add_gpu(out: PsRow, slot: Slot) -> None:
+def add_gpu(out: PsRow, slot: Slot, entry: Entry) -> None:
     """A row's KV cache type and where its layers are: ``processor`` as ``ollama ps`` says it,
-    ``size_vram`` as NVML measured its runner (the plan until measured), the plan's reason."""
+    ``size_vram`` what the cache charges the cards (NVML's bytes of its runner once measured,
+    the plan until then), ``vram_measured`` (None: not yet), the plan, its layers, its reason."""
     p = slot.placement
     out["kv_cache_type"], out["processor"] = slot.kv_type, "100% CPU"
-    out["gpu_layers"], out["size_vram"] = p.gpu_layers, 0
+    out["gpu_layers"], out["size_vram"], out["n_layers"] = p.gpu_layers, 0, p.n_layers
     if p.gpu_layers > 0:
         out["processor"] = placement.processor(p.gpu_layers, p.n_layers)
-        measured = slot.vram_measured
-        out["size_vram"] = measured if measured is not None else slot.vram_estimate
+        out["size_vram"] = sum(entry.accounted_vram)
+        out["vram_measured"] = None if entry.vram_measured is None else sum(entry.vram_measured)
         out["vram_estimate"], out["vram_per_gpu"] = slot.vram_estimate, list(p.vram)
+        out["layers"] = placement.describe(p, slot.kv_type)["layers"]
         out["gpu_reason"] = p.reason
 
 
@@ -327,7 +351,7 @@ def ps_rows(
             "last_unload_reason": d["last_unload_reason"],
         })  # fmt: skip
         if slot is not None:
-            add_gpu(rows[-1], slot)
+            add_gpu(rows[-1], slot, entry)
         if slot is not None and slot.rpc:
             rows[-1]["rpc"] = list(slot.rpc)
             rows[-1]["devices"] = list(slot.devices)

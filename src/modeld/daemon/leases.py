@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from modeld.errors import RpcWorkerError
+
 
 @dataclass(frozen=True)
 class Lease:
@@ -47,3 +49,14 @@ class RpcLeases:
 
     def all(self) -> list[Lease]:
         return list(self._by_endpoint.values())
+
+
+def leased_error(lease: Lease, name: str) -> RpcWorkerError:
+    """The error for ``name`` asking for a worker ``lease`` lends to another loaded model."""
+    return RpcWorkerError(
+        f"rpc worker {lease.endpoint} is in use by {lease.model} (runner {lease.runner_id}); a "
+        "worker serves one model at a time",
+        hint=f"unload it first (modeld unload {lease.model}), or give {name} other workers "
+        "(modeld rpc-worker --port N on another port)",
+        details={"endpoint": lease.endpoint, "problem": "leased", "leased_to": lease.model},
+    )

@@ -58,7 +58,8 @@ class RunnerPool:
         self.baseline = DEFAULT_RUNNER_BASELINE
         self.baseline_measured = False  # set by the first hello that carries an RSS
         self.rpc_supported: bool | None = None  # the last hello: llama.cpp RPC backend built in
-        self.gpu_devices = 0  # the last hello: llama.cpp's CUDA devices (0: CPU only)
+        self.gpu_devices: int | None = None  # the last hello: llama.cpp's CUDA devices
+        self.devices: list[dict[str, Any]] = []  # the last hello: llama.cpp's devices
         self.recycling: set[str] = set()  # runners unloading their model to become the spare
         self.stopping = False
         self._spare_failures = 0
@@ -125,6 +126,7 @@ class RunnerPool:
         if runner.rpc_supported is not None:
             self.rpc_supported = runner.rpc_supported
         if runner.devices:
+            self.devices = list(runner.devices)
             self.gpu_devices = sum(1 for d in runner.devices
                                    if str(d.get("name", "")).startswith("CUDA"))  # fmt: skip
         rss = runner.baseline.get("rss")

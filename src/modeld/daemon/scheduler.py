@@ -20,9 +20,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, planning, protocol, runnerwire
+from modeld import paths, placement, planning, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
+from modeld.daemon import workercheck
 from modeld.daemon.admission import Admission, rpc_of
 from modeld.daemon.decisions import AnswerLoad, Decision, Evict, Pump, Reload, StartLoad
 from modeld.daemon.dispatch import Dispatch
@@ -65,6 +66,7 @@ class Scheduler:
         self.dispatch = Dispatch(settings, cache, supervisor, send)
         self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
         self.stopping = False
+        self.prechecks = workercheck.Prechecks()  # loads onto RPC workers, asked HELLO first
         self._last_file_check = 0.0
         # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
         self.prompt_cache_dir: str | None = (
@@ -112,7 +114,7 @@ class Scheduler:
                 job, protocol.ProtocolError(f"request id {job.rid!r} is in use")
             )
             return
-        queued = self.dispatch.queued() + self.admission.queued()
+        queued = self.dispatch.queued() + self.admission.queued() + len(self.prechecks.jobs)
         if queued >= self.settings.max_queue:
             self.dispatch.reply_error(
                 job,
@@ -141,6 +143,9 @@ class Scheduler:
             self.dispatch.enqueue(slot, job)
             self._pump(slot)
             return
+        if job.rpc and slot is None and not self.admission.leases.held(job.rpc) \
+                and self.prechecks.hold(job):
+            return  # its workers are asked HELLO first; the tick routes it again
         self.cache.record_miss()
         job.waited_for_load = True
         if not self.admission.join(job, draining=slot is not None):
@@ -191,6 +196,7 @@ class Scheduler:
             pinned=any(j.pinned for j in jobs) or (asked is not None and asked.pinned),
             keep_alive_s=self.dispatch.keep_alive_for(
                 next((j for j in jobs if j.keep_alive_s is not None), jobs[0])),
+            vram=size.placement.vram, gpu_layers=size.placement.gpu_layers,
         )  # fmt: skip
         slot = Slot(key, name, runner.id, info, runner_pid=runner.pid)
         slot.load_started = self._clock()
@@ -198,10 +204,10 @@ class Scheduler:
         slot.parallel_reason = size.parallel_reason
         slot.asked_parallel = asked.parallel if asked is not None else None
         slot.asked_kv_type = asked.kv_cache_type if asked is not None else None
-        slot.asked_gpu_layers = asked.gpu_layers if asked is not None else None
         slot.kv_type, slot.placement = size.kv_type, size.placement
         slot.vram_estimate = size.vram_bytes
         slot.rpc = rpc
+        slot.mmproj = load.mmproj
         self.slots[key] = slot
         for job in jobs:
             self.dispatch.enqueue(slot, job)
@@ -219,7 +225,7 @@ class Scheduler:
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
             gpu_layers=size.placement.gpu_layers, tensor_split=size.placement.tensor_split,
-            type_k=size.kv_type, type_v=size.kv_type,
+            type_k=size.kv_type, type_v=size.kv_type, mmproj=load.mmproj,
             **self.admission.rpc_sizing(jobs, size.n_ctx), **self._handoff_for(key, rpc),
         )  # fmt: skip
         self.sup.send(runner.id, msg)
@@ -418,6 +424,7 @@ class Scheduler:
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
+        self.prechecks.settle(self.jobs, self._route, self.dispatch.finish)
         now = self._clock()
         if now - self._last_file_check > 1.0:
             self._last_file_check = now
@@ -427,6 +434,9 @@ class Scheduler:
         for slot in list(self.slots.values()):
             entry = self.cache.get(slot.key)
             if entry is None:
+                continue
+            if self.dispatch.checked_workers(slot):
+                self._pump(slot)  # its RPC workers answered (or failed) their HELLO
                 continue
             if slot.retire is not None and self.dispatch.idle(slot):
                 self.evict(slot.key, slot.retire)
@@ -488,8 +498,11 @@ class Scheduler:
 
     def stats(self) -> dict[str, Any]:
         """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
+        backend, devices = self.admission.devices()  # reads the cards: before the cache's stats
         stats: dict[str, Any] = dict(self.cache.stats())
         stats.update(
+            backend=backend,  # the runners' llama.cpp: CUDA or CPU (rpc_supported: RPC too)
+            devices=devices,
             runner_baseline_bytes=self.baseline,
             spare_runner=self.spare is not None,
             fork_server_pid=self.sup.fork_server_pid(),
@@ -507,7 +520,14 @@ class Scheduler:
         out = planning.show_data(
             self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
             None if slot is None else (slot.parallel, slot.parallel_reason),
+            self.admission.where(key, name, []),
+            None if slot is None else slot.mmproj or "",  # what it loaded with (load --mmproj)
         )  # fmt: skip
+        if slot is not None and out.get("plan") == "loaded":
+            out["placement"] = placement.describe(slot.placement, slot.kv_type)
+            if slot.rpc:
+                out["placement"]["backend"] = "RPC"
+        out["backend"], out["devices"] = self.admission.devices()  # the daemon's
         out["loaded"] = self.row(key) if slot is not None else None
         return out
 

@@ -169,7 +169,7 @@ class Daemon:
             log.info("shutting down")
             if door is not None:
                 door.stop()
-            service.sched.shutdown()
+            service.close()
             sup.close()
             sock.close(linger=0)
             ctx.term()

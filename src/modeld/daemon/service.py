@@ -22,7 +22,15 @@ import zmq
 from modeld import __version__, memory, protocol, replyflow
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.daemon.jobs import Job, keep_alive_of, request_job, requested_ctx
+from modeld.daemon.builds import Build, Builds
+from modeld.daemon.jobs import (
+    Job,
+    keep_alive_of,
+    needs_grammar,
+    request_grammar,
+    request_job,
+    requested_ctx,
+)
 from modeld.daemon.scheduler import Scheduler
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (
@@ -31,6 +39,7 @@ from modeld.errors import (
     ModelNotFoundError,
     ShuttingDownError,
 )
+from modeld.replies import Validation
 
 log = logging.getLogger("modeld.daemon")
 
@@ -40,6 +49,8 @@ TICK_S = 0.1  # timer resolution: dead runners are noticed within this (well und
 PROBE_S = 0.25
 PROBE = protocol.Message("probe", "modeld-probe")
 _DRAIN = 256  # messages handled per socket per loop turn, so timers keep running under load
+JobRequest = (protocol.GenerateRequest | protocol.EmbedRequest | protocol.RerankRequest
+              | protocol.LoadRequest)  # fmt: skip
 
 
 class Service:
@@ -65,12 +76,14 @@ class Service:
         self.stop_requested = False
         self.http_address: str | None = None  # where the front door listens ("host:port")
         self.sched = Scheduler(settings, cache, supervisor, self._send_job, clock)
+        self.builds = Builds()  # grammars, built off the loop
 
     def loop(self) -> None:
         """Serve until :attr:`stop_requested` (a signal, a ``shutdown`` request)."""
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.sup.socket, zmq.POLLIN)
+        poller.register(self.builds.wake_fd, zmq.POLLIN)
         next_tick = next_probe = 0.0
         while not self.stop_requested:
             try:
@@ -91,6 +104,8 @@ class Service:
                     if not self.sock.poll(0, zmq.POLLIN) or self.stop_requested:
                         break
                     self._guard(self._on_client, self.sock.recv_multipart())
+            if self.builds.wake_fd in events:
+                self._guard(self.builds.drain)
             now = self._clock()
             if now >= next_tick:
                 next_tick = now + TICK_S
@@ -98,6 +113,12 @@ class Service:
             if now >= next_probe:
                 next_probe = now + PROBE_S
                 self._guard(self._probe_clients)
+
+    def close(self) -> None:
+        """Answer every open request (pending grammar builds too) with ``shutting_down``."""
+        self.builds.close(ShuttingDownError("the daemon is shutting down",
+                                            hint="start it again with modeld serve"))
+        self.sched.shutdown()
 
     def _guard(self, fn: Any, *args: Any) -> None:
         """Run one handler; a bug in it is logged, never fatal to the daemon."""
@@ -133,6 +154,22 @@ class Service:
                 self.sched.client_gone(client)
 
     def _send_job(self, job: Job, msg: protocol.Message) -> bool:
+        """Send a job's reply; a reply held to a schema keeps its text, and its ``done``
+        goes once the complete reply is validated (:mod:`modeld.replycheck`)."""
+        check = job.check
+        if check is not None and msg.type == "chunk":
+            check.add(str(msg.body.get("text", "")))
+        elif check is not None and msg.type == "done":
+            client = job.client
+
+            def then(result: Validation) -> None:
+                self._send(client, protocol.done(msg.id, **msg.body, validation=result))
+
+            def fail(exc: ModeldError) -> None:  # cancelled, or the daemon is stopping
+                self._send(client, protocol.error_reply(msg.id, exc))
+
+            self.builds.start(Build(client, msg.id, then, fail), lambda: check.result(msg.body))
+            return True
         return self._send(job.client, msg)
 
     def _on_client(self, frames: list[bytes]) -> None:
@@ -181,7 +218,7 @@ class Service:
             reply(client, protocol.done(msg.id, stopping=True))
             self.stop_requested = True
         elif isinstance(req, protocol.CancelRequest):
-            found = self.sched.cancel(client, req.target)
+            found = self.sched.cancel(client, req.target) or self.builds.cancel(client, req.target)
             reply(client, protocol.done(msg.id, cancelled=found))
         elif isinstance(req, protocol.UnloadRequest):
             self._unload(client, msg.id, req)
@@ -194,7 +231,7 @@ class Service:
             | protocol.RerankRequest
             | protocol.LoadRequest,
         ):
-            self.sched.submit(self._job(client, msg.id, req))
+            self._submit(client, msg.id, req)
         else:  # pragma: no cover - parse_request covers every type
             raise InvalidRequestError(f"unhandled request type {t!r}")
 
@@ -222,18 +259,34 @@ class Service:
             return "generate"
         return info.natural_mode
 
-    def _job(
-        self,
-        client: bytes,
-        rid: str,
-        req: protocol.GenerateRequest
-        | protocol.EmbedRequest
-        | protocol.RerankRequest
-        | protocol.LoadRequest,
-    ) -> Job:
+    def _submit(self, client: bytes, rid: str, req: JobRequest) -> None:
+        """Hand the request to the scheduler; one whose reply follows a grammar first has the
+        grammar built on a thread (the loop goes on serving meanwhile)."""
+        if not (isinstance(req, protocol.GenerateRequest) and needs_grammar(req)):
+            self.sched.submit(self._job(client, rid, req))
+            return
+        key, _ = self._key(req.model, req.mode)  # an unknown model: its error now
+
+        def fail(exc: ModeldError) -> None:
+            self._send(client, protocol.error_reply(rid, exc))
+
+        def then(gbnf: str | None) -> None:
+            if self.sched.stopping:
+                return fail(ShuttingDownError("the daemon is shutting down"))
+            try:
+                self.sched.submit(self._job(client, rid, req, gbnf))
+            except ModeldError as exc:
+                fail(exc)
+
+        self.builds.start(Build(client, rid, then, fail), lambda: request_grammar(req, key))
+
+    def _job(self, client: bytes, rid: str, req: JobRequest, gbnf: str | None = None) -> Job:
+        """``req``'s job (``gbnf``: a generate request's grammar, built already)."""
         if not isinstance(req, protocol.LoadRequest):
             key, name = self._key(req.model, req.mode)
-            job = request_job(client, rid, req, key, name, self.settings)
+            if isinstance(req, protocol.GenerateRequest) and req.has_images:
+                self._check_vision(key, name)
+            job = request_job(client, rid, req, key, name, self.settings, gbnf)
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
             return job
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
@@ -242,8 +295,17 @@ class Service:
         return Job(client=client, rid=rid, kind="load", key=key, name=name,
                    keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
                    parallel=req.parallel, kv_cache_type=req.kv_cache_type,
-                   gpu_layers=req.gpu_layers,
+                   gpu_layers=req.gpu_layers, mmproj=req.mmproj,
                    rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
+
+    def _check_vision(self, key: ModelKey, name: str) -> None:
+        """A request with images for a model without an image projector fails here, by name."""
+        if self.sched.admission.projector(key, name) is None:
+            raise InvalidRequestError(
+                f"model {name!r} cannot see images: it has no image projector (mmproj)",
+                hint="put the model's mmproj .gguf beside it, name one in the config's "
+                "[mmproj] table or load the model with --mmproj; or send text only",
+                details={"model": name})  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
         keys = list(self.sched.loaded()) if req.all else self._loaded_keys(req.model, req.mode)

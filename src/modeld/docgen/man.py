@@ -48,6 +48,8 @@ EXIT_MEANINGS = {
     "DISK_FULL": "Not enough free disk for the download (checked first, or hit while writing).",
     "VERIFICATION_FAILED": "The downloaded file's SHA-256 is not the hub's; it was deleted.",
     "RPC_WORKER": "An RPC worker of the model is unreachable, busy, of another version, or lost.",
+    "INVALID_REPLY": "run --format: the reply (printed) does not validate against the schema; "
+                     "stderr says where.",
     "INTERRUPTED": "Interrupted (Ctrl-C).",
 }
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -22,8 +21,15 @@ from starlette.routing import Route
 
 from modeld.errors import ErrorCode, ModeldError
 from modeld.http.anthropicreq import messages_generate, one_call
-from modeld.http.common import API, message_of, model_ref, read_json, status_of, stream_or_error
-from modeld.http.ticks import ticking
+from modeld.http.common import (
+    API,
+    message_of,
+    model_ref,
+    read_json,
+    status_of,
+    validation_of,
+)
+from modeld.http.reply import Renderer, generation
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -77,10 +83,9 @@ class _Blocks:
     """The streamed content blocks: one open at a time; thinking, text and each tool call
     open their own (``content_block_start`` … ``content_block_stop``)."""
 
-    def __init__(self, one_call: bool) -> None:
+    def __init__(self) -> None:
         self.index = -1
         self.open: str | None = None  # "thinking" | "text" | "tool_use:<call index>"
-        self.one_call = one_call
 
     def _switch(self, key: str, block: dict[str, Any]) -> list[bytes]:
         out = self.close()
@@ -114,8 +119,6 @@ class _Blocks:
                 out += self._switch("text", {"type": "text", "text": ""})
             out.append(self._delta({"type": "text_delta", "text": text}))
         for d in body.get("tool_calls") or []:
-            if self.one_call and d["index"] != 0:
-                continue
             key = f"tool_use:{d['index']}"
             if "name" in d:
                 out += self._switch(key, {"type": "tool_use", "id": d["id"], "name": d["name"],
@@ -124,6 +127,64 @@ class _Blocks:
                 out.append(self._delta({"type": "input_json_delta",
                                         "partial_json": d["arguments"]}))
         return out
+
+
+#: Anthropic's keep-alive event.
+_PING = _sse("ping", {"type": "ping"})
+
+
+class _Message(Renderer):
+    """A reply as Anthropic's message: content blocks, or its event stream (``message_start``
+    and a ``ping``, the blocks' events, ``message_delta``, ``message_stop``)."""
+
+    def __init__(self, doc: dict[str, Any], body: dict[str, Any]) -> None:
+        self.name, self.one_call = str(doc.get("model") or "default"), one_call(doc)
+        self.ident = f"msg_{uuid.uuid4().hex[:24]}"
+        self.stops = list(body["options"].get("stop") or [])
+        if isinstance(doc.get("stop_sequences"), str):
+            self.stops = [doc["stop_sequences"]]
+        self.blocks = _Blocks()
+
+    def head(self) -> list[bytes]:
+        return [_sse("message_start", {"type": "message_start", "message": {
+            "id": self.ident, "type": "message", "role": "assistant", "model": self.name,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}}), _PING]
+
+    def tick(self) -> bytes:
+        return _PING
+
+    def chunk(self, body: dict[str, Any]) -> list[bytes]:
+        return self.blocks.chunk(body)
+
+    def done(self, text: str, done: dict[str, Any]) -> list[bytes]:
+        reason, hit = _stop(done, self.stops)
+        return [*self.blocks.close(), _sse("message_delta", {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": hit, **validation_of(done)},
+            "usage": _usage(done)}), _sse("message_stop", {"type": "message_stop"})]
+
+    def error(self, exc: ModeldError) -> list[bytes]:
+        return [_sse("error", {"type": "error", "error": {
+            "type": _TYPES.get(status_of(exc), "api_error"), "message": message_of(exc)}})]
+
+    def whole(self, text: str, done: dict[str, Any]) -> Response:
+        content: list[dict[str, Any]] = []
+        if done.get("thinking"):
+            content.append({"type": "thinking", "thinking": done["thinking"], "signature": ""})
+        if text:
+            content.append({"type": "text", "text": text})
+        for c in done.get("tool_calls") or []:
+            content.append({"type": "tool_use", "id": c["id"], "name": c["name"],
+                            "input": _input(c["arguments"])})
+        reason, hit = _stop(done, self.stops)
+        return JSONResponse({"id": self.ident, "type": "message", "role": "assistant",
+                             "model": self.name, "content": content, "stop_reason": reason,
+                             "stop_sequence": hit, "usage": _usage(done),
+                             **validation_of(done)})
+
+    def http_error(self, exc: ModeldError) -> Response:
+        return error(exc)
 
 
 class AnthropicAPI(API):
@@ -155,71 +216,5 @@ class AnthropicAPI(API):
             body = messages_generate(doc)
         except ModeldError as exc:
             return error(exc)
-        name = str(doc.get("model") or "default")
-        ref = model_ref(doc.get("model"))
-        ident = f"msg_{uuid.uuid4().hex[:24]}"
-        stops = list(body["options"].get("stop") or [])
-        if isinstance(doc.get("stop_sequences"), str):
-            stops = [doc["stop_sequences"]]
-        single = one_call(doc)
-
-        if not doc.get("stream"):
-            try:
-                text, done = await self.bridge.collect("generate", model=ref, **body)
-            except ModeldError as exc:
-                return error(exc)
-            content: list[dict[str, Any]] = []
-            if done.get("thinking"):
-                content.append({"type": "thinking", "thinking": done["thinking"],
-                                "signature": ""})
-            if text:
-                content.append({"type": "text", "text": text})
-            calls = done.get("tool_calls") or []
-            for c in calls[:1] if single else calls:
-                content.append({"type": "tool_use", "id": c["id"], "name": c["name"],
-                                "input": _input(c["arguments"])})
-            reason, hit = _stop(done, stops)
-            return JSONResponse({"id": ident, "type": "message", "role": "assistant",
-                                 "model": name, "content": content, "stop_reason": reason,
-                                 "stop_sequence": hit, "usage": _usage(done)})
-
-        async def events() -> AsyncIterator[bytes]:
-            blocks = _Blocks(single)
-            started = False
-            async with self.bridge.session() as s:
-                try:
-                    async for item in ticking(s.stream("generate", model=ref, **body)):
-                        if not started:  # the daemon's first answer, or a second of silence:
-                            started = True  # errors before this stay HTTP statuses
-                            yield _sse("message_start", {"type": "message_start", "message": {
-                                "id": ident, "type": "message", "role": "assistant",
-                                "model": name, "content": [], "stop_reason": None,
-                                "stop_sequence": None,
-                                "usage": {"input_tokens": 0, "output_tokens": 0}}})
-                            yield _sse("ping", {"type": "ping"})
-                            if item is None:
-                                continue
-                        if item is None:  # the prompt is still being evaluated
-                            yield _sse("ping", {"type": "ping"})
-                            continue
-                        kind, msg = item
-                        if kind == "chunk":
-                            for part in blocks.chunk(msg):
-                                yield part
-                            continue
-                        for part in blocks.close():
-                            yield part
-                        reason, hit = _stop(msg, stops)
-                        yield _sse("message_delta", {
-                            "type": "message_delta",
-                            "delta": {"stop_reason": reason, "stop_sequence": hit},
-                            "usage": _usage(msg)})
-                        yield _sse("message_stop", {"type": "message_stop"})
-                except ModeldError as exc:
-                    if not started:
-                        raise
-                    yield _sse("error", {"type": "error", "error": {
-                        "type": _TYPES.get(status_of(exc), "api_error"),
-                        "message": message_of(exc)}})
-
-        return await stream_or_error(events(), "text/event-stream", error)
+        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+                                _Message(doc, body), bool(doc.get("stream")))

@@ -10,9 +10,11 @@ are ignored, as Anthropic's own API does with fields a model has no use for (Cla
   ``x-anthropic-billing-header: …cch=…`` stamp) are dropped so the prompt cache still matches
   the next turn (ollama PR #14918, llama.cpp's billing-header normalisation).
 - ``tool_use`` blocks → the assistant's ``tool_calls``; ``tool_result`` → a ``tool`` message
-  answering that call (``is_error`` → its text starts with ``Error:``); ``thinking`` blocks →
-  the assistant's ``thinking``; ``redacted_thinking`` is opaque (encrypted by Anthropic) and
-  skipped.
+  answering that call (``is_error`` → its text starts with ``Error:``), and, as at Anthropic,
+  a 400 unless the previous message made that call; ``thinking`` blocks → the assistant's
+  ``thinking``; ``redacted_thinking`` is opaque (encrypted by Anthropic) and skipped.
+- ``document`` blocks with a text source (``text`` or ``content``) → their title, context and
+  text in the user's text; a PDF source and ``citations`` are refused.
 - ``tools[].input_schema`` → the tool's parameters; server tools (a ``type`` other than
   ``custom``: web search, code execution …) run at Anthropic, not here, and are skipped.
 - ``tool_choice`` auto/any/tool/none → auto/required/{name}/none; ``disable_parallel_tool_use``
@@ -29,13 +31,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.http.chatreq import tool_list
+from modeld.http.chatreq import tool_list, unanswered_call
+from modeld.http.imageparts import Content, anthropic_source
 
 #: The lines of a system prompt dropped before templating: they change every request and
 #: carry nothing for the model (Claude Code's per-request billing stamp).
 VOLATILE_LINE = re.compile(r"^\s*x-anthropic-billing-header:.*$\n?", re.MULTILINE)
 
-_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
 
 
 def _bad(text: str) -> InvalidRequestError:
@@ -56,7 +58,7 @@ def messages_generate(doc: Mapping[str, Any], count: bool = False) -> dict[str, 
     raw = doc.get("messages")
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty list")
-    names: dict[str, str] = {}  # tool_use id -> tool name
+    names: dict[str, str] = {}  # tool_use id -> tool name: the previous message's calls
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -67,7 +69,9 @@ def messages_generate(doc: Mapping[str, Any], count: bool = False) -> dict[str, 
             system = f"{system}\n\n{extra}" if system and extra else system or extra
         elif role == "user":
             msgs.extend(_user(m.get("content"), where, names))
+            names = {}
         elif role == "assistant":
+            names = {}
             msgs.append(_assistant(m.get("content"), where, names))
         else:
             raise _bad(f"{where}.role must be user or assistant (got {role!r})")
@@ -149,27 +153,70 @@ def _text_of(block: Mapping[str, Any], where: str) -> str:
 
 
 def _refuse_block(kind: str, where: str) -> InvalidRequestError:
-    if kind in ("image", "document"):
-        return _bad(f"{where} is a{'n' if kind == 'image' else ''} {kind} block: {_NO_IMAGES}")
+    if kind == "image":
+        return _bad(f"{where} is an image block: modeld takes images in user turns' "
+                    "content")
     return _bad(f"{where}: content blocks of type {kind!r} are not supported here")
+
+
+def _document(block: Mapping[str, Any], where: str) -> str:
+    """A ``document`` block with a text source (``text``, or ``content`` of text blocks) as
+    the text the model reads: its ``title`` and ``context`` first, as Anthropic's API reads
+    them; a PDF (``base64``, ``url``, ``file``) is refused, and so are citations."""
+    citations = block.get("citations")
+    if isinstance(citations, dict) and citations.get("enabled"):
+        raise _bad(f"{where}.citations: citations are not supported by modeld (a local model "
+                   "does not cite passages); leave citations off")
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "text" and isinstance(source, dict):
+        text = source.get("data")
+        if not isinstance(text, str):
+            raise _bad(f"{where}.source.data must be the document's text")
+    elif kind == "content" and isinstance(source, dict):
+        inner = source.get("content")
+        if isinstance(inner, str):
+            text = inner
+        elif isinstance(inner, list):
+            parts = []
+            for k, part in enumerate(inner):
+                at = f"{where}.source.content[{k}]"
+                kind_k = part.get("type") if isinstance(part, dict) else None
+                if kind_k != "text" or not isinstance(part, dict):
+                    raise _refuse_block(str(kind_k), at)
+                parts.append(_text_of(part, at))
+            text = "\n\n".join(parts)
+        else:
+            raise _bad(f"{where}.source.content must be a string or a list of text blocks")
+    else:
+        raise _bad(f"{where} is a document of source type {kind!r}: modeld reads only text "
+                   "documents (source type 'text' or 'content'), no PDF; send the document's "
+                   "text instead")
+    head = [v for v in (block.get("title"), block.get("context")) if isinstance(v, str) and v]
+    return "\n\n".join([*head, text])
 
 
 def _user(content: Any, where: str, names: Mapping[str, str]) -> list[dict[str, Any]]:
     """A user turn: its tool results as ``tool`` messages and its text as a user message,
     in the order they came."""
     out: list[dict[str, Any]] = []
-    text: list[str] = []
+    text = Content()
 
     def flush() -> None:
-        if text:
-            out.append({"role": "user", "content": "\n\n".join(text)})
-            text.clear()
+        nonlocal text
+        if text.texts or text.images:
+            out.append(text.message("user"))
+            text = Content()
 
     for j, block in enumerate(_blocks(content, where)):
         at = f"{where}.content[{j}]"
         kind = block["type"]
-        if kind == "text":
-            text.append(_text_of(block, at))
+        if kind in ("text", "document"):
+            if text.texts:
+                text.text("\n\n")
+            text.text(_text_of(block, at) if kind == "text" else _document(block, at))
+        elif kind == "image":  # base64 only: a URL source is refused by name
+            text.image(anthropic_source(block.get("source"), at), f"{at}.source.data")
         elif kind == "tool_result":
             flush()
             out.append(_tool_result(block, at, names))
@@ -181,17 +228,25 @@ def _user(content: Any, where: str, names: Mapping[str, str]) -> list[dict[str, 
 
 def _tool_result(block: Mapping[str, Any], where: str, names: Mapping[str, str]
                  ) -> dict[str, Any]:
+    """A ``tool_result`` as a ``tool`` message; it must answer a ``tool_use`` of the previous
+    message (``names``: its calls), as Anthropic's API requires."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{where}.tool_use_id must be the id of a tool_use block")
+    if call_id not in names:
+        raise unanswered_call(f"{where}.tool_use_id", call_id,
+                              "a tool_use block in the previous message")
     content = block.get("content", "")
     if isinstance(content, list):
         parts = []
         for k, part in enumerate(content):
             at = f"{where}.content[{k}]"
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise _refuse_block(str(part.get("type") if isinstance(part, dict) else None),
-                                    at)
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "document" and isinstance(part, dict):
+                parts.append(_document(part, at))
+                continue
+            if kind != "text" or not isinstance(part, dict):
+                raise _refuse_block(str(kind), at)
             parts.append(_text_of(part, at))
         content = "\n\n".join(parts)
     if not isinstance(content, str):
@@ -201,10 +256,8 @@ def _tool_result(block: Mapping[str, Any], where: str, names: Mapping[str, str]
         raise _bad(f"{where}.is_error must be true or false")
     if is_error:
         content = f"Error: {content}"
-    msg: dict[str, Any] = {"role": "tool", "content": content, "tool_call_id": call_id}
-    if call_id in names:
-        msg["tool_name"] = names[call_id]
-    return msg
+    return {"role": "tool", "content": content, "tool_call_id": call_id,
+            "tool_name": names[call_id]}
 
 
 def _assistant(content: Any, where: str, names: dict[str, str]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -61,7 +61,8 @@ class Conversation:
                 return reply
         raise AssertionError("unreachable: a stream ends with its done or raises")
 
-    async def stream(self, type_: str, **body: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def stream(self, type_: str, **body: Any
+                     ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """("chunk", {text}) ... then ("done", body); an error reply is raised. Leaving early
         (the HTTP client went away) cancels the request at once, not at the next token."""
         replies = ReplyStream(await self.send(type_, **body))
@@ -103,30 +104,6 @@ class Bridge:
     async def call(self, type_: str, **body: Any) -> dict[str, Any]:
         async with self.session() as s:
             return await s.call(type_, **body)
-
-    async def collect(self, type_: str, **body: Any) -> tuple[str, dict[str, Any]]:
-        """A streamed request read to its end: (the whole text, the ``done`` body, with the
-        whole ``thinking`` and the ``logprobs`` of every token added when there were any). A
-        generation is asked with ``stream`` false: its runner sends fewer, larger chunks."""
-        if type_ == "generate":
-            body = {**body, "stream": False}
-        parts: list[str] = []
-        thinking: list[str] = []
-        logprobs: list[Any] = []
-        done: dict[str, Any] = {}
-        async with self.session() as s:
-            async for kind, msg in s.stream(type_, **body):
-                if kind == "chunk":
-                    parts.append(str(msg.get("text", "")))
-                    thinking.append(str(msg.get("thinking", "")))
-                    logprobs.extend(msg.get("logprobs") or [])
-                else:
-                    done = msg
-        if any(thinking):
-            done["thinking"] = "".join(thinking)
-        if logprobs:
-            done["logprobs"] = logprobs
-        return "".join(parts), done
 
     def close(self) -> None:
         self.ctx.destroy(linger=0)

@@ -14,15 +14,19 @@ from typing import Any
 
 from modeld import options
 from modeld.errors import InvalidRequestError
+from modeld.http.imageparts import Content, ollama_images, openai_url
 
 #: Fields an OpenAI chat/completions body may carry besides the sampling options. Those in
 #: ``_NO_EFFECT`` change nothing a local model does (routing, storage, accounting at OpenAI).
 OPENAI_FIELDS = frozenset({
     "model", "messages", "prompt", "stream", "stream_options", "tools", "tool_choice",
     "parallel_tool_calls", "response_format", "logprobs", "top_logprobs", "n",
-    "reasoning_effort", "keep_alive", "num_ctx", "user", "metadata", "store", "service_tier",
-    "echo", "best_of", "suffix",
+    "reasoning_effort", "keep_alive", "num_ctx", "num_gpu", "user", "metadata", "store",
+    "service_tier", "echo", "best_of", "suffix",
 })  # fmt: skip
+#: Ollama's fields that OpenAI-API clients of Ollama send at the top level (ollama#9355):
+#: the keep-alive, the context and the GPU layers, in modeld's option names
+OLLAMA_EXTRAS = {"keep_alive": "keep_alive", "num_ctx": "n_ctx", "num_gpu": "gpu_layers"}
 _NO_EFFECT = ("user", "metadata", "store", "service_tier")
 #: Top-level fields of Ollama's /api/chat and /api/generate.
 OLLAMA_FIELDS = frozenset({
@@ -31,7 +35,6 @@ OLLAMA_FIELDS = frozenset({
     "top_logprobs", "tool_choice",  # modeld's extension: OpenAI's values
 })  # fmt: skip
 _OLLAMA_TOP_SAMPLING = ("logprobs", "top_logprobs")
-_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
 
 
 def refuse_unknown(doc: Mapping[str, Any], known: Iterable[str], api: str) -> None:
@@ -64,8 +67,8 @@ def openai_generate(doc: Mapping[str, Any], chat: bool) -> dict[str, Any]:
     if doc.get("best_of") not in (None, 1):
         raise _bad("'best_of' must be 1")
     body: dict[str, Any] = {}
-    opts = {ours: doc[api] for api, ours in options.api_fields("openai").items()
-            if doc.get(api) is not None}  # fmt: skip
+    opts = {ours: doc[api] for api, ours in {**options.api_fields("openai"), **OLLAMA_EXTRAS}
+            .items() if doc.get(api) is not None}  # fmt: skip
     if chat:
         body["messages"] = openai_messages(doc.get("messages"))
         if doc.get("logprobs") is not None:
@@ -116,7 +119,7 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
     msgs = _list(raw, "messages")
     if not msgs:
         raise _bad("'messages' must be a non-empty list")
-    names: dict[str, str] = {}  # tool call id -> the function's name
+    names: dict[str, str] = {}  # tool call id -> name: the calls tool messages may answer
     out: list[dict[str, Any]] = []
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
@@ -131,22 +134,35 @@ def openai_messages(raw: Any) -> list[dict[str, Any]]:
         content = m.get("content")
         if content is None and role != "assistant":
             raise _bad(f"{where}.content is required for a {role} message")
-        msg: dict[str, Any] = {"role": role, "content": _openai_content(content, where)}
+        msg = _openai_content(content, where).message(role)
+        if role != "tool":  # only the tool messages right after an assistant's calls answer them
+            names = {}
         if m.get("tool_calls"):
             msg["tool_calls"] = _calls(m["tool_calls"], where)
-            names.update({c["id"]: str(c["name"]) for c in msg["tool_calls"] if "id" in c})
+            names = {c["id"]: str(c["name"]) for c in msg["tool_calls"] if "id" in c}
         if role == "tool":
             call_id = m.get("tool_call_id")
             if not isinstance(call_id, str):
                 raise _bad(f"{where}.tool_call_id is required for a tool message")
+            if call_id not in names:
+                raise unanswered_call(f"{where}.tool_call_id", call_id, "the assistant "
+                                      "message with 'tool_calls' just before it")
             msg["tool_call_id"] = call_id
-            if call_id in names:
-                msg["tool_name"] = names[call_id]
+            msg["tool_name"] = names[call_id]
         thinking = m.get("reasoning_content", m.get("reasoning"))
         if isinstance(thinking, str) and thinking:
             msg["thinking"] = thinking
         out.append(msg)
     return out
+
+
+def unanswered_call(where: str, call_id: str, needs: str) -> InvalidRequestError:
+    """A tool result that answers no call (what OpenAI's and Anthropic's APIs refuse)."""
+    return InvalidRequestError(
+        f"{where}: {call_id!r} answers no tool call: a tool result must answer a call of "
+        f"{needs}",
+        hint="send the tool call before its result (with the same id), or drop the result",
+        details={"call_id": call_id})
 
 
 def _calls(raw: Any, where: str) -> list[dict[str, Any]]:
@@ -164,22 +180,23 @@ def _calls(raw: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def _openai_content(content: Any, where: str) -> str:
+def _openai_content(content: Any, where: str) -> Content:
+    out = Content()
     if content is None or isinstance(content, str):
-        return content or ""
+        out.text(content or "")
+        return out
     if not isinstance(content, list):
         raise _bad(f"{where}.content must be a string or a list of content parts")
-    texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind in ("image_url", "input_image", "image"):
-            raise _bad(f"{where}.content[{j}] is an image: {_NO_IMAGES}")
+            out.text(part["text"])
+        elif kind == "image_url":
+            out.url(openai_url(part), f"{where}.content[{j}].image_url")
         else:
             raise _bad(f"{where}.content[{j}]: content parts of type {kind!r} are not "
-                       "supported (only text)")
-    return "".join(texts)
+                       "supported (text and image_url)")
+    return out
 
 
 def _openai_tool(i: int, t: Any) -> dict[str, Any]:
@@ -214,8 +231,6 @@ def ollama_generate(doc: Mapping[str, Any]) -> dict[str, Any]:
     """The parts of an Ollama chat/generate body beyond its prompt or messages: ``tools``,
     ``format``, ``think`` and the top-level ``logprobs``/``top_logprobs`` options."""
     refuse_unknown(doc, OLLAMA_FIELDS, "ollama")
-    if doc.get("images"):
-        raise _bad(f"'images': {_NO_IMAGES}")
     if doc.get("suffix"):
         raise _bad("'suffix' (fill-in-the-middle) is not supported by modeld")
     if doc.get("template"):
@@ -244,9 +259,9 @@ def ollama_messages(raw: Any) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise _bad(f"{where} must be an object")
-        if m.get("images"):
-            raise _bad(f"{where}.images: {_NO_IMAGES}")
         msg = {k: m[k] for k in ("role", "content", "thinking", "tool_name") if k in m}
+        if m.get("images"):  # base64, shown before the message's text (as Ollama does)
+            msg["images"] = ollama_images(m["images"], f"{where}.images")
         if "tool_name" not in msg and isinstance(m.get("name"), str):
             msg["tool_name"] = m["name"]
         if m.get("tool_calls"):

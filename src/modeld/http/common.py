@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.requests import ClientDisconnect, Request
 
 from modeld import options
 from modeld.config import Settings
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import CancelledError, ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
-from modeld.textcheck import check_text
+from modeld.textcheck import check_text, too_deep
 
-#: HTTP status for each modeld error code (both APIs use the same statuses).
+#: HTTP status for each modeld error code: every API and route answers with these (a body
+#: over the limit, :class:`BodyTooLarge`, is a 413; Anthropic's API has no 499: a 400 there).
 STATUS: dict[str, int] = {
     ErrorCode.MODEL_NOT_FOUND: 404,
     ErrorCode.INVALID_MODEL: 400,
@@ -32,7 +31,18 @@ STATUS: dict[str, int] = {
     ErrorCode.CANCELLED: 499,
     ErrorCode.PROTOCOL_MISMATCH: 500,
     ErrorCode.INTERNAL: 500,
+    # a pull's own (http/pull.py): the hub refused, failed or sent a file that did not verify
+    ErrorCode.UNAUTHORIZED: 403,
+    ErrorCode.NETWORK: 502,
+    ErrorCode.DISK_FULL: 507,
+    ErrorCode.VERIFICATION_FAILED: 502,
 }
+
+
+def validation_of(done: dict[str, Any]) -> dict[str, Any]:
+    """``{"validation": …}`` of a reply held to a JSON Schema (its check against the whole
+    schema: docs/protocol.md), else nothing: each API adds it to its own reply object."""
+    return {"validation": done["validation"]} if "validation" in done else {}
 
 
 def status_of(exc: ModeldError) -> int:
@@ -60,21 +70,26 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(limit)
     data = bytearray()
-    async for part in request.stream():
-        data += part
-        if len(data) > limit:
-            raise BodyTooLarge(limit)
+    try:
+        async for part in request.stream():
+            data += part
+            if len(data) > limit:
+                raise BodyTooLarge(limit)
+    except ClientDisconnect:  # it left, or its body was too slow (limits.py): nobody to tell
+        raise CancelledError("the client left before its request's body arrived") from None
     if not data.strip():
         raise InvalidRequestError("the request has no body",
                                   hint='send a JSON object, e.g. {"model": "default", ...}')
     try:
         doc = json.loads(data)
+    except RecursionError:
+        raise too_deep() from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the body is not JSON: {exc}",
                                   hint="send a JSON object") from None
     if not isinstance(doc, dict):
         raise InvalidRequestError("the body must be a JSON object", hint="send a JSON object")
-    check_text(doc)  # a lone surrogate is this request's 400, never a runner's encode error
+    check_text(doc)  # a lone surrogate or deep nesting: this request's 400, never a 500 later
     check_common(doc)
     return doc
 
@@ -128,22 +143,3 @@ def iso_time(epoch: float) -> str:
 
 #: max_tokens for "no limit": generation ends at end-of-text or at the end of the context.
 UNLIMITED = options.MAX_TOKENS
-
-
-async def stream_or_error(body: AsyncIterator[bytes], media_type: str,
-                          error: Callable[[ModeldError], Response]) -> Response:
-    """Stream ``body``; an error before its first piece is answered with its HTTP status
-    instead (a wrong model name is a 404, not a 200 stream carrying an error)."""
-    try:
-        first = await anext(body)
-    except StopAsyncIteration:
-        first = b""
-    except ModeldError as exc:
-        return error(exc)
-
-    async def rest() -> AsyncIterator[bytes]:
-        yield first
-        async for part in body:
-            yield part
-
-    return StreamingResponse(rest(), media_type=media_type)

@@ -47,8 +47,11 @@ class Snapshot(Collector):
                                ("modeld_queue_depth", "waiting", "Requests waiting for room."),
                                ("modeld_uptime_seconds", "uptime_s", "Daemon uptime.")):
             yield GaugeMetricFamily(name, doc, value=float(s.get(key) or 0))
+        yield from _devices(s)
         measured = GaugeMetricFamily("modeld_model_measured_bytes", "Measured bytes per model.",
                                      labels=["model", "mode"])
+        vram = GaugeMetricFamily("modeld_model_vram_bytes", "Bytes on the GPUs per model "
+                                 "(NVML's once measured, else the plan).", labels=["model", "mode"])
         ctx = GaugeMetricFamily("modeld_model_n_ctx", "Context length per model.",
                                 labels=["model", "mode"])
         queued = GaugeMetricFamily("modeld_model_queued", "Requests queued per model.",
@@ -58,9 +61,35 @@ class Snapshot(Collector):
             measured.add_metric(labels, float(row.get("measured_bytes") or 0))
             ctx.add_metric(labels, float(row.get("n_ctx") or 0))
             queued.add_metric(labels, float(row.get("queued") or 0))
+            vram.add_metric(labels, float(row.get("size_vram") or 0))
         yield measured
+        yield vram
         yield ctx
         yield queued
+
+
+def _devices(s: dict[str, Any]) -> Any:
+    """The backend (``modeld_backend{backend="CUDA"} 1``) and, per card, its memory: NVML's
+    total and free, the cache's budget there, and what its models hold (measured where known)
+    and were planned to hold."""
+    backend = GaugeMetricFamily("modeld_backend", "The runners' llama.cpp backend.",
+                                labels=["backend"])
+    backend.add_metric([str(s.get("backend") or "CPU")], 1.0)
+    yield backend
+    families = [GaugeMetricFamily(f"modeld_vram_{what}_bytes", doc, labels=["device"])
+                for what, doc in (("total", "A card's memory (NVML)."),
+                                  ("free", "A card's free memory (NVML)."),
+                                  ("budget", "What modeld's models may hold on a card."),
+                                  ("used", "What modeld's models hold on a card (measured "
+                                           "where known, else planned)."),
+                                  ("estimate", "What modeld planned its models to hold on a "
+                                               "card."))]  # fmt: skip
+    cards = [d for d in s.get("devices") or [] if isinstance(d, dict) and "total_bytes" in d]
+    for d in cards:
+        for fam, key in zip(families, ("total", "free", "budget", "used", "estimate"),
+                            strict=True):  # fmt: skip
+            fam.add_metric([str(d.get("name"))], float(d.get(f"{key}_bytes") or 0))
+    yield from families
 
 
 def _counter(name: str, doc: str, value: object) -> CounterMetricFamily:

@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -33,12 +31,15 @@ from modeld.http.common import (
     model_ref,
     read_json,
     status_of,
-    stream_or_error,
+    validation_of,
 )
+from modeld.http.imageparts import ollama_images
+from modeld.http.reply import Renderer, generation, ndjson
 from modeld.replyparse import template_capabilities
 
-#: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, and the context.
-OPTIONS = {**options.api_fields("ollama"), "num_ctx": "n_ctx"}
+#: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, the context and the
+#: layers on the GPUs (``num_gpu``; -1 as Ollama: as many as fit).
+OPTIONS = {**options.api_fields("ollama"), "num_ctx": "n_ctx", "num_gpu": "gpu_layers"}
 NS = 1_000_000_000
 
 
@@ -86,7 +87,58 @@ def _done_record(name: str, body: dict[str, Any], started: float) -> dict[str, A
         "prompt_eval_duration": int(float(t.get("prompt_eval_s") or 0.0) * NS),
         "eval_count": int(t.get("completion_tokens") or 0),
         "eval_duration": int(float(t.get("generation_s") or 0.0) * NS),
+        **validation_of(body),
     }  # fmt: skip
+
+
+class _Generation(Renderer):
+    """A generation in Ollama's shapes: NDJSON records (``message`` for a chat, ``response``
+    for a prompt), the last with ``done`` and its timings, or that last record alone."""
+
+    media_type = "application/x-ndjson"
+    ticks = False  # Ollama's stream sends nothing before its first token
+
+    def __init__(self, doc: dict[str, Any], field: str) -> None:
+        self.name, self.field = str(doc.get("model") or "default"), field
+        self.started = time.monotonic()
+
+    def _piece(self, text: str, parts: dict[str, Any]) -> dict[str, Any]:
+        if self.field == "message":
+            msg: dict[str, Any] = {"role": "assistant", "content": text}
+            if parts.get("thinking"):
+                msg["thinking"] = parts["thinking"]
+            calls = parts.get("calls_done", parts.get("tool_calls"))
+            if calls:
+                msg["tool_calls"] = ollama_tool_calls(calls)
+            out = {"model": self.name, "created_at": iso_now(), "message": msg, "done": False}
+        else:
+            out = {"model": self.name, "created_at": iso_now(), "response": text,
+                   "done": False}
+            if parts.get("thinking"):
+                out["thinking"] = parts["thinking"]
+        if parts.get("logprobs"):
+            out["logprobs"] = parts["logprobs"]
+        return out
+
+    def chunk(self, body: dict[str, Any]) -> list[bytes]:
+        parts = {k: body[k] for k in ("thinking", "calls_done", "logprobs") if body.get(k)}
+        return [ndjson(self._piece(str(body.get("text", "")), parts))]
+
+    def done(self, text: str, done: dict[str, Any]) -> list[bytes]:
+        return [ndjson({**self._piece("", {}), **_done_record(self.name, done, self.started)})]
+
+    def error(self, exc: ModeldError) -> list[bytes]:
+        return [ndjson({"error": message_of(exc)})]  # mid-stream: Ollama's way
+
+    def whole(self, text: str, done: dict[str, Any]) -> Response:
+        record = self._piece(text, done)
+        record.update(_done_record(self.name, done, self.started))
+        if self.field == "response":
+            record["context"] = []
+        return JSONResponse(record)
+
+    def http_error(self, exc: ModeldError) -> Response:
+        return error(exc)
 
 
 class OllamaAPI(API):
@@ -120,16 +172,22 @@ class OllamaAPI(API):
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string", hint="send text")
             body = ollama_generate(doc)
-            if not prompt and not doc.get("system"):
+            images = ollama_images(doc.get("images"), "images")
+            if not prompt and not doc.get("system") and not images:
                 return await self._load_or_unload(doc, ref, "response")
             body["options"] = _options(doc)
             if doc.get("raw"):
                 body["prompt"] = prompt
                 body["options"]["raw"] = True
+                if images:
+                    body["images"] = images
             else:
                 messages = [{"role": "system", "content": str(doc["system"])}] \
                     if doc.get("system") else []
-                messages.append({"role": "user", "content": prompt})
+                user: dict[str, Any] = {"role": "user", "content": prompt}
+                if images:
+                    user["images"] = images
+                messages.append(user)
                 body["messages"] = messages
         except ModeldError as exc:
             return error(exc)
@@ -140,6 +198,10 @@ class OllamaAPI(API):
             doc = await read_json(request, self.limit)
             ref = model_ref(doc.get("model"))
             body = ollama_generate(doc)
+            if doc.get("images"):
+                raise InvalidRequestError("'images' goes on a message in /api/chat",
+                                          hint='send {"role": "user", "content": …, '
+                                          '"images": […]}')  # fmt: skip
             messages = ollama_messages(doc.get("messages") or [])
             if not messages:
                 return await self._load_or_unload(doc, ref, "message")
@@ -150,57 +212,8 @@ class OllamaAPI(API):
 
     async def _generation(self, doc: dict[str, Any], ref: str | None, body: dict[str, Any],
                           field: str) -> Response:
-        name = str(doc.get("model") or "default")
-        started = time.monotonic()
-
-        def piece(text: str, parts: dict[str, Any]) -> dict[str, Any]:
-            if field == "message":
-                msg: dict[str, Any] = {"role": "assistant", "content": text}
-                if parts.get("thinking"):
-                    msg["thinking"] = parts["thinking"]
-                calls = parts.get("calls_done", parts.get("tool_calls"))
-                if calls:
-                    msg["tool_calls"] = ollama_tool_calls(calls)
-                out = {"model": name, "created_at": iso_now(), "message": msg, "done": False}
-            else:
-                out = {"model": name, "created_at": iso_now(), "response": text, "done": False}
-                if parts.get("thinking"):
-                    out["thinking"] = parts["thinking"]
-            if parts.get("logprobs"):
-                out["logprobs"] = parts["logprobs"]
-            return out
-
-        if doc.get("stream") is False:
-            try:
-                text, done = await self.bridge.collect("generate", model=ref, **body)
-            except ModeldError as exc:
-                return error(exc)
-            record = piece(text, done)
-            record.update(_done_record(name, done, started))
-            if field == "response":
-                record["context"] = []
-            return JSONResponse(record)
-
-        async def lines() -> AsyncIterator[bytes]:
-            sent = False
-            async with self.bridge.session() as s:
-                try:
-                    async for kind, msg in s.stream("generate", model=ref, **body):
-                        if kind == "chunk":
-                            parts = {k: msg[k] for k in ("thinking", "calls_done", "logprobs")
-                                     if msg.get(k)}  # fmt: skip
-                            yield _line(piece(str(msg.get("text", "")), parts))
-                        else:
-                            last = piece("", {})
-                            last.update(_done_record(name, msg, started))
-                            yield _line(last)
-                        sent = True
-                except ModeldError as exc:
-                    if not sent:
-                        raise  # before any output: an HTTP error status (see stream_or_error)
-                    yield _line({"error": message_of(exc)})  # mid-stream: Ollama's way
-
-        return await stream_or_error(lines(), "application/x-ndjson", error)
+        return await generation(self.bridge, {"model": ref, **body}, _Generation(doc, field),
+                                doc.get("stream") is not False)
 
     async def _load_or_unload(self, doc: dict[str, Any], ref: str | None, field: str
                               ) -> Response:
@@ -231,7 +244,8 @@ class OllamaAPI(API):
             body = await self.bridge.call(
                 "embed", model=model_ref(doc.get("model")), inputs=[str(i) for i in inputs],
                 keep_alive=doc.get("keep_alive"),
-                n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None)
+                n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None,
+                gpu_layers=opts.get("num_gpu") if isinstance(opts, dict) else None)
         except ModeldError as exc:
             return error(exc)
         t = body.get("timings", {})
@@ -309,11 +323,13 @@ def _capabilities(show: dict[str, Any]) -> list[str]:
     """What the model can do here, as Ollama names it: completion (a generative model; every
     one can call tools: natively when its template knows tools, else shown them as text and
     answering in JSON, or forced by a grammar), thinking when its template thinks, embedding
-    for a pooling model. Never vision (modeld has no image support)."""
+    for a pooling model, vision when it has an image projector."""
     info = show.get("info", {})
     if info.get("pooling_type"):
         return ["embedding"]
     caps = ["completion", "tools"]
+    if show.get("mmproj"):  # an image projector beside it or set for it (issue 38)
+        caps.append("vision")
     try:
         template = read_chat_template(str(show.get("path")))
     except (OSError, ValueError):
@@ -321,10 +337,6 @@ def _capabilities(show: dict[str, Any]) -> list[str]:
     if "thinking" in template_capabilities(template):
         caps.append("thinking")
     return caps
-
-
-def _line(doc: dict[str, Any]) -> bytes:
-    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
 def _digest(path: str) -> str:

@@ -12,7 +12,6 @@ import json
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -31,10 +30,12 @@ from modeld.http.common import (
     model_ref,
     read_json,
     status_of,
-    stream_or_error,
+    validation_of,
 )
-from modeld.http.ticks import SSE_KEEPALIVE, ticking
+from modeld.http.reply import Renderer, generation
 
+#: The SSE event that ends every stream (OpenAI's SDK reads to it).
+_DONE = b"data: [DONE]\n\n"
 _TYPES = {ErrorCode.MODEL_NOT_FOUND: "not_found_error", ErrorCode.INVALID_REQUEST:
           "invalid_request_error", ErrorCode.CONTEXT_EXCEEDED: "invalid_request_error",
           ErrorCode.INVALID_MODEL: "invalid_request_error"}  # fmt: skip
@@ -68,22 +69,25 @@ def _why(done: dict[str, Any]) -> dict[str, str]:
         else {}
 
 
-class _Reply:
-    """One reply's parts in OpenAI's shapes: chat message or delta, text choice, logprobs."""
+class _Completion(Renderer):
+    """A chat or text completion in OpenAI's shapes: one document with ``usage``, or chunks as
+    SSE ``data`` events ending in ``[DONE]``."""
 
-    def __init__(self, chat: bool, one_call: bool) -> None:
-        self.chat, self.one_call = chat, one_call
+    def __init__(self, doc: dict[str, Any], body: dict[str, Any], chat: bool) -> None:
+        self.chat, self.one_call = chat, doc.get("parallel_tool_calls") is False
+        self.want_logprobs = bool(body["options"].get("logprobs"))
+        self.name = str(doc.get("model") or "default")
+        self.ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
 
-    def calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        kept = calls[:1] if self.one_call else calls
+    def _calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"id": c["id"], "type": "function",
-                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in kept]
+                 "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]
 
-    def deltas(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _deltas(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for d in deltas:
-            if self.one_call and d["index"] != 0:
-                continue
             item: dict[str, Any] = {"index": d["index"]}
             fn: dict[str, Any] = {"arguments": d.get("arguments", "")}
             if "name" in d:
@@ -93,8 +97,8 @@ class _Reply:
             out.append(item)
         return out
 
-    def logprobs(self, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-        if entries is None:
+    def _logprobs(self, entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        if entries is None or not self.want_logprobs:
             return None
         if self.chat:
             return {"content": entries}
@@ -103,8 +107,8 @@ class _Reply:
                 "top_logprobs": [{t["token"]: t["logprob"] for t in e.get("top_logprobs", [])}
                                  for e in entries]}  # fmt: skip
 
-    def message(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
-        calls = self.calls(done.get("tool_calls") or [])
+    def _message(self, text: str, done: dict[str, Any]) -> dict[str, Any]:
+        calls = self._calls(done.get("tool_calls") or [])
         msg: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
         if done.get("thinking"):
             msg["reasoning_content"] = done["thinking"]
@@ -112,16 +116,60 @@ class _Reply:
             msg["tool_calls"] = calls
         return msg
 
-    def delta(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _delta(self, body: dict[str, Any]) -> dict[str, Any]:
         delta: dict[str, Any] = {"role": "assistant"}
         if body.get("thinking"):
             delta["reasoning_content"] = body["thinking"]
         if body.get("text") or not (body.get("thinking") or body.get("tool_calls")):
             delta["content"] = str(body.get("text", ""))
-        calls = self.deltas(body.get("tool_calls") or [])
+        calls = self._deltas(body.get("tool_calls") or [])
         if calls:
             delta["tool_calls"] = calls
         return delta
+
+    def _choice(self, body: dict[str, Any] | None, finish: str | None,
+                logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+        lp = self._logprobs(logprobs)
+        if self.chat:
+            return {"index": 0, "delta": {} if body is None else self._delta(body),
+                    "logprobs": lp, "finish_reason": finish}
+        text = "" if body is None else str(body.get("text", ""))
+        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
+
+    def _event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+               ) -> bytes:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        payload: dict[str, Any] = {"id": self.ident, "object": kind, "created": self.created,
+                                   "model": self.name, "choices": choices}
+        if usage is not None:
+            payload["usage"] = usage
+        return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+    def chunk(self, body: dict[str, Any]) -> list[bytes]:
+        return [self._event([self._choice(body, None, body.get("logprobs") or [])])]
+
+    def done(self, text: str, done: dict[str, Any]) -> list[bytes]:
+        out = [self._event([{**self._choice(None, _finish(done), None), **_why(done),
+                             **validation_of(done)}])]
+        if self.include_usage:
+            out.append(self._event([], _usage(done)))
+        return [*out, _DONE]
+
+    def error(self, exc: ModeldError) -> list[bytes]:
+        err = {"error": {"message": message_of(exc), "code": exc.code.value}}
+        return [b"data: " + json.dumps(err).encode() + b"\n\n", _DONE]
+
+    def whole(self, text: str, done: dict[str, Any]) -> Response:
+        one: dict[str, Any] = {"index": 0}
+        one.update({"message": self._message(text, done)} if self.chat else {"text": text})
+        one.update(logprobs=self._logprobs(done.get("logprobs")), finish_reason=_finish(done),
+                   **_why(done), **validation_of(done))
+        return JSONResponse({"id": self.ident, "object": "chat.completion" if self.chat else
+                             "text_completion", "created": self.created, "model": self.name,
+                             "choices": [one], "usage": _usage(done)})
+
+    def http_error(self, exc: ModeldError) -> Response:
+        return error(exc)
 
 
 class OpenAIAPI(API):
@@ -168,70 +216,8 @@ class OpenAIAPI(API):
 
     async def _complete(self, doc: dict[str, Any], body: dict[str, Any], chat: bool
                         ) -> Response:
-        name = str(doc.get("model") or "default")
-        ref = model_ref(doc.get("model"))
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        created = int(time.time())
-        obj = "chat.completion" if chat else "text_completion"
-        reply = _Reply(chat, doc.get("parallel_tool_calls") is False)
-        want_logprobs = bool(body["options"].get("logprobs"))
-
-        def choice(body: dict[str, Any] | None, finish: str | None,
-                   logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
-            lp = reply.logprobs(logprobs) if want_logprobs else None
-            if chat:
-                return {"index": 0, "delta": {} if body is None else reply.delta(body),
-                        "logprobs": lp, "finish_reason": finish}
-            text = "" if body is None else str(body.get("text", ""))
-            return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
-
-        if not doc.get("stream"):
-            try:
-                text, done = await self.bridge.collect("generate", model=ref, **body)
-            except ModeldError as exc:
-                return error(exc)
-            lp = reply.logprobs(done.get("logprobs")) if want_logprobs else None
-            one = ({"index": 0, "message": reply.message(text, done), "logprobs": lp,
-                    "finish_reason": _finish(done)} if chat else
-                   {"index": 0, "text": text, "logprobs": lp, "finish_reason": _finish(done)})
-            one.update(_why(done))
-            return JSONResponse({"id": ident, "object": obj, "created": created, "model": name,
-                                 "choices": [one], "usage": _usage(done)})
-
-        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
-        include_usage = bool((doc.get("stream_options") or {}).get("include_usage"))
-
-        def event(choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
-            payload: dict[str, Any] = {"id": ident, "object": chunk_obj, "created": created,
-                                       "model": name, "choices": choices}
-            if usage is not None:
-                payload["usage"] = usage
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-        async def events() -> AsyncIterator[bytes]:
-            sent = False
-            async with self.bridge.session() as s:
-                try:
-                    async for item in ticking(s.stream("generate", model=ref, **body)):
-                        sent = True  # the first answer, or a second of silence: committed
-                        if item is None:  # the prompt is still being evaluated
-                            yield SSE_KEEPALIVE
-                            continue
-                        kind, msg = item
-                        if kind == "chunk":
-                            yield event([choice(msg, None, msg.get("logprobs") or [])])
-                        else:
-                            yield event([{**choice(None, _finish(msg), None), **_why(msg)}])
-                            if include_usage:
-                                yield event([], _usage(msg))
-                except ModeldError as exc:
-                    if not sent:
-                        raise
-                    err = {"error": {"message": message_of(exc), "code": exc.code.value}}
-                    yield b"data: " + json.dumps(err).encode() + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return await stream_or_error(events(), "text/event-stream", error)
+        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+                                _Completion(doc, body, chat), bool(doc.get("stream")))
 
     async def embeddings(self, request: Request) -> Response:
         try:

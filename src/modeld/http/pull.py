@@ -12,9 +12,11 @@ client that disconnects cancels its pull; the partial file stays for the next pu
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
+import logging
 import threading
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +24,52 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from modeld.errors import ErrorCode, InvalidRequestError, ModeldError
-from modeld.http.common import API, message_of, read_json, status_of, stream_or_error
+from modeld.errors import InvalidRequestError, ModeldError
+from modeld.http.common import API, message_of, read_json, status_of
+from modeld.http.reply import committed, ndjson, stream_or_error
 
-#: Statuses for the pull's own errors (the rest as in :data:`modeld.http.common.STATUS`).
-PULL_STATUS = {ErrorCode.UNAUTHORIZED: 403, ErrorCode.NETWORK: 502, ErrorCode.DISK_FULL: 507,
-               ErrorCode.VERIFICATION_FAILED: 502}  # fmt: skip
 _END = object()
+log = logging.getLogger("modeld.http")
+
+
+class Pulls:
+    """The pulls running in this process, each in a thread of its own: a daemon thread, so
+    a hub that stalls never holds the process's exit; :meth:`stop` cancels them all and gives
+    them a moment to remove their lock files (the partial downloads stay, to resume)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[threading.Thread, threading.Event] = {}
+
+    def start(self, work: Callable[[], None], cancel: threading.Event) -> None:
+        def run() -> None:
+            try:
+                work()
+            finally:
+                with self._lock:
+                    self._running.pop(thread, None)
+
+        thread = threading.Thread(target=run, name="pull", daemon=True)
+        with self._lock:
+            self._running[thread] = cancel
+        thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        with self._lock:
+            running = dict(self._running)
+        for cancel in running.values():
+            cancel.set()
+        deadline = time.monotonic() + timeout_s
+        for thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+#: This process's pulls (the front door stops them when the daemon stops).
+ACTIVE = Pulls()
 
 
 def error(exc: ModeldError) -> JSONResponse:
-    return JSONResponse({"error": message_of(exc)},
-                        status_code=PULL_STATUS.get(exc.code) or status_of(exc))  # fmt: skip
+    return JSONResponse({"error": message_of(exc)}, status_code=status_of(exc))
 
 
 def ollama_lines(event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,18 +122,12 @@ class PullAPI(API):
                 return error(exc)
             return JSONResponse(last)
 
-        async def body() -> AsyncIterator[bytes]:
-            sent = False
-            try:
-                async for line in lines:
-                    sent = True
-                    yield json.dumps(line, separators=(",", ":")).encode() + b"\n"
-            except ModeldError as exc:
-                if not sent:
-                    raise
-                yield json.dumps({"error": message_of(exc)}).encode() + b"\n"
+        async def body() -> AsyncIterator[list[bytes]]:
+            async for line in lines:
+                yield [ndjson(line)]
 
-        return await stream_or_error(body(), "application/x-ndjson", error)
+        parts = committed(body(), lambda exc: [ndjson({"error": message_of(exc)})])
+        return await stream_or_error(parts, "application/x-ndjson", error)
 
     async def _run(self, name: str) -> AsyncIterator[dict[str, Any]]:
         """The pull in a worker thread, its events as Ollama lines; leaving early cancels it."""
@@ -108,20 +138,22 @@ class PullAPI(API):
         cancel = threading.Event()
         models_dir = Path(self.settings.models_dir).expanduser()
 
-        def emit(event: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
+        def emit(event: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the daemon stops
+                loop.call_soon_threadsafe(queue.put_nowait, event)
 
         def work() -> None:
             try:
-                pull(name, models_dir, emit, cancel)
-                loop.call_soon_threadsafe(queue.put_nowait, _END)
+                pull(name, models_dir, emit, cancel, self.settings.partial_max_age_s)
+                emit(_END)
             except ModeldError as exc:  # handed to the request's task, raised there
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
+                emit(exc)
             except Exception as exc:
-                failed = ModeldError(f"the pull failed: {exc}", hint="see the daemon log")
-                loop.call_soon_threadsafe(queue.put_nowait, failed)
+                log.error("the pull of %s failed", name, exc_info=exc)
+                emit(ModeldError(f"the pull failed: {type(exc).__name__}: {exc}",
+                                 hint="see the daemon log"))
 
-        loop.run_in_executor(None, work)
+        ACTIVE.start(work, cancel)
         try:
             while True:
                 item = await queue.get()

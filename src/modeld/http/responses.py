@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
@@ -24,10 +23,16 @@ from starlette.routing import Route
 from modeld.config import Settings
 from modeld.errors import InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
-from modeld.http.common import API, message_of, model_ref, read_json, stream_or_error
+from modeld.http.common import (
+    API,
+    message_of,
+    model_ref,
+    read_json,
+    validation_of,
+)
 from modeld.http.openai import error
+from modeld.http.reply import Renderer, generation
 from modeld.http.responsesreq import ResponseStore, reply_message, responses_generate
-from modeld.http.ticks import SSE_KEEPALIVE, ticking
 
 
 def _id(prefix: str) -> str:
@@ -47,8 +52,7 @@ class _Items:
     """The reply's output items as they stream: one open at a time (reasoning, message, or
     one function call), each announced, filled by deltas and closed with its whole form."""
 
-    def __init__(self, one_call: bool) -> None:
-        self.one_call = one_call
+    def __init__(self) -> None:
         self.done: list[dict[str, Any]] = []  # closed items, in order
         self.item: dict[str, Any] | None = None  # the open one
         self.key = ""  # "reasoning" | "message" | "call:<index>"
@@ -116,8 +120,6 @@ class _Items:
                                               "content": []})
             out += self._delta("response.output_text.delta", str(body["text"]), True)
         for d in body.get("tool_calls") or []:
-            if self.one_call and d["index"] != 0:
-                continue
             key = f"call:{d['index']}"
             if "name" in d:
                 out += self._open(key, {"type": "function_call", "id": _id("fc"),
@@ -146,7 +148,7 @@ def _incomplete(done: dict[str, Any]) -> dict[str, str] | None:
     return {"reason": "context_window" if full else "max_output_tokens"}
 
 
-def _whole(text: str, done: dict[str, Any], one_call: bool) -> list[dict[str, Any]]:
+def _whole(text: str, done: dict[str, Any]) -> list[dict[str, Any]]:
     """The output items of a reply read to its end (the last one ``incomplete`` when the
     reply was cut, as the response says)."""
     out: list[dict[str, Any]] = []
@@ -157,13 +159,77 @@ def _whole(text: str, done: dict[str, Any], one_call: bool) -> list[dict[str, An
         out.append({"type": "message", "id": _id("msg"), "status": "completed",
                     "role": "assistant",
                     "content": [{"type": "output_text", "text": text, "annotations": []}]})
-    calls = done.get("tool_calls") or []
-    for c in calls[:1] if one_call else calls:
+    for c in done.get("tool_calls") or []:
         out.append({"type": "function_call", "id": _id("fc"), "call_id": c["id"],
                     "name": c["name"], "arguments": c["arguments"], "status": "completed"})
     if out and _incomplete(done) and "status" in out[-1]:
         out[-1]["status"] = "incomplete"
     return out
+
+
+class _Response(Renderer):
+    """A reply as a Responses ``response`` object, or its event stream; a finished reply is
+    stored for ``previous_response_id`` unless the request says ``store`` false."""
+
+    def __init__(self, doc: dict[str, Any], previous: str | None,
+                 conversation: list[dict[str, Any]], store: ResponseStore) -> None:
+        self.doc, self.previous, self.conversation = doc, previous, conversation
+        self.store = store if doc.get("store") is not False else None
+        self.one_call = doc.get("parallel_tool_calls") is False
+        self.ident, self.created = _id("resp"), int(time.time())
+        self.items = _Items()
+
+    def _response(self, status: str, output: list[dict[str, Any]],
+                  usage: dict[str, Any] | None, incomplete: dict[str, str] | None = None
+                  ) -> dict[str, Any]:
+        doc = self.doc
+        return {
+            "id": self.ident, "object": "response", "created_at": self.created,
+            "status": status, "model": str(doc.get("model") or "default"), "output": output,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": doc.get("instructions"),
+            "max_output_tokens": doc.get("max_output_tokens"),
+            "parallel_tool_calls": not self.one_call,
+            "previous_response_id": self.previous, "store": self.store is not None,
+            "temperature": doc.get("temperature"), "top_p": doc.get("top_p"),
+            "tool_choice": doc.get("tool_choice", "auto"), "tools": doc.get("tools", []),
+            "text": doc.get("text", {"format": {"type": "text"}}),
+            "metadata": doc.get("metadata") or {}, "usage": usage,
+        }  # fmt: skip
+
+    def _finish(self, text: str, done: dict[str, Any], output: list[dict[str, Any]]
+                ) -> dict[str, Any]:
+        if self.store is not None:
+            self.store.put(self.ident, [*self.conversation, reply_message(text, done)])
+        cut = _incomplete(done)
+        return {**self._response("incomplete" if cut else "completed", output, _usage(done),
+                                 cut), **validation_of(done)}
+
+    def head(self) -> list[bytes]:
+        head = self._response("in_progress", [], None)
+        return [self.items.event("response.created", response=head),
+                self.items.event("response.in_progress", response=head)]
+
+    def chunk(self, body: dict[str, Any]) -> list[bytes]:
+        return self.items.chunk(body)
+
+    def done(self, text: str, done: dict[str, Any]) -> list[bytes]:
+        out = self.items.close("incomplete" if _incomplete(done) else "completed")
+        # "completed" ends every stream (the SDK's and Codex's readers wait for it); a reply
+        # cut at max_output_tokens says so in its status.
+        final = self._finish(text, done, self.items.done)
+        return [*out, self.items.event("response.completed", response=final)]
+
+    def error(self, exc: ModeldError) -> list[bytes]:
+        return [self.items.event("error", code=exc.code.value, message=message_of(exc),
+                                 param=None)]
+
+    def whole(self, text: str, done: dict[str, Any]) -> Response:
+        return JSONResponse(self._finish(text, done, _whole(text, done)))
+
+    def http_error(self, exc: ModeldError) -> Response:
+        return error(exc)
 
 
 class ResponsesAPI(API):
@@ -185,77 +251,6 @@ class ResponsesAPI(API):
             body, conversation = responses_generate(doc, history)
         except ModeldError as exc:
             return error(exc)
-        ident, created = _id("resp"), int(time.time())
-        ref, single = model_ref(doc.get("model")), doc.get("parallel_tool_calls") is False
-        keep = doc.get("store") is not False
-
-        def response(status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
-                     incomplete: dict[str, str] | None = None) -> dict[str, Any]:
-            return {
-                "id": ident, "object": "response", "created_at": created, "status": status,
-                "model": str(doc.get("model") or "default"), "output": output,
-                "error": None,
-                "incomplete_details": incomplete,
-                "instructions": doc.get("instructions"),
-                "max_output_tokens": doc.get("max_output_tokens"),
-                "parallel_tool_calls": not single,
-                "previous_response_id": previous, "store": keep,
-                "temperature": doc.get("temperature"), "top_p": doc.get("top_p"),
-                "tool_choice": doc.get("tool_choice", "auto"), "tools": doc.get("tools", []),
-                "text": doc.get("text", {"format": {"type": "text"}}),
-                "metadata": doc.get("metadata") or {}, "usage": usage,
-            }  # fmt: skip
-
-        def finish(text: str, done: dict[str, Any], output: list[dict[str, Any]]
-                   ) -> dict[str, Any]:
-            if keep:
-                self.store.put(ident, [*conversation, reply_message(text, done)])
-            cut = _incomplete(done)
-            return response("incomplete" if cut else "completed", output, _usage(done), cut)
-
-        if not doc.get("stream"):
-            try:
-                text, done = await self.bridge.collect("generate", model=ref, **body)
-            except ModeldError as exc:
-                return error(exc)
-            return JSONResponse(finish(text, done, _whole(text, done, single)))
-
-        async def events() -> AsyncIterator[bytes]:
-            items = _Items(single)
-            texts: list[str] = []
-            thinking: list[str] = []
-            started = False
-            async with self.bridge.session() as s:
-                try:
-                    async for item in ticking(s.stream("generate", model=ref, **body)):
-                        if not started:  # the daemon's first answer, or a second of silence:
-                            started = True  # errors before this stay HTTP statuses
-                            head = response("in_progress", [], None)
-                            yield items.event("response.created", response=head)
-                            yield items.event("response.in_progress", response=head)
-                        if item is None:  # the prompt is still being evaluated
-                            yield SSE_KEEPALIVE
-                            continue
-                        kind, msg = item
-                        if kind == "chunk":
-                            texts.append(str(msg.get("text") or ""))
-                            thinking.append(str(msg.get("thinking") or ""))
-                            for part in items.chunk(msg):
-                                yield part
-                            continue
-                        for part in items.close("incomplete" if _incomplete(msg) else
-                                                "completed"):
-                            yield part
-                        if any(thinking):
-                            msg["thinking"] = "".join(thinking)
-                        # "completed" ends every stream (the SDK's and Codex's readers wait
-                        # for it); a reply cut at max_output_tokens says so in its status.
-                        final = finish("".join(texts), msg, items.done)
-                        yield items.event("response.completed", response=final)
-                except ModeldError as exc:
-                    if not started:
-                        raise
-                    yield items.event("error", code=exc.code.value, message=message_of(exc),
-                                      param=None)
-
-        return await stream_or_error(events(), "text/event-stream", error)
+        return await generation(
+            self.bridge, {"model": model_ref(doc.get("model")), **body},
+            _Response(doc, previous, conversation, self.store), bool(doc.get("stream")))

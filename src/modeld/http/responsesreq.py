@@ -24,7 +24,8 @@ from typing import Any
 
 from modeld import options
 from modeld.errors import InvalidRequestError
-from modeld.http.chatreq import refuse_unknown, tool_list
+from modeld.http.chatreq import refuse_unknown, tool_list, unanswered_call
+from modeld.http.imageparts import Content
 
 FIELDS = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",
@@ -36,7 +37,6 @@ FIELDS = frozenset({
 #: Responses a ``previous_response_id`` may name (the most recent; older ones are forgotten).
 STORE_SIZE = 64
 
-_NO_IMAGES = "modeld has no vision support: the loaded model has no image projector"
 
 
 def _bad(text: str) -> InvalidRequestError:
@@ -130,7 +130,7 @@ def input_messages(raw: Any, history: list[dict[str, Any]]) -> list[dict[str, An
             role = "system" if role == "developer" else role
             if role not in ("system", "user", "assistant"):
                 raise _bad(f"{where}.role must be user, assistant, system or developer")
-            msg: dict[str, Any] = {"role": role, "content": _content(item.get("content"), where)}
+            msg: dict[str, Any] = _parts(item.get("content"), where).message(role)
             if role == "assistant" and thinking:
                 msg["thinking"], thinking = thinking, ""
             out.append(msg)
@@ -154,11 +154,11 @@ def input_messages(raw: Any, history: list[dict[str, Any]]) -> list[dict[str, An
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise _bad(f"{where}.call_id must be the call_id of a function_call")
-            tool: dict[str, Any] = {"role": "tool", "tool_call_id": call_id,
-                                    "content": _content(item.get("output"), where, "output")}
-            if call_id in names:
-                tool["tool_name"] = names[call_id]
-            out.append(tool)
+            if call_id not in names:  # OpenAI: "No tool call found for function call output"
+                raise unanswered_call(f"{where}.call_id", call_id, "a function_call item "
+                                      "before it (or in the previous_response_id's)")
+            out.append({"role": "tool", "tool_call_id": call_id, "tool_name": names[call_id],
+                        "content": _content(item.get("output"), where, "output")})
         elif kind == "reasoning":
             parts = (item.get("content") or []) + (item.get("summary") or [])
             texts = [p.get("text") for p in parts if isinstance(p, dict)]
@@ -169,23 +169,36 @@ def input_messages(raw: Any, history: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
-def _content(content: Any, where: str, name: str = "content") -> str:
+def _parts(content: Any, where: str, name: str = "content") -> Content:
+    """A message's content parts: text, and ``input_image`` (its ``image_url`` a data URI)."""
+    out = Content()
     if isinstance(content, str):
-        return content
+        out.text(content)
+        return out
     if not isinstance(content, list):
         raise _bad(f"{where}.{name} must be a string or a list of content parts")
-    texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            texts.append(part["text"])
+            out.text(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
-            texts.append(part["refusal"])
-        elif kind in ("input_image", "input_file"):
-            raise _bad(f"{where}.{name}[{j}] is an {kind}: {_NO_IMAGES}")
+            out.text(part["refusal"])
+        elif kind == "input_image":
+            if part.get("file_id") is not None:
+                raise _bad(f"{where}.{name}[{j}].file_id: modeld stores no files; send the "
+                           "image as a data: URI in image_url")
+            out.url(part.get("image_url"), f"{where}.{name}[{j}].image_url")
         else:
             raise _bad(f"{where}.{name}[{j}]: parts of type {kind!r} are not supported")
-    return "".join(texts)
+    return out
+
+
+def _content(content: Any, where: str, name: str = "content") -> str:
+    """Text only (a tool's output): an image there is refused by name."""
+    parts = _parts(content, where, name)
+    if parts.images:
+        raise _bad(f"{where}.{name} holds an image: modeld takes images in messages only")
+    return "".join(parts.texts)
 
 
 def _tools(value: Any) -> list[dict[str, Any]]:

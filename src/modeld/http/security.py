@@ -9,7 +9,8 @@
   those configured origins get CORS headers.
 - Bound to anything else, an API key is required (the daemon refuses to start without one) and
   every request must carry ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` (what
-  Anthropic's clients send).
+  Anthropic's clients send); a refused request's connection is closed at once (its body is
+  never read). Slow heads and bodies are time-limited before this (:mod:`.limits`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class Guard:
         origin = headers.get("origin")
         refusal = self._refusal(headers, origin)
         if refusal is not None:
+            if not self.loopback:  # beyond loopback: a refused connection is not kept open
+                refusal[2].append((b"connection", b"close"))
             await _reply(send, *refusal)
             return
         if origin and origin in self.origins:

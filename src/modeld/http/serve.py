@@ -39,12 +39,15 @@ class FrontDoor:
 
         from modeld.http.app import build
         from modeld.http.bridge import Bridge
+        from modeld.http.limits import protocol_class
 
         self.sock = sock
         self.bridge = Bridge(endpoint)
+        # h11 with time limits on request heads and bodies and a per-client cap (limits.py)
         config = uvicorn.Config(build(settings, self.bridge), log_level="warning",
                                 access_log=False, lifespan="off", loop="asyncio",
-                                http="h11", ws="none", timeout_graceful_shutdown=2)
+                                http=protocol_class(settings), ws="none",
+                                timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="http", daemon=True)
 
@@ -55,7 +58,10 @@ class FrontDoor:
         self.thread.start()
 
     def stop(self) -> None:
+        from modeld.http.pull import ACTIVE
+
         self.server.should_exit = True
+        ACTIVE.stop(3.0)  # cancelled pulls shut their connections and remove their locks
         self.thread.join(5)
         self.bridge.close()
         self.sock.close()

@@ -4,13 +4,18 @@ Why not ``hf_hub_download``: measured with huggingface_hub 2.4.0 against a loopb
 a file with one byte flipped was accepted (it checks the size, not the SHA-256), and after a
 connection dropped half way its retry fetched the whole file again. Here:
 
-- bytes go to ``<models dir>/.partial/<sha256>.part`` (hidden from ``list``/``run``), appended
+- bytes go to ``<models dir>/.partial/<sha256>.<repo>.part`` (hidden from ``list``/``run``;
+  ``<repo>`` tags the repository, so one repository's partial file is never taken for
+  another's), appended
   with HTTP ``Range`` requests, so Ctrl-C, a dropped connection or a killed process costs only
   what was in flight; a resumed pull re-hashes the prefix on disk once;
 - the SHA-256 is computed while streaming (no second pass) and compared with the hub's LFS
   hash before the file is renamed into place (atomic); a mismatch deletes it;
-- an ``flock`` on ``<sha256>.lock`` makes a second pull of the same file wait for the first
-  and report its progress (read from the partial file's size) instead of downloading it again.
+- an ``flock`` on ``<sha256>.<repo>.lock`` makes a second pull of the same file wait for the
+  first and report its progress (read from the partial file's size) instead of downloading it
+  again; the lock file goes when the pull ends, however it ends;
+- every path is checked to stay in the models dir before it is opened (:func:`store.contained`),
+  and files are opened without following a link.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ from modeld.errors import (
     VerificationError,
     format_bytes,
 )
+from modeld.pull.interrupt import interrupt_on
+from modeld.pull.store import (
+    PARTIAL_DIR,
+    contained,
+    nofollow,
+    prune_empty,
+    read_record,
+    record_path,
+    write_record,
+)
 
 CHUNK = 1 << 20
 WRITE_BACK = 32 << 20  # bytes written between two write-back starts (see _write_back)
@@ -66,18 +81,29 @@ class Transfer:
     sha256: str | None  # the hub's LFS hash; None: check the git blob id instead
     git_oid: str
     target: Path
-    partial_dir: Path
+    models_dir: Path  # nothing is written or deleted outside it
+    repo_id: str
     headers: dict[str, str] = field(default_factory=dict)
     record: dict[str, Any] = field(default_factory=dict)  # written next to the file
 
     @property
     def key(self) -> str:
-        return self.sha256 or f"git-{self.git_oid}"
+        """The file's hash and a tag of its repository (validated hex and hex: a safe name)."""
+        tag = hashlib.sha256(self.repo_id.lower().encode()).hexdigest()[:16]
+        return f"{self.sha256 or f'git-{self.git_oid}'}.{tag}"
+
+    @property
+    def partial_dir(self) -> Path:
+        return self.models_dir / PARTIAL_DIR
 
     @property
     def partial(self) -> Path:
         """Where the bytes gather until verified (hidden: ``.partial/`` in the models dir)."""
         return self.partial_dir / f"{self.key}.part"
+
+    @property
+    def lock(self) -> Path:
+        return self.partial_dir / f"{self.key}.lock"
 
     @property
     def digest(self) -> str:
@@ -168,47 +194,62 @@ def fetch(t: Transfer, on_progress: ProgressFn | None = None,
           cancel: threading.Event | None = None) -> Result:
     """Download ``t`` into ``t.target`` (verified), resuming any partial file; see module doc."""
     report = on_progress or (lambda phase, done, total: None)
+    for path in (t.partial_dir, t.partial, t.lock, t.target, record_path(t.target)):
+        contained(t.models_dir, path)
     t.partial_dir.mkdir(parents=True, exist_ok=True)
-    part = t.partial
-    lock_path = t.partial_dir / f"{t.key}.lock"
-    with open(lock_path, "a+b") as lock:
-        shared = _acquire(lock, part, t, report, cancel)
-        if _in_place(t):
-            return Result(t.target, shared=shared, present=not shared)
-        result = _download(t, part, report, cancel)
-        with contextlib.suppress(OSError):
-            lock_path.unlink()  # done: a waiter holding the old inode finds the file in place
-        return result
+    lock, shared = _acquire(t, report, cancel)
+    with lock:
+        try:
+            if _in_place(t):
+                return Result(t.target, shared=shared, present=not shared)
+            return _download(t, t.partial, report, cancel)
+        finally:  # still held: no other pull uses this name now; a waiter reopens it
+            with contextlib.suppress(FileNotFoundError):
+                if t.partial.stat().st_size == 0:
+                    t.partial.unlink()  # nothing to resume (a 404, a refused connection)
+            t.lock.unlink(missing_ok=True)
 
 
 def _in_place(t: Transfer) -> bool:
     """The verified file is already where it belongs (its record has the same hash)."""
-    from modeld.pull.store import read_record
-
     if not t.target.is_file() or t.target.stat().st_size != t.size:
         return False
     record = read_record(t.target) or {}
     return record.get("digest") == t.digest
 
 
-def _acquire(lock: IO[bytes], part: Path, t: Transfer, report: ProgressFn,
-             cancel: threading.Event | None) -> bool:
-    """Take the file's lock; while another pull holds it, report that pull's progress.
-    True when this pull had to wait."""
+def _acquire(t: Transfer, report: ProgressFn,
+             cancel: threading.Event | None) -> tuple[IO[bytes], bool]:
+    """The file's lock, taken; while another pull holds it, report that pull's progress.
+    Also whether this pull had to wait. A lock file deleted while this pull waited for it
+    (its holder finished) is opened again: two pulls never hold two inodes of one name."""
     waited = False
     while True:
+        lock = open(t.lock, "a+b", opener=nofollow)  # noqa: SIM115 (returned open)
+        while True:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = True
+            try:
+                _check_cancel(cancel)
+            except BaseException:
+                lock.close()
+                raise
+            try:
+                have = t.partial.stat().st_size
+            except FileNotFoundError:
+                have = t.size if t.target.exists() else 0
+            report("waiting", min(have, t.size), t.size)
+            time.sleep(WAIT_POLL_S)
         try:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return waited
-        except BlockingIOError:
-            waited = True
-        _check_cancel(cancel)
-        try:
-            have = part.stat().st_size
+            same = os.stat(t.lock, follow_symlinks=False).st_ino == os.fstat(lock.fileno()).st_ino
         except FileNotFoundError:
-            have = t.size if t.target.exists() else 0
-        report("waiting", min(have, t.size), t.size)
-        time.sleep(WAIT_POLL_S)
+            same = False
+        if same:
+            return lock, waited
+        lock.close()
 
 
 def _check_cancel(cancel: threading.Event | None) -> None:
@@ -219,7 +260,7 @@ def _check_cancel(cancel: threading.Event | None) -> None:
 def _download(t: Transfer, part: Path, report: ProgressFn,
               cancel: threading.Event | None) -> Result:
     result = Result(t.target)
-    with open(part, "a+b") as f:
+    with open(part, "a+b", opener=nofollow) as f:
         have = f.seek(0, os.SEEK_END)
         if have > t.size:
             f.truncate(0)
@@ -242,11 +283,15 @@ def _download(t: Transfer, part: Path, report: ProgressFn,
             "serves a corrupted file",
             details={"file": t.target.name, "expected": want, "actual": got, "url": t.url},
         )
-    from modeld.pull.store import write_record
-
     t.target.parent.mkdir(parents=True, exist_ok=True)
-    write_record(t.target, {**t.record, "digest": t.digest, "size": t.size})
-    os.replace(part, t.target)
+    try:
+        contained(t.models_dir, t.target)
+        write_record(t.target, {**t.record, "digest": t.digest, "size": t.size})
+        os.replace(part, t.target)
+    except BaseException:
+        record_path(t.target).unlink(missing_ok=True)
+        prune_empty(t.target.parent, t.models_dir)  # no empty ORG/REPO folder left behind
+        raise
     return result
 
 
@@ -260,6 +305,7 @@ def _transfer(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn
         try:
             _attempt(t, f, sink, report, cancel, result)
         except _Retryable as exc:
+            _check_cancel(cancel)  # the connection was shut because the pull was cancelled
             f.truncate(sink.done)  # bytes written but not counted (a write cut short) go
             f.seek(0, os.SEEK_END)
             failures = 0 if sink.done > before else failures + 1
@@ -316,7 +362,7 @@ def _attempt(t: Transfer, f: io.BufferedRandom, sink: _Sink, report: ProgressFn,
         raise _http_error(exc, t) from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         raise _Retryable(_reason(exc)) from exc
-    with resp:
+    with resp, interrupt_on(cancel, resp):
         if sink.done and (resp.status != 206 or not _range_starts_at(resp, sink.done)):
             sink.restart()  # the server ignored Range (or sent another): the whole body
             if resp.status == 206:

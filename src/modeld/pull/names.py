@@ -27,6 +27,9 @@ _PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _REPO_RE = re.compile(rf"^({_PART})/({_PART})(?:[:@]([A-Za-z0-9._-]+))?$")
 _FILE_RE = re.compile(rf"^({_PART})/({_PART})/(.+\.gguf)$", re.IGNORECASE)
 _URL_FILE_RE = re.compile(rf"^({_PART})/({_PART})/(?:resolve|blob)/([^/]+)/(.+)$")
+#: An image projector's precision when none has the model's quantisation: llama.cpp's
+#: converters write F16 by default; BF16 and Q8_0 are near it, F32 is twice its size.
+PROJECTOR_ORDER = ("F16", "BF16", "Q8_0", "F32")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _QUANT_IN_NAME = re.compile(
     r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32)(?![A-Za-z0-9])", re.IGNORECASE
@@ -122,11 +125,47 @@ def shard_info(filename: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def is_model_file(filename: str) -> bool:
-    """A GGUF with weights to run: not a multimodal projector (``mmproj``), which modeld does
-    not use yet."""
+def is_projector_file(filename: str) -> bool:
+    """An image projector (``mmproj``: "mmproj" in a GGUF's name, how Hugging Face repositories
+    ship them); pulled with its model, never listed or run as a model itself."""
     base = filename.rsplit("/", 1)[-1].lower()
-    return base.endswith(".gguf") and "mmproj" not in base
+    return base.endswith(".gguf") and "mmproj" in base
+
+
+def is_model_file(filename: str) -> bool:
+    """A GGUF with weights to run: not an image projector."""
+    return filename.lower().endswith(".gguf") and not is_projector_file(filename)
+
+
+def model_base(filename: str) -> str:
+    """A model file's name without its quantisation tag and what follows, lower case:
+    ``gemma-3-4b-it-Q4_K_M.gguf`` → ``gemma-3-4b-it`` (to match its ``mmproj-gemma-3-4b-it``)."""
+    base = filename.rsplit("/", 1)[-1].lower().removesuffix(".gguf")
+    m = _QUANT_IN_NAME.search(base)
+    return (base[: m.start()] if m else base).rstrip("-._")
+
+
+def choose_projector(model: str, listed: list[str]) -> str | None:
+    """The image projector a pull fetches with ``model`` (a repository path), or None.
+
+    Among the ``mmproj`` GGUFs listed (those in the model's folder, if any): the ones whose
+    name holds the model's base name (a repository of several models), then the one of the
+    model's quantisation, else of :data:`PROJECTOR_ORDER`, else the first by name.
+    """
+    found = sorted(p for p in listed if is_projector_file(p))
+    folder = model.rpartition("/")[0]
+    found = [p for p in found if p.rpartition("/")[0] == folder] or found
+    stem = model_base(model)
+    found = [p for p in found if stem and stem in p.rsplit("/", 1)[-1].lower()] or found
+    if not found:
+        return None
+    by_quant: dict[str | None, str] = {}
+    for path in found:
+        by_quant.setdefault(quant_of(path.rsplit("/", 1)[-1]), path)
+    for quant in (quant_of(model), *PROJECTOR_ORDER):
+        if quant is not None and quant in by_quant:
+            return by_quant[quant]
+    return found[0]
 
 
 @dataclass(frozen=True)
@@ -136,15 +175,24 @@ class Choice:
     files: tuple[str, ...]  # repository paths, shards in order
     quant: str | None  # the quantisation they hold
     reason: str  # "asked", "default", "fallback" (asked one missing: best listed), "file"
+    projector: str | None = None  # the repository's image projector (mmproj) fetched with it
 
 
 def choose(ref: HubRef, listed: list[str]) -> Choice:
-    """Pick the files for ``ref`` among the repository's paths ``listed``.
+    """Pick the files for ``ref`` among the repository's paths ``listed``: the model's and its
+    image projector (:func:`choose_projector`), when the repository has one.
 
     KeyError (message: what is there) when the asked quantisation or file is missing; an
     asked quantisation never silently becomes another. Without one: Q4_K_M, else the first of
     :data:`QUANT_ORDER` present, else the first model file.
     """
+    choice = _choose_model(ref, listed)
+    head = choice.files[0]
+    projector = choose_projector(head, listed) if is_model_file(head) else None
+    return Choice(choice.files, choice.quant, choice.reason, projector)
+
+
+def _choose_model(ref: HubRef, listed: list[str]) -> Choice:
     models = sorted(p for p in listed if is_model_file(p))
     if ref.filename is not None:
         if ref.filename not in listed:

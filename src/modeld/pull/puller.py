@@ -1,5 +1,9 @@
 """A whole pull: name → listing → choice of files → disk check → each file fetched → result.
 
+The files are the model's (every shard) and, when the repository has one, its image projector
+(``mmproj``, as Ollama and LM Studio pull it), fetched last the same way: verified, resumable,
+in the repository's folder beside the model, where the projector is found at load.
+
 It reports what happens as plain dict events (the CLI renders them as a progress bar, JSON
 lines or nothing; ``/api/pull`` as Ollama's NDJSON), so one implementation serves both.
 Event kinds: ``manifest``, ``chosen``, ``progress`` (``phase``: waiting, resuming,
@@ -21,7 +25,7 @@ from modeld.errors import (
     format_bytes,
     unusable_path,
 )
-from modeld.pull import hub, names, store
+from modeld.pull import hub, listing, names, store
 from modeld.pull.download import Transfer, fetch
 
 EventFn = Callable[[dict[str, Any]], None]
@@ -42,20 +46,23 @@ def parse_ref(text: str) -> names.HubRef:
 
 
 def pull(text: str, models_dir: Path, on_event: EventFn | None = None,
-         cancel: threading.Event | None = None) -> dict[str, Any]:
+         cancel: threading.Event | None = None,
+         partial_max_age_s: float = store.PARTIAL_MAX_AGE_S) -> dict[str, Any]:
     """Pull the model ``text`` names into ``models_dir``; returns the ``success`` event's data
-    (``path`` of the model file, first shard for a split model)."""
+    (``path`` of the model file, first shard for a split model). What earlier pulls abandoned
+    in ``.partial/`` is swept first (:func:`store.sweep_partials`)."""
     try:
-        return _pull(text, models_dir, on_event, cancel)
+        return _pull(text, models_dir, on_event, cancel, partial_max_age_s)
     except OSError as exc:  # the models dir itself is unusable (permissions, a file there)
         raise unusable_path(exc, "MODELD_MODELS") from exc
 
 
 def _pull(text: str, models_dir: Path, on_event: EventFn | None,
-          cancel: threading.Event | None) -> dict[str, Any]:
+          cancel: threading.Event | None, partial_max_age_s: float) -> dict[str, Any]:
     emit = on_event or (lambda event: None)
     ref = parse_ref(text)
     hub.check_online(ref.name)
+    store.sweep_partials(models_dir, partial_max_age_s)
     emit({"event": "manifest", "model": ref.name, "repo": ref.repo_id,
           "endpoint": hub.endpoint()})  # fmt: skip
     listed = hub.list_files(ref.repo_id, ref.revision)
@@ -69,9 +76,11 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
             "a quantisation that is there (ORG/REPO:QUANT) or one file (ORG/REPO/FILE.gguf)",
             details={"repo": ref.repo_id, "asked": ref.quant or ref.filename},
         ) from None
-    files = [by_path[p] for p in choice.files]
+    paths = [*choice.files, *([choice.projector] if choice.projector else [])]
+    files = [listing.checked(by_path[p], ref.repo_id) for p in paths]
     canonical = _canonical(ref, choice)
-    transfers = [_transfer(ref, f, models_dir, canonical, choice.quant) for f in files]
+    transfers = [_transfer(ref, f, models_dir, canonical, choice.quant, _linked(choice, f.path))
+                 for f in files]  # fmt: skip
     emit({"event": "chosen", "model": canonical, "quant": choice.quant, "reason": choice.reason,
           "message": _choice_message(ref, choice),
           "total": sum(f.size for f in files),
@@ -94,7 +103,8 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
             "files": [str(r.target) for r in results],
             "size": sum(t.size for t in transfers),
             "fetched_bytes": sum(r.fetched_bytes for r in results),
-            "digest": transfers[0].digest}  # fmt: skip
+            "digest": transfers[0].digest,
+            "mmproj": str(results[-1].target) if choice.projector else None}  # fmt: skip
     emit({"event": "success", **done})
     return done
 
@@ -105,8 +115,21 @@ def _canonical(ref: names.HubRef, choice: names.Choice) -> str:
     return f"hf.co/{ref.repo_id}:{choice.quant}"
 
 
+def _linked(choice: names.Choice, path: str) -> dict[str, str]:
+    """What a file's record says of the model–projector pair: the model's names its projector
+    (so projector.beside finds it among several pulled quantisations), the projector's says
+    it is one."""
+    if choice.projector is None:
+        return {}
+    if path == choice.projector:
+        return {"role": "mmproj"}
+    return {"mmproj": choice.projector.rsplit("/", 1)[-1]} if path == choice.files[0] else {}
+
+
 def _choice_message(ref: names.HubRef, choice: names.Choice) -> str:
     shards = f" in {len(choice.files)} shards" if len(choice.files) > 1 else ""
+    if choice.projector:
+        shards += f", with its image projector {choice.projector.rsplit('/', 1)[-1]}"
     if choice.reason == "fallback":
         return (f"{ref.repo_id} has no {names.DEFAULT_QUANT}; taking {choice.quant or '?'}, the "
                 f"best one listed{shards}")
@@ -114,15 +137,17 @@ def _choice_message(ref: names.HubRef, choice: names.Choice) -> str:
 
 
 def _transfer(ref: names.HubRef, f: hub.RemoteFile, models_dir: Path, canonical: str,
-              quant: str | None) -> Transfer:
+              quant: str | None, extra: dict[str, str]) -> Transfer:
+    """``extra`` in the record: the model's names its image projector (``mmproj``, found by
+    projector.beside), the projector's says it is one (``role``)."""
     return Transfer(
         url=hub.file_url(ref.repo_id, f.path, ref.revision),
         size=f.size, sha256=f.sha256, git_oid=f.git_oid,
         target=store.target_path(models_dir, ref.repo_id, f.path),
-        partial_dir=store.partial_dir(models_dir),
+        models_dir=models_dir, repo_id=ref.repo_id,
         headers=hub.auth_headers(),
         record={"model": canonical, "repo": ref.repo_id, "revision": ref.revision,
-                "repo_path": f.path, "quant": quant},
+                "repo_path": f.path, "quant": quant, **extra},
     )  # fmt: skip
 
 

@@ -5,24 +5,115 @@ all shards of a split model side by side. Next to each file a hidden record
 ``.<file>.pull.json`` keeps where it came from and its SHA-256 (for ``/api/tags`` digests and
 for a repeated pull that needs no download). Downloads in progress live in
 ``<models dir>/.partial/`` — hidden, so ``list``/``run`` never see a partial file.
+
+Every path a pull writes or deletes is checked with :func:`contained` first (resolved, then
+compared with the resolved models dir; no symbolic link where modeld writes its own file).
+What pulls leave behind in ``.partial/`` is swept at the start of each pull
+(:func:`sweep_partials`): lock files no pull holds, and partial downloads no pull has touched
+for ``partial_max_age_s`` (7 days by default: long enough to resume a pull stopped on Friday).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from modeld.pull.names import BadReference, HubRef, choose, shard_info
-
-if TYPE_CHECKING:
-    pass
+from modeld.errors import InvalidRequestError
+from modeld.pull.names import BadReference, HubRef, choose, is_model_file, shard_info
 
 PARTIAL_DIR = ".partial"
 RECORD_SUFFIX = ".pull.json"
+#: Default of the ``partial_max_age_s`` setting: a partial download untouched this long is
+#: abandoned and deleted by the next pull.
+PARTIAL_MAX_AGE_S = 7 * 24 * 3600.0
+
+
+def contained(models_dir: Path, path: Path) -> Path:
+    """``path``, once proven to stay inside ``models_dir`` (every link on the way resolved)
+    and not to be a symbolic link itself; else an error naming it: modeld writes and deletes
+    only its own files there."""
+    root = models_dir.resolve()
+    real = path.resolve()
+    if real != root and root not in real.parents:
+        raise _escapes(path, f"resolves to {real}, outside the models dir {root}")
+    if path.is_symlink():
+        raise _escapes(path, "is a symbolic link where modeld keeps its own file")
+    return path
+
+
+def _escapes(path: Path, why: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"refusing to write {path}: it {why}",
+        hint="remove that link (modeld follows none in the models dir), or point "
+        "MODELD_MODELS at a directory that holds the models themselves",
+        details={"path": str(path)},
+    )
+
+
+def nofollow(path: str, flags: int) -> int:
+    """An ``opener`` for :func:`open` that never follows a link at the last component."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
+@contextlib.contextmanager
+def free_lock(lock_path: Path) -> Iterator[bool]:
+    """Whether no pull holds ``lock_path`` (taken without waiting; deleted when free, so a
+    pull that opened it before finds its inode gone and opens it again)."""
+    try:
+        f = open(lock_path, "a+b", opener=nofollow)  # noqa: SIM115 (closed below)
+    except OSError:
+        yield False
+        return
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock_path.unlink(missing_ok=True)
+
+
+def sweep_partials(models_dir: Path, max_age_s: float = PARTIAL_MAX_AGE_S,
+                   now: float | None = None) -> list[Path]:
+    """Delete from ``.partial/`` what no pull is using: lock files nobody holds, partial
+    downloads older than ``max_age_s`` (by modification time) whose lock is free, and links
+    (modeld makes none). Returns what was deleted."""
+    folder = partial_dir(models_dir)
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    now = time.time() if now is None else now
+    removed: list[Path] = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        path = Path(entry.path)
+        if entry.is_symlink():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+        elif not entry.is_file(follow_symlinks=False):
+            continue
+        elif entry.name.endswith(".part"):
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            if age > max_age_s:
+                with free_lock(path.with_suffix(".lock")) as free:
+                    if free:
+                        path.unlink(missing_ok=True)
+                        removed.append(path)
+        elif entry.name.endswith(".lock") and path.exists():
+            with free_lock(path) as free:
+                if free:
+                    removed.append(path)
+    return removed
 
 
 def repo_dir(models_dir: Path, repo_id: str) -> Path:
@@ -118,21 +209,32 @@ def files_of(model_file: Path) -> list[Path]:
 
 
 def remove(model_file: Path, models_dir: Path) -> list[Path]:
-    """Delete a model (all shards, their records); empty ORG/REPO folders go too. Returns
-    the files deleted."""
+    """Delete a model (all shards, their records) and, once no model is left in its folder,
+    the image projector pulled with it; empty ORG/REPO folders go too. Returns the files
+    deleted."""
+    folder = model_file.parent
+    contained(models_dir, folder)  # every shard, projector and record lives there
+    doomed = files_of(model_file)
+    if not any(is_model_file(p.name) and p not in doomed for p in folder.glob("*.gguf")):
+        doomed += [p for p in sorted(folder.glob("*.gguf"))
+                   if (read_record(p) or {}).get("role") == "mmproj"]  # fmt: skip
     removed = []
-    for path in files_of(model_file):
+    for path in doomed:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
             removed.append(path)
         with contextlib.suppress(FileNotFoundError):
             record_path(path).unlink()
-    parent = model_file.parent
+    prune_empty(folder, models_dir)
+    return removed
+
+
+def prune_empty(folder: Path, models_dir: Path) -> None:
+    """Remove ``folder`` and its parents while they are empty, up to the models dir."""
     top = models_dir.resolve()
-    while parent.resolve() != top and top in parent.resolve().parents:
+    while folder.resolve() != top and top in folder.resolve().parents:
         try:
-            parent.rmdir()  # only when empty
+            folder.rmdir()  # only when empty
         except OSError:
             break
-        parent = parent.parent
-    return removed
+        folder = folder.parent

@@ -19,7 +19,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp
 import llama_cpp._internals
@@ -29,11 +30,15 @@ from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
 from modeld.runner import microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
+from modeld.runner.prepare import Prepared, Preparer
+from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
-from modeld.runner.replyparts import ReplyParts, call_done
 from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
-from modeld.runner.streams import Host, Stream
+from modeld.runner.stream import Stream, call_done
 from modeld.runner.textstream import TextStream
+
+if TYPE_CHECKING:
+    from modeld.runner.vision import Vision
 
 log = logging.getLogger("modeld.runner")
 
@@ -43,7 +48,20 @@ MIN_REUSE = 32
 RANDOM_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: pick a random seed
 
 
-class BatchEngine(ReplyParts):
+class Host(Protocol):
+    """What the engine needs from its runner: the prompt's tokens, replies, and the socket."""
+
+    def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]:
+        """Called on the tokenizer thread (:mod:`modeld.runner.prepare`)."""
+
+    def apply_threads(self, n_threads: int | None) -> None: ...
+
+    def send(self, msg: Mapping[str, Any]) -> None: ...
+
+    def between_steps(self, active: set[str]) -> list[dict[str, Any]]: ...
+
+
+class BatchEngine:
     """Runs generate requests on ``parallel`` sequences of one context until none is left."""
 
     def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host,
@@ -58,9 +76,12 @@ class BatchEngine(ReplyParts):
         self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(llm._ctx.ctx))
         self.batch = DecodeBatch(llm)
         self.streams: list[Stream] = []  # admitted, in arrival order
-        self.waiting: deque[specs.GenerateSpec] = deque()  # more than parallel sent: wait a seq
+        # not admitted yet: their prompts being tokenized (off this loop), or no seq free
+        self.waiting: deque[tuple[specs.GenerateSpec, Future[Prepared]]] = deque()
+        self.preparer = Preparer(host.prompt_tokens)
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
+        self.vision: Vision | None = None  # set by the runner: its image projector (issue 38)
         self._markers: dict[str, int | None] = {}  # marker text -> its single token
 
     # ---------------------------------------------------------------- the loop
@@ -81,30 +102,46 @@ class BatchEngine(ReplyParts):
             for stream in list(self.streams):
                 stream.state.failed()
                 self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
-            for spec in self.waiting:
+            for spec, _ in self.waiting:
                 self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
             self.waiting.clear()
 
     def _loop(self) -> None:
         while self.streams or self.waiting:
-            while self.waiting and len(self.streams) < len(self.states):
-                self._admit(self.waiting.popleft())
+            self._admit_ready()
             if self.streams:
                 self._step()
+            elif self.waiting:  # only prompts being tokenized: wait for one, or a message
+                wait([f for _, f in self.waiting], timeout=0.05, return_when=FIRST_COMPLETED)
             self._read_messages()
             if self.stop_all is not None:
                 for stream in list(self.streams):
                     self._cancel(stream, self.stop_all)
-                for spec in self.waiting:
+                for spec, _ in self.waiting:
                     self.host.send(rp.error(spec.rid, ErrorCode.CANCELLED,
                                             f"generation stopped: {self.stop_all}"))
                 self.waiting.clear()
 
     def submit(self, spec: specs.GenerateSpec) -> None:
-        self.waiting.append(spec)
+        """Queue ``spec``; its prompt starts being tokenized now, on the tokenizer thread."""
+        self.waiting.append((spec, self.preparer.start(spec)))
+
+    def _admit_ready(self) -> None:
+        """Admit the waiting requests whose prompts are ready, oldest first, while sequences
+        are free (a count or a failed preparation needs none); a prompt still being tokenized
+        holds back no one behind it."""
+        for item in list(self.waiting):
+            spec, future = item
+            if not future.done():
+                continue
+            needs_seq = not spec.count_only and future.exception() is None
+            if needs_seq and len(self.streams) >= len(self.states):
+                continue
+            self.waiting.remove(item)
+            self._admit(spec, future)
 
     def _read_messages(self) -> None:
-        active = {s.rid for s in self.streams} | {s.rid for s in self.waiting}
+        active = {s.rid for s in self.streams} | {s.rid for s, _ in self.waiting}
         for msg in self.host.between_steps(active):
             kind = msg["type"]
             if kind == "stop":
@@ -116,11 +153,12 @@ class BatchEngine(ReplyParts):
                         self._cancel(stream, "cancelled")
                         break
                 else:
-                    for spec in list(self.waiting):
-                        if spec.rid == rid:
-                            self.waiting.remove(spec)
+                    for item in list(self.waiting):
+                        if item[0].rid == rid:
+                            self.waiting.remove(item)
                             self.host.send(rp.error(rid, ErrorCode.CANCELLED,
-                                                    "generation stopped: cancelled"))
+                                                    "generation stopped: cancelled",
+                                                    {"completion_tokens": 0}))
             elif kind == "generate":
                 try:
                     self.submit(specs.parse_generate(msg))
@@ -143,12 +181,12 @@ class BatchEngine(ReplyParts):
 
         return max(free, key=score)
 
-    def _admit(self, spec: specs.GenerateSpec) -> None:
-        """Tokenize, plan the prompt on a free sequence, and make its sampler; errors are
-        this request's reply only."""
+    def _admit(self, spec: specs.GenerateSpec, ready: Future[Prepared]) -> None:
+        """Plan the tokenized prompt on a free sequence and make its sampler; errors (its
+        preparation's too) are this request's reply only."""
         try:
             self.host.apply_threads(spec.n_threads)
-            tokens, prompt = self.host.prompt_tokens(spec)
+            tokens, prompt = ready.result()
             if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
                 self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
                                                 prompt_tokens=len(tokens), prompt_tokens_reused=0,
@@ -183,16 +221,29 @@ class BatchEngine(ReplyParts):
             grammar=grammar,
             parser=prompt.parser(spec.forced_tools),
             preserve=self._marker_tokens(prompt.markers),
+            media=prompt.media,
         )
         if spec.resume:
             resume.admit(self, stream)
             return
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
-        prepared, todo = state.begin(tokens, sampling.greedy)
+        prepared, todo = state.begin(tokens, sampling.greedy, stream.spans)
         stream.reused, stream.todo = prepared.reused, deque(todo)
+        self.encode_images(stream)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
             self._sampled(stream, self._sample(stream))
+
+    def encode_images(self, stream: Stream) -> None:
+        """Start encoding the images the stream still evaluates (on the vision thread: the
+        other sequences decode meanwhile); those it reuses from the cache are never encoded."""
+        if stream.media is None or self.vision is None:
+            return
+        todo = {start for start, _ in stream.todo}
+        for (start, _), image in zip(stream.media.spans, stream.media.images, strict=True):
+            if start in todo:
+                stream.encoded[start] = self.vision.embeddings(image)
+        stream.release()
 
     def _marker_tokens(self, markers: tuple[str, ...]) -> frozenset[int]:
         """The tokens that are each one of ``markers`` by themselves (cached per text)."""
@@ -249,6 +300,12 @@ class BatchEngine(ReplyParts):
             if not stream.todo or room <= 0:
                 continue
             start, end = stream.todo[0]
+            if start in stream.encoded:  # an image: a call of its own once it is encoded
+                if stream.encoded[start].done():
+                    stream.todo.popleft()
+                    calls.append([(stream, (start, end))])
+                    room -= min(room, end - start)
+                continue
             if self.invariant and stream.spec.sampling.greedy:
                 if end - start <= room:  # else it waits for the next step, whole
                     stream.todo.popleft()
@@ -267,6 +324,9 @@ class BatchEngine(ReplyParts):
         return calls
 
     def _decode_prompts(self, pieces: list[tuple[Stream, Piece]]) -> None:
+        if len(pieces) == 1 and pieces[0][1][0] in pieces[0][0].encoded:
+            self._decode_image(*pieces[0])
+            return
         batch = self.batch
         complete: list[tuple[Stream, int]] = []
         for stream, (start, end) in pieces:
@@ -286,6 +346,30 @@ class BatchEngine(ReplyParts):
                 continue
             # the first token goes out before the snapshot is copied (the time to first token);
             # the state and the logits row stay as they are until the next decode
+            self._sampled(stream, self._sample(stream, index))
+            stream.state.prompt_done(len(stream.prompt), index)
+
+    def _decode_image(self, stream: Stream, piece: Piece) -> None:
+        """Evaluate one image of ``stream``'s prompt from its embeddings, in calls of its own;
+        an image that failed to encode or decode ends its request only."""
+        assert self.vision is not None
+        start, end = piece
+        last = end == len(stream.prompt)
+        try:
+            rows = stream.encoded.pop(start).result()
+            index = self.vision.decode(rows, start, stream.seq, last)
+        except ModeldError as exc:
+            stream.state.failed()
+            self.end(stream, rp.error(stream.rid, exc.code, exc.message, exc.details, exc.hint))
+            return
+        except Exception as exc:
+            log.exception("an image of request %s failed", stream.rid)
+            stream.state.failed()
+            self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
+                                       f"{type(exc).__name__}: {exc}"))
+            return
+        stream.state.evaluated(piece, stream.prompt[start:end], alone=True)
+        if last:
             self._sampled(stream, self._sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
 
@@ -346,10 +430,10 @@ class BatchEngine(ReplyParts):
             self.done(stream)
             return
         if stream.spec.sampling.logprobs:
-            stream.unsent_logprobs.append(self._logprob(stream, token))
-        self.feed(stream, token)
+            stream.unsent_logprobs.append(stream.logprob(self.llm, token))
+        stream.feed(self.llm, self.host.send, token)
         if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
-            self.flush(stream, now)
+            stream.flush(self.host.send, now)
         if stream.text.stopped:
             stream.finish = "stop"
         elif stream.completion >= stream.spec.sampling.max_tokens:
@@ -359,21 +443,10 @@ class BatchEngine(ReplyParts):
             return
         else:
             stream.context_full = True
-            if stream.spec.grow:  # the daemon continues it in a larger context
+            if stream.spec.grow and stream.media is None:  # goes on in a larger context
                 resume.pause(self, stream)
                 return
         self.done(stream)
-
-    def feed(self, stream: Stream, token: int) -> None:
-        """One more token of the reply: its text through stop strings and the parser."""
-        stream.completion += 1
-        stream.written.append(token)
-        out = stream.text.feed(self.llm.detokenize([token], special=token in stream.preserve))
-        if stream.strip_lead and out:  # the reply need not start with the space after "Answer:"
-            out = out.lstrip()
-            stream.strip_lead = not out
-        if out:
-            self._text(stream, out)
 
     # ---------------------------------------------------------------- endings
 
@@ -381,11 +454,11 @@ class BatchEngine(ReplyParts):
         t_end = time.perf_counter()
         tail = stream.text.finish()
         if tail:
-            self._text(stream, tail)
+            stream.text_out(self.host.send, tail)
         if stream.parser is not None:
             for event in stream.parser.finish():
-                self._event(stream, event)
-        self.flush(stream, t_end)
+                stream.event(self.host.send, event)
+        stream.flush(self.host.send, t_end)
         if stream.text.stopped:
             stream.finish = "stop"
         if stream.calls:
@@ -420,6 +493,7 @@ class BatchEngine(ReplyParts):
     def end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
         """Free the sequence (its cache stays for the next prompt's reuse) and reply."""
         self.streams.remove(stream)
+        stream.release()
         # its ~n_vocab x 12 B buffer sits in a reference cycle: free it now, not at GC
         stream.sampler.close()  # type: ignore[no-untyped-call]
         if stream.grammar is not None:
@@ -432,10 +506,13 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def context_exceeded(prompt_tokens: int, n_ctx: int) -> ModeldError:
+def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> ModeldError:
+    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
     return ContextExceededError(
-        f"the prompt is {prompt_tokens} tokens but the loaded context holds {n_ctx}",
+        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
+        f"context holds {n_ctx}",
         hint="load the model with a larger n_ctx, or shorten the prompt",
-        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx},
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
+                 **({"prompt_tokens_at_least": True} if at_least else {})},
     )
 

@@ -109,6 +109,7 @@ class PromptState:
         self._stable_before = 0  # the stable prefix before the prompt's latest piece
         self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
         self._alone = True  # every piece of the prompt so far was decoded without other tokens
+        self._spans: tuple[promptplan.Span, ...] = ()  # the current prompt's images
         # set by persist(): where close() saves the snapshots, and what that file holds now
         self._saved_at: tuple[Path, promptfile.Identity] | None = None
         self._on_disk: tuple[Snapshot, ...] = ()
@@ -154,7 +155,7 @@ class PromptState:
         self._stable_before, self._last = self.stable, piece
         self._alone = self._alone and alone
         if alone:
-            self.stable = promptplan.stable_after(self.stable, piece, self.align)
+            self.stable = promptplan.stable_after(self.stable, piece, self.align, self._spans)
         else:
             self.stable = min(self.stable, piece[0])
         self.tokens.extend(part)
@@ -167,10 +168,12 @@ class PromptState:
     # ---------------------------------------------------------------- the prompt
 
     def begin(
-        self, prompt: Sequence[int], reproducible: bool
+        self, prompt: Sequence[int], reproducible: bool,
+        spans: Sequence[promptplan.Span] = (),
     ) -> tuple[Prepared, list[promptplan.Piece]]:
         """Plan ``prompt``: restore or keep what can be reused, and return the pieces still to
-        evaluate (none for an exact hit, whose logits :meth:`sample` then uses).
+        evaluate (none for an exact hit, whose logits :meth:`sample` then uses). ``spans``: the
+        positions of its images (each a piece of its own, never reused in part).
 
         ``reproducible`` (greedy): aligned pieces, stable reuse only, so the logits are
         bitwise those of a fresh evaluation.
@@ -178,9 +181,11 @@ class PromptState:
         prompt = list(prompt)
         self._pending = None
         self._alone = True
+        self._spans = tuple(spans)
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable)
-        choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible, self.align)
+        choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
+                                 self.align, self._spans)
         source = "live"
         if choice.source >= 0:
             snap = snaps[choice.source]
@@ -195,7 +200,7 @@ class PromptState:
         keep = self._truncate(choice.keep)
         self._stable_before, self._last = self.stable, (keep, keep)
         todo = promptplan.pieces(keep, len(prompt), reproducible,
-                                 min(self.n_batch, FAST_PIECE), self.align)
+                                 min(self.n_batch, FAST_PIECE), self.align, self._spans)
         return Prepared(keep, source if keep else "none"), todo
 
     def drop_logits(self) -> None:
@@ -207,7 +212,7 @@ class PromptState:
         """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
         decode: keep a snapshot of it (if it fits)."""
         stable = self._alone and promptplan.logits_stable(
-            self._stable_before, self._last, n_prompt, self.align
+            self._stable_before, self._last, n_prompt, self.align, self._spans
         )
         self._snapshot(stable, logits_index)
 

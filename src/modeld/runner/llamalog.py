@@ -40,6 +40,11 @@ def _llama_log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> 
                     os.write(_log_state["file"], line.encode("utf-8", "replace") + b"\n")
 
 
+def log_callback() -> Any:
+    """The callback that routes native log lines here (libmtmd takes the same one)."""
+    return _llama_log_callback
+
+
 def capture_start(path: str | None = None) -> None:
     """Keep llama.cpp's log lines from now on (a load's device buffers are read from them);
     with ``path``, also write each line there at once (unbuffered): should llama.cpp kill the

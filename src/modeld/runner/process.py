@@ -35,17 +35,25 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import ggmlrpc, memory, probe, rpcplan
 from modeld import runnerwire as rp
-from modeld.errors import ErrorCode, InsufficientMemoryError, InvalidRequestError, RpcWorkerError
+from modeld.errors import (
+    ErrorCode,
+    InsufficientMemoryError,
+    InvalidModelError,
+    InvalidRequestError,
+    RpcWorkerError,
+)
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
+from modeld.runner.prepare import TokenBound
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
+from modeld.runner.vision import Vision, image_prompt
 
 log = logging.getLogger("modeld.runner")
 
@@ -78,6 +86,8 @@ class Runner(RunnerServer):
         self.llm: llama_cpp.Llama | None = None
         self.state: PromptState | None = None  # generate mode: sequence 0 (owns persistence)
         self.engine: BatchEngine | None = None  # generate mode: all sequences, decoded together
+        self.token_bound: TokenBound | None = None  # the fewest tokens a prompt's bytes make
+        self.vision: Vision | None = None  # the image projector, when loaded with one
         self.threads = 0
         self.mode = "generate"
         self.chat_format = chat.PLAIN
@@ -185,6 +195,13 @@ class Runner(RunnerServer):
             self._close()
             self.send(rp.load_failed(exc.code, exc.message, exc.hint))
             return
+        if spec.mmproj is not None and spec.mode == "generate":
+            try:
+                self.vision = Vision.open(spec.mmproj, llm, spec.n_threads)
+            except InvalidModelError as exc:
+                self._close()
+                self.send(rp.load_failed(exc.code, exc.message, exc.hint))
+                return
         if spec.mode == "generate":
             store = SnapshotStore(spec.prompt_cache_mib * MiB)
             n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
@@ -195,6 +212,8 @@ class Runner(RunnerServer):
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
                                       max_rows=llamaopen.max_rows(n_seq))
             self.engine.chat_qa = self.chat_format == chat.QA
+            self.engine.vision = self.vision
+            self.token_bound = TokenBound(llm)
             if spec.prompt_cache_dir is not None:  # snapshots kept from its last eviction
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
                 if restored:
@@ -224,6 +243,7 @@ class Runner(RunnerServer):
                 mode=spec.mode,
                 architecture=meta.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
+                vision=self.vision is not None,
                 **(rpcload.with_plan(ggmlrpc.load_report(load_log), self.rpc_plan)
                    if spec.rpc else ggmlrpc.load_report(load_log) if spec.gpu_layers else {}),
             )
@@ -260,7 +280,10 @@ class Runner(RunnerServer):
         if self.state is not None:
             self.state.close()  # the store all sequences share
             self.state = None
-        self.engine = None
+        self.engine = self.token_bound = None
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self.llm is not None:
             self.llm.close()
             self.llm = None
@@ -283,7 +306,17 @@ class Runner(RunnerServer):
         llm = self._require("generate")
         model = ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
         prompt = prompting.build(spec, model, render_template)
-        tokens = llm.tokenize(prompt.text.encode("utf-8"), add_bos=prompt.add_bos, special=True)
+        if spec.has_images:
+            return image_prompt(self.vision, spec, prompt)
+        data = prompt.text.encode("utf-8")
+        limit = self.engine.n_ctx_seq if self.engine is not None else 0
+        # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
+        # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
+        if not spec.count_only and limit and len(data) > 8 * limit and self.token_bound:
+            least = self.token_bound.at_least(len(data))
+            if least >= limit:
+                raise context_exceeded(least, limit, at_least=True)
+        tokens = llm.tokenize(data, add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
         return tokens, prompt

@@ -9,7 +9,9 @@ in the generic JSON shape. Pure: rendering is the ``render`` callable the runner
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +19,21 @@ from modeld import replyparse
 from modeld.errors import InvalidRequestError
 from modeld.messages import ChatMessage, plain_text, template_messages, tools_prompt
 from modeld.runner import chat
+from modeld.runner.promptplan import Span
 from modeld.runner.specs import GenerateSpec
+
+#: Where an image goes in the rendered prompt: random per process, so no text a user sends
+#: can pass for one (the runner splits the prompt here and asks libmtmd for the image's tokens).
+IMAGE_MARKER = f"<__modeld_image_{secrets.token_hex(8)}__>"
+
+
+@dataclass(frozen=True)
+class Media:
+    """A tokenized prompt's images: their positions (``spans``) and the runner's handle of
+    each (:class:`modeld.runner.vision.Image`), in order."""
+
+    spans: tuple[Span, ...]
+    images: tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -32,6 +48,7 @@ class PromptText:
     tools: bool = False
     thinking: bool = False
     thinking_open: bool = False
+    media: Media | None = None  # set once tokenized, when the prompt has images
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -67,18 +84,22 @@ class ModelChat:
 
 
 def build(spec: GenerateSpec, model: ModelChat, render: chat.Renderer) -> PromptText:
-    """The prompt for ``spec`` (raw, one user turn, or its messages) on ``model``."""
+    """The prompt for ``spec`` (raw, one user turn, or its messages) on ``model``; each image
+    is :data:`IMAGE_MARKER` in its text (before a prompt's text, at its offset in a message)."""
     if spec.raw and spec.prompt is not None:
         if spec.tools or spec.think:
             raise InvalidRequestError("a raw prompt cannot carry 'tools' or 'think'",
                                       hint="send messages, or leave them out")
-        return PromptText(spec.prompt, True, ())
+        return PromptText(IMAGE_MARKER * len(spec.images) + spec.prompt, True, ())
     caps = model.capabilities
     markers = replyparse.thinking_markers(model.template)
     if spec.think and markers is None:
         raise InvalidRequestError("this model does not think ('think' was true)",
                                   hint="leave 'think' out for this model")
-    messages = spec.messages or (ChatMessage("user", spec.prompt or ""),)
+    messages = spec.messages or (ChatMessage("user", spec.prompt or "", images=spec.images),)
+    if any(m.images for m in messages):
+        messages = tuple(dataclasses.replace(m, content=m.with_markers(IMAGE_MARKER))
+                         if m.images else m for m in messages)  # fmt: skip
     tools = spec.tools
     native_tools = bool(tools) and model.fmt == chat.TEMPLATE and "tools" in caps
     if tools and not native_tools:  # show them as text; the reply is generic JSON
@@ -118,3 +139,10 @@ def _mistral_ids(history: list[dict[str, Any]]) -> None:
             call["id"] = short(call["id"])
         if "tool_call_id" in m:
             m["tool_call_id"] = short(m["tool_call_id"])
+
+
+def image_data(spec: GenerateSpec) -> tuple[str, ...]:
+    """The request's images (base64) in the order their markers come in the prompt."""
+    if spec.messages is None:
+        return spec.images
+    return tuple(image for m in spec.messages for image in m.images)

@@ -14,6 +14,12 @@ itself computed that way ("stable") and never past the start of the prompt's las
 by decoding (batches of one) are never stable. Sampled requests (temperature > 0) keep the fast
 rule: longest common prefix, ``n_batch`` pieces.
 
+An image (issue 38) is a *span* of positions evaluated from its embeddings in one piece of its
+own, never cut and never reused in part: pieces also end at every span's start and end, an
+aligned cut inside an image is no cut, and reuse stops at a span's start. The boundaries of a
+fresh evaluation (:func:`floor_cut`, :func:`next_cut`) are then a function of the prompt alone,
+so the rule above still gives bitwise the logits of a fresh evaluation.
+
 Everything here works on token sequences and counts; :mod:`modeld.runner.generation` applies a
 :class:`Plan` to llama.cpp and :mod:`modeld.runner.promptcache` keeps the snapshots.
 """
@@ -29,6 +35,7 @@ from dataclasses import dataclass
 ALIGN = 128
 
 Piece = tuple[int, int]  # [start, end) absolute positions, one decode call
+Span = tuple[int, int]  # [start, end) positions of one image (evaluated whole, in one piece)
 
 
 @dataclass(frozen=True)
@@ -70,23 +77,59 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def last_piece_start(n_prompt: int, align: int = ALIGN) -> int:
-    """Start of the last aligned piece of an ``n_prompt``-token prompt: ``C*floor((N-1)/C)``."""
-    return align * ((n_prompt - 1) // align) if n_prompt > 0 else 0
+def floor_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+    """The last boundary of a fresh evaluation at or before ``pos``: a multiple of ``align``
+    that is not inside an image, or an image's start or end."""
+    best = pos - pos % align
+    for start, end in spans:
+        if start < best < end:
+            best = start
+    for start, end in spans:
+        for bound in (start, end):
+            if best < bound <= pos:
+                best = bound
+    return best
 
 
-def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int = ALIGN) -> int:
-    """Tokens of ``cached`` a request may keep (before evaluating the rest of ``prompt``).
+def next_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+    """The first boundary of a fresh evaluation after ``pos`` (itself a boundary): the end of
+    the image starting there, else the next multiple of ``align`` or image start."""
+    cut = (pos // align + 1) * align
+    for start, end in spans:
+        if start == pos:
+            return end
+        if pos < start < cut:
+            cut = start
+    return cut
 
-    Fast: the common prefix, leaving at least one token to evaluate (fresh logits). Reproducible:
-    also capped by the stable prefix and the last piece's start, rounded down to a multiple of C.
+
+def span_at(pos: int, spans: Sequence[Span]) -> Span | None:
+    """The image that starts at ``pos`` (None: ``pos`` is a token's)."""
+    return next((s for s in spans if s[0] == pos), None)
+
+
+def last_piece_start(n_prompt: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+    """Start of the last piece of an ``n_prompt``-token prompt's fresh evaluation:
+    ``C*floor((N-1)/C)`` without images."""
+    return floor_cut(n_prompt - 1, align, spans) if n_prompt > 0 else 0
+
+
+def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int = ALIGN,
+           spans: Sequence[Span] = ()) -> int:
+    """Tokens of ``cached`` a request may keep (before evaluating the rest of ``prompt``, whose
+    images are ``spans``).
+
+    Fast: the common prefix, leaving at least one token to evaluate (fresh logits), never part
+    of an image. Reproducible: also capped by the stable prefix and the last piece's start,
+    rounded down to a boundary (a multiple of C without images).
     """
     n = len(prompt)
     shared = common_prefix(cached.tokens, prompt)
     if not reproducible:
-        return min(shared, n - 1)
-    limit = min(shared, cached.stable, last_piece_start(n, align))
-    return limit - limit % align
+        keep = min(shared, n - 1)
+        return next((s for s, e in spans if s < keep < e), keep)
+    limit = min(shared, cached.stable, last_piece_start(n, align, spans))
+    return floor_cut(limit, align, spans)
 
 
 def is_exact(cached: Cached, prompt: Sequence[int], reproducible: bool) -> bool:
@@ -104,6 +147,7 @@ def plan(
     snapshots: Sequence[Cached],
     reproducible: bool,
     align: int = ALIGN,
+    spans: Sequence[Span] = (),
 ) -> Plan:
     """Choose the state to start from: an exact snapshot, else whichever of the live KV and the
     snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy)."""
@@ -112,47 +156,57 @@ def plan(
     for i, snap in enumerate(snapshots):
         if is_exact(snap, prompt, reproducible):
             return Plan(source=i, keep=len(prompt), exact=True)
-    best = Plan(source=-1, keep=usable(live, prompt, reproducible, align))
+    best = Plan(source=-1, keep=usable(live, prompt, reproducible, align, spans))
     for i, snap in enumerate(snapshots):
-        keep = usable(snap, prompt, reproducible, align)
+        keep = usable(snap, prompt, reproducible, align, spans)
         if keep > best.keep:
             best = Plan(source=i, keep=keep)
     return best
 
 
 def pieces(
-    start: int, end: int, reproducible: bool, n_batch: int, align: int = ALIGN
+    start: int, end: int, reproducible: bool, n_batch: int, align: int = ALIGN,
+    spans: Sequence[Span] = (),
 ) -> list[Piece]:
-    """Decode calls that evaluate positions ``[start, end)``.
+    """Decode calls that evaluate positions ``[start, end)``; each image in ``spans`` is one
+    piece of its own.
 
-    Reproducible: cut at every multiple of ``align``. Fast: ``n_batch`` tokens at a time from
-    ``start`` (what ``Llama.eval`` does).
+    Reproducible: cut at every boundary (:func:`next_cut`). Fast: ``n_batch`` tokens at a time
+    from ``start`` (what ``Llama.eval`` does), cut at images.
     """
     if start >= end:
         return []
     out: list[Piece] = []
     pos = start
     while pos < end:
-        stop = (pos // align + 1) * align if reproducible else pos + n_batch
+        if reproducible:
+            stop = next_cut(pos, align, spans)
+        elif (span := span_at(pos, spans)) is not None:
+            stop = span[1]
+        else:
+            stop = min([pos + n_batch, *(s for s, _ in spans if s > pos)])
         stop = min(stop, end)
         out.append((pos, stop))
         pos = stop
     return out
 
 
-def stable_after(stable: int, piece: Piece, align: int = ALIGN) -> int:
+def stable_after(stable: int, piece: Piece, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
     """The stable prefix after evaluating ``piece`` on a KV state whose stable prefix was
-    ``stable`` and which held exactly ``piece[0]`` tokens: it grows only by a whole aligned
-    piece evaluated right after the stable prefix."""
+    ``stable`` and which held exactly ``piece[0]`` tokens: it grows only by a whole piece of a
+    fresh evaluation (a full aligned one, an image, or the text up to an image's start)
+    evaluated right after the stable prefix."""
     start, end = piece
     stable = min(stable, start)
-    if start == stable and start % align == 0 and end - start == align:
+    if start == stable and end == next_cut(start, align, spans):
         return end
     return stable
 
 
-def logits_stable(stable_before: int, piece: Piece, n_prompt: int, align: int = ALIGN) -> bool:
+def logits_stable(stable_before: int, piece: Piece, n_prompt: int, align: int = ALIGN,
+                  spans: Sequence[Span] = ()) -> bool:
     """Whether the logits after evaluating the prompt's final ``piece`` equal a fresh aligned
-    evaluation's: it must be exactly the last aligned piece, on a stable prefix."""
+    evaluation's: it must be exactly the last piece of one, on a stable prefix."""
     start, end = piece
-    return end == n_prompt and start == last_piece_start(n_prompt, align) and stable_before >= start
+    return (end == n_prompt and start == last_piece_start(n_prompt, align, spans)
+            and stable_before >= start)

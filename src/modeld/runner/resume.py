@@ -12,7 +12,9 @@ without sending them (the client has them), then decodes on from the restored ce
 Greedy replies come out as in a context large enough from the start (the restored cells are
 bitwise those of the evaluation, and the token that did not fit is decoded as it would have
 been). A sampled reply's random draws start again from its seed after the growth. Without the
-handoff (prompt cache off, RPC workers) the prompt and reply are evaluated again instead.
+handoff (prompt cache off, RPC workers) the prompt and reply are evaluated again instead. A
+prompt with images does not grow this way (it ends with ``context_window``): its image cells
+would be planned again as text on the way back.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ from modeld import probe
 from modeld import runnerwire as rp
 
 if TYPE_CHECKING:
-    from modeld.runner.streams import Stream
+    from modeld.runner.stream import Stream
+
+
+class Send(Protocol):
+    def send(self, msg: Mapping[str, Any]) -> None: ...
 
 
 class Engine(Protocol):
@@ -36,10 +42,10 @@ class Engine(Protocol):
 
     streams: list[Stream]
     n_ctx_seq: int
+    llm: llama_cpp.Llama
 
-    def feed(self, stream: Stream, token: int) -> None: ...
-
-    def flush(self, stream: Stream, now: float) -> None: ...
+    @property
+    def host(self) -> Send: ...
 
     def end(self, stream: Stream, reply: Mapping[str, Any]) -> None: ...
 
@@ -50,7 +56,7 @@ def pause(engine: Engine, stream: Stream) -> None:
     """End ``stream`` for now: what is ready goes out (text held for a stop string or a
     half-written tool call waits for the continuation, which replays it), then its tokens."""
     now = time.perf_counter()
-    engine.flush(stream, now)
+    stream.flush(engine.host.send, now)
     first = stream.t_first if stream.t_first is not None else now
     engine.end(stream, rp.done_generate(
         stream.rid, finish_reason="length", length_reason="context_window",
@@ -66,7 +72,7 @@ def admit(engine: Engine, stream: Stream) -> None:
     all but its last token (the one that found no cell)."""
     written = stream.spec.resume
     for token in written:
-        engine.feed(stream, token)
+        stream.feed(engine.llm, engine.host.send, token)
         if stream.grammar is not None:
             stream.grammar.accept(token)
         llama_cpp.llama_sampler_accept(stream.sampler.sampler, token)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import options
+from modeld import images, options
 from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import InvalidRequestError
 from modeld.memory import KV_CACHE_TYPES
@@ -52,6 +52,7 @@ class LoadSpec:
     type_v: str = "f16"
     handoff: str | None = None  # file prefix of the previous runner's sequences (handoff.py)
     handoff_pid: int | None = None  # that runner's process (its exit ends the wait)
+    mmproj: str | None = None  # the image projector to load beside the model (issue 38)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class GenerateSpec:
     # larger context; ``resume`` are the tokens it wrote before (the last not yet decoded)
     grow: bool = False
     resume: tuple[int, ...] = ()
+    images: tuple[str, ...] = ()  # base64, shown before ``prompt`` (messages carry their own)
+
+    @property
+    def has_images(self) -> bool:
+        return bool(self.images) or any(m.images for m in self.messages or ())
 
     @property
     def chunk_interval_s(self) -> float:
@@ -129,6 +135,7 @@ def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
         type_v=_kv_type(msg, "type_v"),
         handoff=_opt_str(msg, "handoff"),
         handoff_pid=_int(msg, "handoff_pid", 1, 1 << 31) if "handoff_pid" in msg else None,
+        mmproj=_opt_str(msg, "mmproj"),
     )
 
 
@@ -224,6 +231,7 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
         stream=stream,
         grow=grow,
         resume=tuple(resume),
+        images=images.parse_list(msg.get("images"), "'images'", fail),
     )
 
 

@@ -1,0 +1,99 @@
+"""Images in requests (issue 38): their limits, their wire form (base64) and their format, read
+from the first bytes. Pure: the HTTP layers, the client protocol and the runner check the same
+rules, and the pixels are decoded only in the runner (:mod:`modeld.runner.vision`).
+
+Formats: PNG, JPEG and GIF (its first frame) are decoded by llama.cpp's own stb loader; WebP,
+which stb cannot read (llama.cpp's path for it starts ffmpeg), by Pillow in the runner.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from collections.abc import Callable, Sequence
+
+MiB = 1024 * 1024
+#: Most images one request carries (all its messages together).
+MAX_IMAGES = 16
+#: Largest image file, in bytes (OpenAI's limit is 20 MB, Anthropic's API 5 MB).
+MAX_IMAGE_BYTES = 10 * MiB
+#: Most pixels of one image once decoded (4096 x 4096: 48 MiB of RGB).
+MAX_PIXELS = 4096 * 4096
+FORMATS = ("png", "jpeg", "gif", "webp")
+_HINT = "send PNG, JPEG, WebP or GIF images, base64-encoded"
+
+Fail = Callable[[str], Exception]
+
+
+def sniff(data: bytes) -> str | None:
+    """The image format of a file's first bytes (one of :data:`FORMATS`), or None."""
+    if data.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "png"
+    if data.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if data.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return None
+
+
+def decode_b64(text: str, where: str, fail: Fail) -> bytes:
+    """An image's bytes from base64 (a ``data:`` URI's prefix is allowed), checked: size and
+    format. Errors name ``where`` and say what to send instead."""
+    if text.startswith("data:"):
+        head, _, text = text.partition(",")
+        if not head.endswith(";base64"):
+            raise fail(f"{where} is a data URI that is not base64 ({head[:40]!r}): {_HINT}")
+    if len(text) > (MAX_IMAGE_BYTES * 4) // 3 + 4:
+        raise fail(f"{where} is larger than {MAX_IMAGE_BYTES // MiB} MiB: send a smaller image")
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise fail(f"{where} is not valid base64: {_HINT}") from None
+    check(data, where, fail)
+    return data
+
+
+def check(data: bytes, where: str, fail: Fail) -> str:
+    """The format of an image's bytes, after checking its size; a clear error otherwise."""
+    if not data:
+        raise fail(f"{where} is empty: {_HINT}")
+    if len(data) > MAX_IMAGE_BYTES:
+        raise fail(f"{where} is larger than {MAX_IMAGE_BYTES // MiB} MiB: send a smaller image")
+    kind = sniff(data)
+    if kind is None:
+        raise fail(f"{where} is not a PNG, JPEG, WebP or GIF image: {_HINT}")
+    return kind
+
+
+def check_count(n: int, fail: Fail) -> None:
+    if n > MAX_IMAGES:
+        raise fail(f"the request has {n} images; at most {MAX_IMAGES} are accepted")
+
+
+def encode(data: bytes) -> str:
+    """The wire form of an image (base64 text)."""
+    return base64.b64encode(data).decode("ascii")
+
+
+def image_id(data: bytes) -> str:
+    """The image's identity in caches: the SHA-256 of its bytes (mtmd's bitmap id too)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def parse_list(value: object, where: str, fail: Fail) -> tuple[str, ...]:
+    """A wire list of base64 images, each checked (an empty or absent list: none)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise fail(f"{where} must be a list of base64-encoded images")
+    check_count(len(value), fail)
+    for i, text in enumerate(value):
+        decode_b64(text, f"{where}[{i}]", fail)
+    return tuple(value)
+
+
+def count(groups: Sequence[Sequence[str]]) -> int:
+    return sum(len(g) for g in groups)

@@ -1,0 +1,156 @@
+"""A generate request's prompt, rendered and tokenized on a thread of its own (issue 35).
+
+Tokenizing is not cheap: llama.cpp's SPM tokenizer took 2.3 s for 1 MB of ordinary text and
+67 s for 1 MB of random letters here (it grows faster than the text). Done in the batch loop,
+10 MB of ``instructions`` froze the other streams of the model for 17.8 s before the context
+check refused it. So the loop hands each new prompt to this one thread (llama_tokenize holds
+no lock: llama-server tokenizes on its HTTP threads too) and admits it once its tokens are
+ready; the streams decode meanwhile. A long prompt's thread runs in Linux's SCHED_IDLE class, so
+on a machine with no idle core the decoding keeps the CPU first (measured: a 2 MB count_tokens
+beside a stream made gaps of 2.2 s at the same priority; docs/benchmarks.md). An ordinary prompt
+(under :data:`QUICK_CHARS`: milliseconds of tokenizing) goes to a thread at the runner's own
+priority instead: on the idle class it starved behind llama.cpp's spinning decode threads on a
+2-core box and joined the batch only after the streams already running had finished.
+
+Before any tokenizing, a prompt that cannot fit is refused from its length in bytes: no token
+of the vocabulary is longer than its longest piece, so a text of B bytes is at least
+B / longest tokens. That holds where llama.cpp's tokenizer writes every byte of the text into
+some token and never lets one token swallow unbounded text: the SPM vocabularies (a piece
+with no token of its own falls back to byte tokens, or the tokenizer fails; it never drops
+text), without special tokens that strip the spaces around them (``LSTRIP``/``RSTRIP``).
+BPE drops a piece whose bytes have no tokens, UGM and WPM normalise (collapse spaces, fold
+characters): for those no bound is claimed and the tokenizer decides, on this thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import llama_cpp
+
+from modeld.runner.prompting import PromptText
+from modeld.runner.specs import GenerateSpec
+
+#: How much nicer than the runner the tokenizer thread is where SCHED_IDLE is not available.
+NICENESS = 5
+#: Prompts of fewer characters than this (text, thinking, tool definitions) are tokenized at
+#: the runner's priority: tens of milliseconds at most, and they should join the batch now.
+QUICK_CHARS = 32_768
+Prepared = tuple[list[int], PromptText]
+
+
+class TokenBound:
+    """The fewest tokens a text of n bytes can be for one vocabulary (0 when none is sound)."""
+
+    def __init__(self, llm: llama_cpp.Llama) -> None:
+        self.llm = llm
+        self._longest: int | None = None
+        self._lock = threading.Lock()
+
+    def longest(self) -> int:
+        """The longest piece of any token in bytes, or 0 when the bound does not hold for this
+        vocabulary (read once: ~1 s for Gemma's 262,144 tokens, on the tokenizer thread)."""
+        with self._lock:
+            if self._longest is None:
+                self._longest = _longest_piece(self.llm)
+            return self._longest
+
+    def at_least(self, nbytes: int) -> int:
+        longest = self.longest()
+        return -(-nbytes // longest) if longest else 0
+
+
+def _longest_piece(llm: llama_cpp.Llama) -> int:
+    vocab = llm._model.vocab
+    if llama_cpp.llama_vocab_type(vocab) != llama_cpp.LLAMA_VOCAB_TYPE_SPM:
+        return 0
+    stripping = llama_cpp.LLAMA_TOKEN_ATTR_LSTRIP | llama_cpp.LLAMA_TOKEN_ATTR_RSTRIP
+    size = 256
+    buf = ctypes.create_string_buffer(size)
+    longest = 1
+    for token in range(llama_cpp.llama_vocab_n_tokens(vocab)):
+        if llama_cpp.llama_vocab_get_attr(vocab, token) & stripping:
+            return 0
+        n = llama_cpp.llama_token_to_piece(vocab, token, buf, size, 0, True)
+        longest = max(longest, abs(n))  # negative: the piece is longer than the buffer (-n)
+    return longest
+
+
+def _yield_cpu() -> None:
+    """This thread runs only on CPU time the decoding leaves: SCHED_IDLE (Linux; any user may
+    lower a thread's own class, and it works below nice 19 too, where a benchmark runs), else
+    a few steps nicer than the runner (not Linux: the default priority)."""
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (OSError, AttributeError):
+        pass
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + NICENESS)
+
+
+def prompt_chars(spec: GenerateSpec) -> int:
+    """About how much text ``spec`` asks the tokenizer for (the template's own text aside)."""
+    chars = len(spec.prompt or "")
+    for message in spec.messages or ():
+        chars += len(message.content) + len(message.thinking)
+        chars += sum(len(call.name) + len(json.dumps(dict(call.arguments), default=str)) for call in
+                     message.tool_calls)  # fmt: skip
+    for tool in spec.tools:
+        chars += len(json.dumps(tool.to_wire(), default=str))
+    return chars
+
+
+class _Lane:
+    """One daemon thread that prepares prompts in arrival order. A daemon thread: a runner
+    told to exit never waits for a tokenization."""
+
+    def __init__(self, prepare: Callable[[GenerateSpec], Prepared], name: str,
+                 idle: bool) -> None:  # fmt: skip
+        self._prepare = prepare
+        self._name, self._idle = name, idle
+        self._queue: queue.SimpleQueue[tuple[GenerateSpec, Future[Prepared]]] = \
+            queue.SimpleQueue()  # fmt: skip
+        self._thread: threading.Thread | None = None
+
+    def start(self, spec: GenerateSpec) -> Future[Prepared]:
+        future: Future[Prepared] = Future()
+        self._queue.put((spec, future))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        if self._idle:
+            _yield_cpu()
+        while True:
+            spec, future = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(self._prepare(spec))
+            except BaseException as exc:  # the request's error, answered by the loop
+                future.set_exception(exc)
+
+
+class Preparer:
+    """Prompts to tokenize, on two lanes: ordinary ones at the runner's priority, long ones on
+    CPU time the decoding leaves. The loop collects the futures in any order (a long prompt
+    holds back no one behind it)."""
+
+    def __init__(self, prepare: Callable[[GenerateSpec], Prepared]) -> None:
+        self._quick = _Lane(prepare, "modeld-tokenize", idle=False)
+        self._long = _Lane(prepare, "modeld-tokenize-long", idle=True)
+
+    def start(self, spec: GenerateSpec) -> Future[Prepared]:
+        lane = self._quick if prompt_chars(spec) < QUICK_CHARS else self._long
+        return lane.start(spec)

@@ -1,0 +1,146 @@
+"""The foundation of vision (issue 38), proven on llama-cpp-python's own mtmd bindings before
+modeld wires anything: a generated projector (``ggufgen.make_mlp_projector``) loads beside a
+generated text model of the same width, a prompt with an image marker tokenizes into text and
+image chunks, and the image chunk's embeddings are evaluated into a chosen sequence at a
+chosen position of a multi-sequence context. A projector of another width is refused.
+
+Each check runs in a child process: a native abort must fail one test, not pytest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ggufgen
+import imageutil
+
+pytestmark = pytest.mark.slow
+
+
+SCRIPT = r"""
+import ctypes, hashlib, json, sys
+import numpy as np
+import llama_cpp
+from llama_cpp import mtmd_cpp as M
+
+model, proj, *images = sys.argv[1:]
+default = llama_cpp.llama_cpp.llama_context_default_params
+def two_sequences():  # Llama has no n_seq_max argument (modeld's llamaopen does the same)
+    params = default()
+    params.n_seq_max, params.kv_unified = 2, False
+    return params
+llama_cpp.llama_cpp.llama_context_default_params = two_sequences
+llm = llama_cpp.Llama(model, n_ctx=1024, n_batch=128, flash_attn=True, verbose=False,
+                      n_threads=1)
+llama_cpp.llama_cpp.llama_context_default_params = default
+params = M.mtmd_context_params_default()
+params.use_gpu, params.n_threads, params.warmup, params.print_timings = False, 1, False, False
+ctx = M.mtmd_init_from_file(proj.encode(), llm._model.model, params)
+if not ctx:
+    print(json.dumps({"loaded": False}))
+    sys.exit(0)
+n_embd = llm.n_embd()
+out = {"loaded": True, "marker": M.mtmd_default_marker().decode(),
+       "non_causal": bool(M.mtmd_decode_use_non_causal(ctx, None)),
+       "mrope": bool(M.mtmd_decode_use_mrope(ctx)), "runs": []}
+for seq, name in enumerate(images):
+    data = open(name, "rb").read()
+    buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+    bitmap = M.mtmd_helper_bitmap_init_from_buf(ctx, buf, len(data), False)
+    text = b"<|im_start|>user\nwhat is " + M.mtmd_default_marker() + b" here?<|im_end|>\n"
+    inp = M.mtmd_input_text(text=text, text_len=len(text), add_special=True,
+                            parse_special=True)
+    chunks = M.mtmd_input_chunks_init()
+    rc = M.mtmd_tokenize(ctx, chunks, ctypes.byref(inp),
+                         (M.mtmd_bitmap_p_ctypes * 1)(bitmap), 1)
+    run = {"tokenize": rc, "chunks": []}
+    pos = 0
+    for i in range(M.mtmd_input_chunks_size(chunks)):
+        chunk = M.mtmd_input_chunks_get(chunks, i)
+        kind = M.mtmd_input_chunk_get_type(chunk)
+        n = M.mtmd_input_chunk_get_n_tokens(chunk)
+        last = i == M.mtmd_input_chunks_size(chunks) - 1
+        batch = llama_cpp.llama_batch_init(n, n_embd if kind else 0, 1)
+        if kind == M.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+            run["encode"] = M.mtmd_encode_chunk(ctx, chunk)
+            ctypes.memmove(batch.embd, M.mtmd_get_output_embd(ctx), n * n_embd * 4)
+            run["id"] = M.mtmd_input_chunk_get_id(chunk).decode()
+        else:
+            count = ctypes.c_size_t(0)
+            tokens = M.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(count))
+            for j in range(n):
+                batch.token[j] = tokens[j]
+        for j in range(n):  # into sequence `seq`, from position `pos`
+            batch.pos[j], batch.n_seq_id[j], batch.logits[j] = pos + j, 1, last and j == n - 1
+            batch.seq_id[j][0] = seq
+        batch.n_tokens = n
+        run["chunks"].append({"type": kind, "n_tokens": n,
+                              "n_pos": M.mtmd_input_chunk_get_n_pos(chunk),
+                              "decode": llama_cpp.llama_decode(llm._ctx.ctx, batch)})
+        pos += n
+        if last:
+            row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, n - 1)
+            run["argmax"] = int(np.argmax(np.ctypeslib.as_array(row, shape=(llm.n_vocab(),))))
+        llama_cpp.llama_batch_free(batch)
+    mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+    run["seq_pos_max"] = llama_cpp.llama_memory_seq_pos_max(mem, seq)
+    out["runs"].append(run)
+    M.mtmd_input_chunks_free(chunks)
+    M.mtmd_bitmap_free(bitmap)
+M.mtmd_free(ctx)
+print(json.dumps(out))
+"""
+
+
+def noise_png(path: Path, seed: int) -> Path:
+    path.write_bytes(imageutil.noise(seed))
+    return path
+
+
+def run_script(*args: Path) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, *map(str, args)],
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def test_projector_loads_tokenizes_and_evaluates_into_a_sequence(
+    tmp_path: Path, model_factory: Callable[..., Path]
+) -> None:
+    model = model_factory("llama", **ggufgen.VISION_CHAT)
+    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
+    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
+    out = run_script(model, proj, a, b)
+    assert out["loaded"] and not out["non_causal"] and not out["mrope"]
+    n_image = ggufgen.mmproj_tokens(ggufgen.TINY_MMPROJ)
+    for seq, (run, image) in enumerate(zip(out["runs"], (a, b), strict=True)):
+        assert run["tokenize"] == 0
+        kinds = [c["type"] for c in run["chunks"]]
+        assert kinds == [0, 1, 0]  # text, the image, text
+        image_chunk = run["chunks"][1]
+        assert image_chunk["n_tokens"] == image_chunk["n_pos"] == n_image
+        assert run["encode"] == 0
+        assert all(c["decode"] == 0 for c in run["chunks"])
+        # the id is the SHA-256 of the file's bytes: what modeld's cache keys use
+        assert run["id"] == hashlib.sha256(image.read_bytes()).hexdigest()
+        # every position went into this sequence
+        assert run["seq_pos_max"] == sum(c["n_tokens"] for c in run["chunks"]) - 1, seq
+    # the image reaches the model: another image, another next token after the same text
+    assert out["runs"][0]["argmax"] != out["runs"][1]["argmax"]
+
+
+def test_projector_of_another_width_is_refused(
+    tmp_path: Path, model_factory: Callable[..., Path]
+) -> None:
+    model = model_factory("llama", **ggufgen.TINY_CHAT)
+    wrong = model_factory("mmproj", **dict(ggufgen.TINY_MMPROJ, n_embd_text=32))
+    assert run_script(model, wrong, noise_png(tmp_path / "a.png", 1)) == {"loaded": False}
