@@ -172,10 +172,7 @@ class Ingress:
         gone = asyncio.ensure_future(_until_disconnect(receive))
         try:
             await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():  # the client left: stop the node's request
-                work.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await work
+            if not work.done():  # the client left: the node's request stops (finally)
                 return
             exc = work.exception()
             if exc is not None:
@@ -192,6 +189,13 @@ class Ingress:
                         await _error(scope, send, lost)
         finally:
             gone.cancel()
+            if not work.done():
+                # The client left, as a disconnect message or as this task cancelled (Serve's
+                # proxy cancels the request): either way the node's request stops now, not when
+                # its next message finds no one to send it to.
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
             self.sent[key] -= 1
             self.sent_for[key, model] -= 1
             with contextlib.suppress(Exception):

@@ -189,6 +189,7 @@ class NodeAgent:
             self._watch = asyncio.ensure_future(self._watchdog(lost))
         stream = asgi.run(self._app, info)
         gone = asyncio.ensure_future(lost.wait())
+        step: asyncio.Future[dict[str, Any]] | None = None
         try:
             while True:
                 step = asyncio.ensure_future(anext(stream))
@@ -208,6 +209,13 @@ class NodeAgent:
         finally:
             self._running -= 1
             gone.cancel()
+            if step is not None and not step.done():
+                # Cancelled (the client left) while the stream waits for its next message:
+                # a running generator cannot be closed, and left to the garbage collector its
+                # cleanup (the disconnect that cancels at the daemon) came seconds late.
+                step.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await step
             await stream.aclose()  # type: ignore[attr-defined]
 
     def close(self) -> None:
