@@ -94,13 +94,14 @@ def child(steps: set[str], endpoint: str, model: str, gpu_layers: int, load_log:
     import llama_cpp
 
     from modeld import ggmlrpc, probe, runnerwire
-    from modeld.runner import llamalog, llamaopen, process, specs, transport
+    from modeld.runner import llamalog, llamaopen, specs, transport
+    from modeld.runner.main import init_native
 
     if "sigint" in steps:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     if "logcb" in steps:
         llamalog.install_llama_logging()
-    devices = process.init_native() if "early" in steps else []
+    devices = init_native() if "early" in steps else []
     if "early_ctx" in steps:
         devices = ggmlrpc.devices(memory=True)
     with contextlib.ExitStack() as stack:

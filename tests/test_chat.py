@@ -130,7 +130,7 @@ def test_empty_conversation_and_unknown_format_are_request_errors() -> None:
 
 
 def test_real_jinja_rendering_of_gguf_templates() -> None:
-    from modeld.runner.process import render_template
+    from modeld.runner.template import render_template
 
     msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
     p = chat.format_messages(msgs, chat.TEMPLATE, template=CHATML_TEMPLATE, render=render_template)
@@ -142,7 +142,7 @@ def test_real_jinja_rendering_of_gguf_templates() -> None:
 
 
 def test_template_errors_become_request_errors() -> None:
-    from modeld.runner.process import render_template
+    from modeld.runner.template import render_template
 
     with pytest.raises(InvalidRequestError, match="System role not supported"):
         chat.format_messages(

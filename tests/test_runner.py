@@ -368,7 +368,7 @@ def test_generation_stops_at_the_end_of_the_context(harness: Harness, tiny_model
 
 
 def test_chat_uses_the_gguf_template(harness: Harness, tiny_chat_model: Path) -> None:
-    from modeld.runner.process import render_template
+    from modeld.runner.template import render_template
 
     loaded = harness.loaded(tiny_chat_model)
     assert loaded["chat_format"] == chat.TEMPLATE

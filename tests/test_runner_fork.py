@@ -10,6 +10,7 @@ is gone the daemon goes on starting runners as new processes.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 from collections.abc import Callable
@@ -139,24 +140,24 @@ def test_an_idle_fork_server_exits_and_the_next_runner_starts_it_again(
     d = daemon_factory("--runner-fork-idle-s", "1")
     c = d.client()
     want = c.generate(str(tiny_model), "hello there", **GREEDY).text()
-    first = c.stats()["fork_server_pid"]
-    assert isinstance(first, int)
-    until(lambda: c.stats()["fork_server_pid"] is None, timeout=20,
-          what="the fork server to exit after 1 s without a fork")  # fmt: skip
+    # pids read from the log: on a loaded machine the server may idle out before any stats call
+    stopped = re.compile(r"runner fork server \(pid (\d+)\) stopped after 1 s without a fork")
+    found = until(lambda: stopped.search(d.log_text()), timeout=20,
+                  what="the fork server to exit after 1 s without a fork")  # fmt: skip
+    first = int(found.group(1))
     until(lambda: not _alive(first), what="the idle fork server reaped")
-    assert "runner fork server stopped after 1 s without a fork" in d.log_text()
+    assert c.stats()["fork_server_pid"] is None
     assert c.generate(str(tiny_model), "hello there", **GREEDY).text() == want  # its runner stays
     # a second model needs a runner: the fork server starts again (a new process) and forks it
     other = model_factory("llama", **{**_tiny(), "seed": 79})
     assert c.generate(str(other), "hi", **GREEDY).text() is not None
-    again = c.stats()["fork_server_pid"]
-    assert isinstance(again, int) and again != first and again in _children(d.proc.pid)
-    assert _cmdline(again).startswith(b"modeld fork-server")
+    # (read from the log: on a loaded machine the new server may already have idled out again)
+    started = re.findall(r"runner fork server started again \(pid (\d+)\)", d.log_text())
+    assert started and int(started[-1]) != first
     runner = _runner_pid(c, other)
-    assert runner in _children(d.proc.pid) and runner != again
+    assert runner in _children(d.proc.pid) and runner != int(started[-1])
     assert _cmdline(runner).startswith(b"modeld.runner --id ")
     assert f"(pid {runner}, forked)" in d.log_text()
-    assert "runner fork server started again" in d.log_text()
     # and both models keep answering
     assert c.generate(str(tiny_model), "hello there", **GREEDY).text() == want
 

@@ -15,7 +15,7 @@ import pytest
 from fakenvml import FakeCard, FakeNvml
 from modeld import protocol
 from modeld.cache.policy import EvictionReason, ModelKey
-from modeld.daemon import forkserver
+from modeld.daemon import forkserver, views
 from modeld.daemon.jobs import Job, request_job
 from modeld.options import Sampling
 from modeld.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
@@ -77,7 +77,7 @@ def test_the_first_load_goes_on_the_card_before_any_hello(
     job = h.submit(models[0], "a")
     load = load_of(h, "r1")  # sent before the runner's hello
     assert load["gpu_layers"] == LAYERS
-    assert [d["name"] for d in h.sched.stats()["devices"]] == ["CPU", "CUDA0"]  # from NVML
+    assert [d["name"] for d in views.stats(h.sched)["devices"]] == ["CPU", "CUDA0"]  # from NVML
     planned = ready_on_card(h, card, "r1")
     assert planned > CUDA_PROCESS_BYTES
     row = h.sched.row(job.key)
@@ -146,7 +146,7 @@ def test_the_dry_run_says_which_layers_go_where_and_what_leaves_which_tier(
     h, job, planned = idle_on_a_card_for_one(card, models[0])
     other = models[1]
     key = type(job.key).for_file(str(other), "generate")
-    shown = h.sched.show(key, other.stem, None)
+    shown = views.show(h.sched, key, other.stem, None)
     where = shown["placement"]
     assert where["processor"] == "100% GPU" and where["layers"] == {"CUDA0": f"0-{LAYERS - 1}"}
     assert where["kv_cache_type"] == "f16" and where["vram_bytes"][0] > CUDA_PROCESS_BYTES
@@ -155,11 +155,11 @@ def test_the_dry_run_says_which_layers_go_where_and_what_leaves_which_tier(
     assert victim["name"] == models[0].stem and victim["reason"] == "vram"
     assert victim["vram_bytes"] == [planned] and victim["ram_bytes"] > 0
     assert not h.sup.stopped  # a dry run
-    loaded = h.sched.show(job.key, models[0].stem, None)  # the loaded one: where it is
+    loaded = views.show(h.sched, job.key, models[0].stem, None)  # the loaded one: where it is
     assert loaded["plan"] == "loaded" and loaded["placement"]["processor"] == "100% GPU"
     # asked for fewer layers: the first blocks stay in RAM
     h.sched.settings.model_options[other.stem] = {"gpu_layers": 4}
-    part = h.sched.show(key, other.stem, None)["placement"]
+    part = views.show(h.sched, key, other.stem, None)["placement"]
     assert part["layers"] == {"RAM": f"0-{LAYERS - 5}", "CUDA0": f"{LAYERS - 4}-{LAYERS - 1}"}
     assert part["processor"] == f"{round(100 * (LAYERS - 4) / LAYERS)}%/" \
         f"{round(100 * 4 / LAYERS)}% CPU/GPU"
@@ -200,7 +200,7 @@ def test_stats_name_the_backend_and_each_card(card: FakeCard, models: tuple[Path
     job = h.submit(models[0], "a")
     planned = ready_on_card(h, card, "r1")
     h.done("r1", job.runner_rid)
-    stats = h.sched.stats()
+    stats = views.stats(h.sched)
     assert stats["backend"] == "CUDA"
     cpu, cuda0 = stats["devices"]
     assert cpu["name"] == "CPU" and "total_bytes" not in cpu
@@ -208,19 +208,19 @@ def test_stats_name_the_backend_and_each_card(card: FakeCard, models: tuple[Path
     assert cuda0["used_bytes"] == cuda0["estimate_bytes"] == planned
     assert cuda0["budget_bytes"] == card.total - VRAM_MARGIN  # only modeld's runner on it
     assert stats["vram_used_bytes"] == [planned]
-    shown = h.sched.show(job.key, models[0].stem, None)
+    shown = views.show(h.sched, job.key, models[0].stem, None)
     assert shown["backend"] == "CUDA" and shown["placement"]["backend"] == "CUDA"
 
 
 def test_without_a_cuda_build_the_backend_is_the_cpu(models: tuple[Path, Path]) -> None:
     h = make(budget=8 * GiB)
     job = h.serve_one(models[0])
-    stats = h.sched.stats()
+    stats = views.stats(h.sched)
     assert stats["backend"] == "CPU" and stats["vram_budget_bytes"] == []
     assert [d["name"] for d in stats["devices"]] == ["CPU"]
     row = h.sched.row(job.key)
     assert row is not None and row["processor"] == "100% CPU" and row["size_vram"] == 0
-    shown = h.sched.show(job.key, models[0].stem, None)
+    shown = views.show(h.sched, job.key, models[0].stem, None)
     assert shown["placement"]["layers"] == {"RAM": f"0-{LAYERS - 1}"}
 
 

@@ -22,8 +22,8 @@ from daemonutil import until
 from modeld.messages import ChatMessage, Tool, ToolCall
 from modeld.options import Sampling
 from modeld.runner import chat, prompting
-from modeld.runner.process import render_template
 from modeld.runner.specs import GenerateSpec
+from modeld.runner.template import render_template
 from test_http import Served, _answers, free_port
 
 TEMPLATES = Path(__file__).parent / "templates"

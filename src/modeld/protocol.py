@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -329,90 +330,97 @@ def parse_request(msg: Message) -> ParsedRequest:
     Raises ProtocolError (an InvalidRequestError) naming the bad field, so the client learns
     exactly what to fix. Unknown keys are ignored for forward compatibility.
     """
-    b = _Body(msg)
-    t = msg.type
-    if t not in REQUEST_TYPES:
+    if msg.type not in REQUEST_TYPES:
         raise ProtocolError(
-            f"unknown request type {t!r}",
+            f"unknown request type {msg.type!r}",
             hint=f"known types: {', '.join(sorted(REQUEST_TYPES))}",
             request_id=msg.id,
         )
-    if t == "generate":
-        prompt = b.opt_str("prompt")
-        raw_messages = msg.body.get("messages")
-        if (prompt is None) == (raw_messages is None):
-            raise b.fail("give exactly one of 'prompt' or 'messages'")
-        messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
-        if messages is not None and msg.body.get("images"):
-            raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
-        tools = parse_tools(msg.body.get("tools"), b.fail)
-        think = msg.body.get("think")
-        if think is not None and not isinstance(think, bool):
-            raise b.fail("'think' must be true or false")
-        return GenerateRequest(
-            b.opt_str("model"), prompt, messages, b.generate_options(), tools,
-            parse_tool_choice(msg.body.get("tool_choice"), tools, b.fail),
-            parse_format(msg.body.get("format"), b.fail), think, b.flag("count_only"),
-            b.flag("stream", default=True),
-            images.parse_list(msg.body.get("images"), "'images'", b.fail),
-        )  # fmt: skip
-    if t == "embed":
-        raw_inputs = msg.body.get("inputs")
-        if isinstance(raw_inputs, str):
-            inputs: tuple[str, ...] = (raw_inputs,)
-        elif (
-            isinstance(raw_inputs, list)
-            and raw_inputs
-            and all(isinstance(x, str) for x in raw_inputs)
-        ):
-            inputs = tuple(raw_inputs)
-        else:
-            raise b.fail("'inputs' must be a string or a non-empty list of strings")
-        return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx(),
-                            b.gpu_layers())
-    if t == "rerank":
-        query = b.opt_str("query")
-        if query is None:
-            raise b.fail("'query' (a string) is required")
-        docs = msg.body.get("documents")
-        if not (isinstance(docs, list) and docs and all(isinstance(x, str) for x in docs)):
-            raise b.fail("'documents' must be a non-empty list of strings")
-        if len(docs) > MAX_DOCUMENTS:
-            raise b.fail(f"at most {MAX_DOCUMENTS} documents per request")
-        top_n = b.int_field(b.body, "top_n", 1, MAX_DOCUMENTS, None)
-        return RerankRequest(
-            b.opt_str("model"), query, tuple(docs), top_n, b.keep_alive(), b.n_ctx()
-        )
-    if t == "load":
-        return LoadRequest(
-            b.opt_str("model"),
-            b.mode(),
-            b.n_ctx(),
-            b.keep_alive(),
-            b.flag("pinned"),
-            b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None),
-            b.rpc(),
-            b.kv_cache_type(),
-            b.gpu_layers(),
-            b.opt_str("mmproj"),
-        )
-    if t == "unload":
-        everything = b.flag("all")
-        model = b.opt_str("model")
-        if not everything and model is None:
-            raise b.fail("give 'model' or 'all': true")
-        mode = b.opt_str("mode")
-        if mode is not None and mode not in MODES:
-            raise b.fail(f"'mode' must be one of {MODES}")
-        return UnloadRequest(model, mode, everything)
-    if t == "show":
-        return ShowRequest(b.opt_str("model"), b.mode(), b.n_ctx())
-    if t == "cancel":
-        target = b.opt_str("target")
-        if not target:
-            raise b.fail("'target' (the id of the request to cancel) is required")
-        return CancelRequest(target)
-    return None
+    parse = _PARSERS.get(msg.type)
+    return None if parse is None else parse(_Body(msg))
+
+
+def _generate(b: _Body) -> GenerateRequest:
+    prompt = b.opt_str("prompt")
+    raw_messages = b.body.get("messages")
+    if (prompt is None) == (raw_messages is None):
+        raise b.fail("give exactly one of 'prompt' or 'messages'")
+    messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
+    if messages is not None and b.body.get("images"):
+        raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
+    tools = parse_tools(b.body.get("tools"), b.fail)
+    think = b.body.get("think")
+    if think is not None and not isinstance(think, bool):
+        raise b.fail("'think' must be true or false")
+    return GenerateRequest(
+        b.opt_str("model"), prompt, messages, b.generate_options(), tools,
+        parse_tool_choice(b.body.get("tool_choice"), tools, b.fail),
+        parse_format(b.body.get("format"), b.fail), think, b.flag("count_only"),
+        b.flag("stream", default=True),
+        images.parse_list(b.body.get("images"), "'images'", b.fail),
+    )  # fmt: skip
+
+
+def _embed(b: _Body) -> EmbedRequest:
+    raw_inputs = b.body.get("inputs")
+    if isinstance(raw_inputs, str):
+        inputs: tuple[str, ...] = (raw_inputs,)
+    elif isinstance(raw_inputs, list) and raw_inputs and all(isinstance(x, str)
+                                                             for x in raw_inputs):
+        inputs = tuple(raw_inputs)
+    else:
+        raise b.fail("'inputs' must be a string or a non-empty list of strings")
+    return EmbedRequest(b.opt_str("model"), inputs, b.keep_alive(), b.n_ctx(), b.gpu_layers())
+
+
+def _rerank(b: _Body) -> RerankRequest:
+    query = b.opt_str("query")
+    if query is None:
+        raise b.fail("'query' (a string) is required")
+    docs = b.body.get("documents")
+    if not (isinstance(docs, list) and docs and all(isinstance(x, str) for x in docs)):
+        raise b.fail("'documents' must be a non-empty list of strings")
+    if len(docs) > MAX_DOCUMENTS:
+        raise b.fail(f"at most {MAX_DOCUMENTS} documents per request")
+    top_n = b.int_field(b.body, "top_n", 1, MAX_DOCUMENTS, None)
+    return RerankRequest(b.opt_str("model"), query, tuple(docs), top_n, b.keep_alive(), b.n_ctx())
+
+
+def _load(b: _Body) -> LoadRequest:
+    return LoadRequest(
+        b.opt_str("model"), b.mode(), b.n_ctx(), b.keep_alive(), b.flag("pinned"),
+        b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None), b.rpc(), b.kv_cache_type(),
+        b.gpu_layers(), b.opt_str("mmproj"),
+    )  # fmt: skip
+
+
+def _unload(b: _Body) -> UnloadRequest:
+    everything = b.flag("all")
+    model = b.opt_str("model")
+    if not everything and model is None:
+        raise b.fail("give 'model' or 'all': true")
+    mode = b.opt_str("mode")
+    if mode is not None and mode not in MODES:
+        raise b.fail(f"'mode' must be one of {MODES}")
+    return UnloadRequest(model, mode, everything)
+
+
+def _show(b: _Body) -> ShowRequest:
+    return ShowRequest(b.opt_str("model"), b.mode(), b.n_ctx())
+
+
+def _cancel(b: _Body) -> CancelRequest:
+    target = b.opt_str("target")
+    if not target:
+        raise b.fail("'target' (the id of the request to cancel) is required")
+    return CancelRequest(target)
+
+
+#: The request types with a body, and their parsers (the others carry none).
+_PARSERS: dict[str, Callable[[_Body], ParsedRequest]] = {
+    "generate": _generate, "embed": _embed, "rerank": _rerank, "load": _load,
+    "unload": _unload, "show": _show, "cancel": _cancel,
+}
 
 
 class _Body:

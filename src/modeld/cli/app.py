@@ -10,18 +10,28 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from modeld import __version__
 from modeld.cli.clustercmd import cluster
 from modeld.cli.launch import launch
+from modeld.cli.opts import (
+    CtxOpt,
+    GpuOpt,
+    JsonOpt,
+    KeepAliveOpt,
+    KvOpt,
+    MmprojOpt,
+    ModelArg,
+    NoPullOpt,
+    RpcOpt,
+)
+from modeld.cli.opts import connect as _client
+from modeld.cli.opts import settings_with as _settings
 from modeld.cli.rpccmd import rpc_worker
-
-if TYPE_CHECKING:
-    from modeld.client import Client
-    from modeld.config import Settings
+from modeld.cli.servecmd import serve, stop
 
 app = typer.Typer(
     name="modeld",
@@ -32,40 +42,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON document (for scripts).")]
-ModelArg = Annotated[
-    str | None,
-    typer.Argument(
-        help="A .gguf path, a name in the models dir, or an alias; default model if omitted."
-    ),
-]
-KeepAliveOpt = Annotated[
-    str | None,
-    typer.Option("--keep-alive", help='How long to keep the model loaded: "5m", seconds, 0, -1.'),
-]
-CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
-KvOpt = Annotated[str | None, typer.Option(
-    "--kv-cache-type", help="KV cache type: f16, q8_0 or q4_0 (default: the config's).")]
-GpuOpt = Annotated[str | None, typer.Option(
-    "--gpu-layers", help="Layers on the GPUs: N, auto or 0 (CPU only; default: the config's).")]
-RpcOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--rpc",
-        help="llama.cpp RPC workers HOST:PORT[,HOST:PORT]: every layer goes to them "
-        "(modeld rpc-worker; docs/rpc.md).",
-    ),
-]
-MmprojOpt = Annotated[
-    str | None,
-    typer.Option("--mmproj", help="The model's image projector (mmproj .gguf; default: the one "
-                 "beside the model or in the config; '' for none)."),
-]
-NoPullOpt = Annotated[
-    bool,
-    typer.Option("--no-pull", help="Never pull a missing hf.co/… model (MODELD_NO_PULL=1)."),
-]
 
 
 def _version_callback(value: bool) -> None:
@@ -89,37 +65,6 @@ def _root(
 # ---------------------------------------------------------------------- helpers
 
 
-def _settings(**overrides: Any) -> Settings:
-    from modeld.config import load_settings
-
-    settings, _ = load_settings({k: v for k, v in overrides.items() if v is not None})
-    return settings
-
-
-def _client(settings: Settings | None = None, *, autostart: bool = False) -> Client:
-    """A connected client; with ``autostart`` a missing daemon is started in the background."""
-    from modeld.client import Client
-    from modeld.errors import DaemonUnavailableError
-
-    settings = settings or _settings()
-    client = Client(settings.socket, timeout=None)
-    try:
-        client.ping()
-        return client
-    except DaemonUnavailableError as exc:
-        client.close()
-        if not autostart or os.environ.get("MODELD_NO_AUTOSTART") in ("1", "true", "yes"):
-            raise
-        if exc.details.get("reason") in ("permission", "not_a_socket", "os_error"):
-            raise  # a daemon started now could not take that path either
-    from modeld.cli.autostart import start_daemon
-
-    start_daemon(settings)
-    client = Client(settings.socket, timeout=None)
-    client.ping()
-    return client
-
-
 def _endpoints(text: str) -> tuple[str, ...]:
     from modeld.rpc import parse_endpoints
 
@@ -135,79 +80,8 @@ def _model_ref(model: str | None) -> str | None:
     return normalize_ref(model)
 
 
-# ---------------------------------------------------------------------- serve / stop
-
-
-@app.command()
-def serve(
-    socket: Annotated[
-        str | None, typer.Option(help="ZeroMQ endpoint to bind (ipc://… or tcp://…).")
-    ] = None,
-    memory_fraction: Annotated[
-        float | None, typer.Option(help="Share of usable memory the cache may use (0-1).")
-    ] = None,
-    memory_cap: Annotated[
-        str | None, typer.Option(help='Absolute cap on the cache budget, e.g. "8GiB".')
-    ] = None,
-    max_models: Annotated[int | None, typer.Option(help="Most models loaded at once.")] = None,
-    keep_alive: KeepAliveOpt = None,
-    preload: Annotated[
-        list[str] | None, typer.Option("--preload", help="Load this model at start (repeatable).")
-    ] = None,
-    log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
-    prompt_cache_mib: Annotated[
-        int | None,
-        typer.Option(help="Prompt-state cache per generating model, in MiB (0: off)."),
-    ] = None,
-    runner_stall: Annotated[
-        float | None,
-        typer.Option(help="Kill a runner that sends no heartbeat for this many seconds."),
-    ] = None,
-    http: Annotated[
-        str | None,
-        typer.Option(help='HTTP front door (Ollama, OpenAI, Anthropic): "HOST:PORT" or "off".'),
-    ] = None,
-    parallel: Annotated[
-        int | None,
-        typer.Option(help="Requests one model decodes together (0: auto, 4 if memory allows)."),
-    ] = None,
-    kv_cache_type: KvOpt = None,
-    gpu_layers: GpuOpt = None,
-) -> None:
-    """Run the daemon in the foreground (stop it with Ctrl-C, SIGTERM or modeld stop)."""
-    from modeld.daemon import server as daemon
-
-    settings = _settings(
-        socket=socket,
-        memory_fraction=memory_fraction,
-        memory_cap_bytes=memory_cap,
-        max_models=max_models,
-        keep_alive=keep_alive,
-        log_level=log_level,
-        prompt_cache_mib=prompt_cache_mib,
-        runner_stall_s=runner_stall,
-        http=http,
-        parallel=parallel,
-        kv_cache_type=kv_cache_type,
-        gpu_layers=gpu_layers,
-    )
-    if preload:
-        from modeld.cli.autostart import preload_in_background
-
-        preload_in_background(settings, preload)
-    raise typer.Exit(daemon.serve(settings))
-
-
-@app.command()
-def stop(json_out: JsonOpt = False) -> None:
-    """Stop the running daemon (models are unloaded, in-flight requests are told)."""
-    from modeld.cli import render
-
-    reply = _client().shutdown()
-    if json_out:
-        render.emit_json("stop", {"stopped": True, **reply})
-    else:
-        render.message("modeld: daemon stopping")
+app.command()(serve)  # defined in cli/servecmd.py (this module's size)
+app.command()(stop)
 
 
 # ---------------------------------------------------------------------- run / embed

@@ -179,9 +179,10 @@ class ForkServer:
         system, and the next fork starts it again. True if it stopped now."""
         if not self.alive or not self.ready or time.monotonic() - self.last_used < idle_s:
             return False
+        pid = self.pid
         self.stop()
-        log.info("runner fork server stopped after %.0f s without a fork; the next runner"
-                 " starts it again", idle_s)  # fmt: skip
+        log.info("runner fork server (pid %d) stopped after %.0f s without a fork; the next"
+                 " runner starts it again", pid, idle_s)  # fmt: skip
         return True
 
     def _read(self, timeout: float) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, placement, planning, protocol, runnerwire
+from modeld import paths, protocol, runnerwire
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import workercheck
@@ -483,61 +483,6 @@ class Scheduler:
             slot = self.slots.get(entry.key)
             if slot is None or self.dispatch.idle(slot):
                 self.evict(entry.key, EvictionReason.KEEP_ALIVE)
-
-    # ------------------------------------------------------------------ views: the service's
-    # read API (what ps, show, stats and unload need, without reaching into the parts)
-
-    def ps(self) -> dict[str, Any]:
-        """The ``ps`` reply body: the rows and the budget."""
-        return {
-            "models": self.ps_rows(),
-            "budget_bytes": self.cache.budget_bytes,
-            "used_bytes": self.cache.used_bytes(),
-            "max_models": self.cache.max_models,
-        }
-
-    def stats(self) -> dict[str, Any]:
-        """The scheduler's part of ``stats``: the cache's counters, runners and requests."""
-        backend, devices = self.admission.devices()  # reads the cards: before the cache's stats
-        stats: dict[str, Any] = dict(self.cache.stats())
-        stats.update(
-            backend=backend,  # the runners' llama.cpp: CUDA or CPU (rpc_supported: RPC too)
-            devices=devices,
-            runner_baseline_bytes=self.baseline,
-            spare_runner=self.spare is not None,
-            fork_server_pid=self.sup.fork_server_pid(),
-            # llama.cpp's RPC backend built in (a runner's hello says; None: none said yet)
-            rpc_supported=self.pool.rpc_supported,
-            rpc_leases={lease.endpoint: lease.model for lease in self.admission.leases.all()},
-            in_flight=len(self.jobs),
-            waiting=self.admission.queued(),
-        )
-        return stats
-
-    def show(self, key: ModelKey, name: str, n_ctx: int | None) -> dict[str, Any]:
-        """``show``'s document planned against the live cache, with the loaded row if any."""
-        slot = self.slots.get(key)
-        out = planning.show_data(
-            self.model_info(key), key, name, self.cache, self.baseline, self.settings, n_ctx,
-            None if slot is None else (slot.parallel, slot.parallel_reason),
-            self.admission.where(key, name, []),
-            None if slot is None else slot.mmproj or "",  # what it loaded with (load --mmproj)
-        )  # fmt: skip
-        if slot is not None and out.get("plan") == "loaded":
-            out["placement"] = placement.describe(slot.placement, slot.kv_type)
-            if slot.rpc:
-                out["placement"]["backend"] = "RPC"
-        out["backend"], out["devices"] = self.admission.devices()  # the daemon's
-        out["loaded"] = self.row(key) if slot is not None else None
-        return out
-
-    def loaded(self) -> dict[ModelKey, str]:
-        """The models loaded or loading, with the names they were asked for."""
-        return {key: slot.name for key, slot in self.slots.items()}
-
-    def clients_waiting(self) -> set[bytes]:
-        """Clients with requests in flight that have not gone away."""
-        return {job.client for job in self.jobs.values() if not job.client_gone}
 
     def forget_failure(self, key: ModelKey) -> None:
         self.cache.clear_failure(key)

@@ -22,6 +22,7 @@ import zmq
 from modeld import __version__, memory, protocol, replyflow
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
+from modeld.daemon import views
 from modeld.daemon.builds import Build, Builds
 from modeld.daemon.jobs import (
     Job,
@@ -148,7 +149,7 @@ class Service:
         connection is gone (a SIGKILLed CLI), so each client with requests gets a ``probe``
         message, which clients skip (its id is no request's), and a refused one is cancelled
         like any vanished client."""
-        for client in self.sched.clients_waiting():
+        for client in views.clients_waiting(self.sched):
             if not self._send(client, PROBE):
                 log.info("a client with requests in flight went away; cancelling them")
                 self.sched.client_gone(client)
@@ -211,7 +212,7 @@ class Service:
                 ),
             )
         elif t == "ps":
-            reply(client, protocol.done(msg.id, **self.sched.ps()))
+            reply(client, protocol.done(msg.id, **views.ps(self.sched)))
         elif t == "stats":
             reply(client, protocol.done(msg.id, **self._stats()))
         elif t == "shutdown":
@@ -308,7 +309,7 @@ class Service:
                 details={"model": name})  # fmt: skip
 
     def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
-        keys = list(self.sched.loaded()) if req.all else self._loaded_keys(req.model, req.mode)
+        keys = list(views.loaded(self.sched)) if req.all else self._loaded_keys(req.model, req.mode)
         now, later = self.sched.unload(keys)
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
 
@@ -325,7 +326,7 @@ class Service:
         except ModelNotFoundError:
             if ref is None:
                 raise
-        loaded = self.sched.loaded()
+        loaded = views.loaded(self.sched)
         keys = [
             k for k, name in loaded.items()
             if (k.path == path or name == ref or registry.model_stem(Path(k.path)) == ref)
@@ -341,10 +342,10 @@ class Service:
 
     def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
-        return self.sched.show(key, name, req.n_ctx)
+        return views.show(self.sched, key, name, req.n_ctx)
 
     def _stats(self) -> dict[str, Any]:
-        stats = self.sched.stats()
+        stats = views.stats(self.sched)
         stats.update(
             uptime_s=self._clock() - self.started,
             pid=os.getpid(),

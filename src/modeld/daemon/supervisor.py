@@ -116,7 +116,7 @@ class Supervisor:
         return runner
 
     def _runner_args(self, rid: str, load_log: Path) -> list[str]:
-        """The runner's arguments, whichever way it starts (:func:`modeld.runner.process.main`)."""
+        """The runner's arguments, whichever way it starts (:func:`modeld.runner.main.main`)."""
         return ["--endpoint", self.endpoint, "--id", rid, "--parent-pid", str(os.getpid()),
                 "--load-log", str(load_log)]  # fmt: skip
 

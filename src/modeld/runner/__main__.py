@@ -1,4 +1,4 @@
-"""``python -m modeld.runner``: see :mod:`modeld.runner.process`."""
+"""``python -m modeld.runner``: see :mod:`modeld.runner.main`."""
 
 import sys
 
@@ -6,6 +6,6 @@ import sys
 # dies on its first message (SIGSEGV in libstdc++; seen on an H200 machine, pyzmq 27.3).
 import zmq  # noqa: F401
 
-from modeld.runner.process import main
+from modeld.runner.main import main
 
 sys.exit(main())

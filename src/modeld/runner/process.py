@@ -14,14 +14,9 @@ It exits on ``shutdown`` and when its parent (the daemon) dies, so runners never
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import functools
 import gc
 import logging
 import os
-import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -31,7 +26,6 @@ import llama_cpp
 import llama_cpp._internals
 import llama_cpp.llama
 import zmq
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from modeld import ggmlrpc, memory, probe, rpcplan
 from modeld import runnerwire as rp
@@ -47,12 +41,12 @@ from modeld.replies import RunnerHello
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine, context_exceeded
 from modeld.runner.generation import PromptState
-from modeld.runner.llamalog import install_llama_logging, llama_logger
 from modeld.runner.prepare import TokenBound
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
+from modeld.runner.template import render_template
 from modeld.runner.textstream import pool_and_normalize
-from modeld.runner.transport import Interrupted, RunnerServer, connect, heartbeats
+from modeld.runner.transport import Interrupted, RunnerServer
 from modeld.runner.vision import Vision, image_prompt
 
 log = logging.getLogger("modeld.runner")
@@ -129,6 +123,8 @@ class Runner(RunnerServer):
     # ---------------------------------------------------------------- load
 
     def handle_load(self, msg: dict[str, Any]) -> None:
+        """Open the model, set up what it serves with, warm it, take over a handoff, report.
+        Each step that fails has sent its ``load_failed`` and left nothing loaded."""
         spec = specs.parse_load(msg)
         if self.llm is not None:
             log.info("replacing the loaded model")
@@ -149,6 +145,24 @@ class Runner(RunnerServer):
         t0 = time.perf_counter()
         llamalog.capture_start(self.load_log)
         try:
+            llm = self._open(spec)
+        finally:
+            load_log = llamalog.capture_stop()
+        load_s = time.perf_counter() - t0
+        if llm is None or not self._configure(llm, spec):
+            return
+        t1 = time.perf_counter()
+        if spec.warm_up:
+            self.warm_up()
+        warmup_s = time.perf_counter() - t1
+        if spec.handoff and self.engine is not None:
+            self._take_over(spec.handoff, spec.handoff_pid)
+        self._report_loaded(llm, spec, load_log, load_s, warmup_s)
+
+    def _open(self, spec: specs.LoadSpec) -> llama_cpp.Llama | None:
+        """llama.cpp's model and context for ``spec``, or None (said) when it cannot load or
+        is the wrong kind for the mode."""
+        try:
             llm = llamaopen.open_llama(spec, min(spec.n_batch, spec.n_ctx))
             pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
             if spec.mode != "generate" and pooled and llm.n_batch < spec.n_ctx:
@@ -167,10 +181,7 @@ class Runner(RunnerServer):
                     "re-download it, or check 'modeld show' and the runner log for details",
                 )
             )
-            return
-        finally:
-            load_log = llamalog.capture_stop()
-        load_s = time.perf_counter() - t0
+            return None
         if (spec.mode == "rerank") != rank.is_reranker(llm):
             llm.close()
             kind = "a reranker" if spec.mode != "rerank" else "not a reranker (no rank pooling)"
@@ -178,7 +189,13 @@ class Runner(RunnerServer):
                 ErrorCode.INVALID_MODEL, f"{spec.path} is {kind}: it cannot be loaded to "
                 f"{spec.mode}", "rerank with a reranker GGUF; use a reranker only to rerank",
             ))  # fmt: skip
-            return
+            return None
+        return llm
+
+    def _configure(self, llm: llama_cpp.Llama, spec: specs.LoadSpec) -> bool:
+        """Make ``llm`` this runner's: its template and chat format, its projector, and for a
+        generating model the sequences, batch engine and prompt cache. False (said, closed)
+        when the chat format or the projector is refused."""
         self.llm, self.mode, self.threads = llm, spec.mode, spec.n_threads
         meta = llm.metadata
         self.template = meta.get("tokenizer.chat_template") or None
@@ -191,17 +208,12 @@ class Runner(RunnerServer):
                 spec.chat_format,
                 instruction_tuned=chat.is_instruction_tuned(meta),
             )
-        except InvalidRequestError as exc:
+            if spec.mmproj is not None and spec.mode == "generate":
+                self.vision = Vision.open(spec.mmproj, llm, spec.n_threads)
+        except (InvalidRequestError, InvalidModelError) as exc:
             self._close()
             self.send(rp.load_failed(exc.code, exc.message, exc.hint))
-            return
-        if spec.mmproj is not None and spec.mode == "generate":
-            try:
-                self.vision = Vision.open(spec.mmproj, llm, spec.n_threads)
-            except InvalidModelError as exc:
-                self._close()
-                self.send(rp.load_failed(exc.code, exc.message, exc.hint))
-                return
+            return False
         if spec.mode == "generate":
             store = SnapshotStore(spec.prompt_cache_mib * MiB)
             n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
@@ -218,12 +230,11 @@ class Runner(RunnerServer):
                 restored = self.state.persist(Path(spec.prompt_cache_dir), spec.path)
                 if restored:
                     log.info("prompt cache: %d snapshot(s) restored from disk", restored)
-        t1 = time.perf_counter()
-        if spec.warm_up:
-            self.warm_up()
-        warmup_s = time.perf_counter() - t1
-        if spec.handoff and self.engine is not None:
-            self._take_over(spec.handoff, spec.handoff_pid)
+        return True
+
+    def _report_loaded(self, llm: llama_cpp.Llama, spec: specs.LoadSpec, load_log: list[str],
+                       load_s: float, warmup_s: float) -> None:
+        """Tell the daemon what was loaded: its context, sequences, memory and placement."""
         memory = probe.own_memory(gpu=True)
         parallel = len(self.engine.states) if self.engine is not None else 1
         self.send(
@@ -241,7 +252,7 @@ class Runner(RunnerServer):
                 memory=memory,
                 footprint=_minus(memory, self.baseline),
                 mode=spec.mode,
-                architecture=meta.get("general.architecture", ""),
+                architecture=llm.metadata.get("general.architecture", ""),
                 has_chat_template=self.template is not None,
                 vision=self.vision is not None,
                 **(rpcload.with_plan(ggmlrpc.load_report(load_log), self.rpc_plan)
@@ -473,87 +484,8 @@ class Runner(RunnerServer):
                               reusable=not llamaopen.turned_off_here()))
 
 
-def render_template(
-    template: str, messages: Sequence[Mapping[str, Any]], bos_token: str, eos_token: str,
-    **template_vars: Any,
-) -> str:
-    """Render a GGUF chat template with llama-cpp-python's sandboxed Jinja formatter (the same
-    HF-style environment its own chat handler uses); template errors are request errors."""
-    formatter = _formatter(template, eos_token, bos_token)
-    try:
-        chat_messages: Any = [dict(m) for m in messages]
-        result = formatter(messages=chat_messages, **template_vars)
-    except Exception as exc:  # Jinja errors and the template's own raise_exception()
-        raise InvalidRequestError(
-            f"the model's chat template could not format these messages: {exc}",
-            hint="check the roles and their order, or send a raw prompt",
-        ) from exc
-    return str(result.prompt)
-
-
-@functools.lru_cache(maxsize=4)
-def _formatter(template: str, eos_token: str, bos_token: str) -> Jinja2ChatFormatter:
-    """Compiled once per model, not per request."""
-    return Jinja2ChatFormatter(template=template, eos_token=eos_token, bos_token=bos_token)
-
-
 def _token_text(llm: llama_cpp.Llama, token: int) -> str:
     if token < 0:
         return ""
     raw = llama_cpp.llama_vocab_get_text(llm._model.vocab, token)
     return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw or "")
-
-
-# --------------------------------------------------------------------------- entry point
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m modeld.runner", description=__doc__)
-    p.add_argument("--endpoint", required=True, help="the daemon's runner ROUTER endpoint")
-    p.add_argument("--id", required=True, dest="runner_id", help="this runner's identity")
-    p.add_argument("--log-level", default=os.environ.get("MODELD_LOG_LEVEL", "INFO"))
-    p.add_argument("--parent-pid", type=int, help="the daemon's pid (default: the parent's)")
-    p.add_argument("--load-log", help="file for llama.cpp's lines of each load (crash report)")
-    return p.parse_args(argv)
-
-
-def init_native() -> list[dict[str, Any]]:
-    """Initialise llama.cpp's backends and list their devices while this process runs one
-    thread, before NVML, ZeroMQ's I/O threads or the heartbeat thread exist: the order of a
-    plain ``Llama(...)`` process, the one a CUDA build was seen to load in. (Initialised later,
-    from the first load or the hello's RPC check, every runner of a CUDA build died with
-    SIGSEGV: issue 34; scripts/gpu-check.sh bisects these steps on a card.)"""
-    llama_cpp.llama_backend_init()
-    return ggmlrpc.devices(memory=False)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run a runner until shutdown or parent death; the exit code is 0 on a clean stop."""
-    args = _parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        stream=sys.stderr,
-        format=f"%(asctime)s runner[{args.runner_id}] %(name)s %(levelname)s %(message)s",
-    )
-    # The daemon stops runners with 'shutdown'; a Ctrl-C sent to the terminal's process group
-    # must not kill a generation half-way (if the daemon itself dies, the parent check exits).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # llama.cpp's info lines (hundreds per load) only at debug level; warnings always.
-    debug = logging.getLogger().getEffectiveLevel() <= logging.DEBUG
-    llama_logger.setLevel(logging.DEBUG if debug else logging.WARNING)
-    install_llama_logging()
-    faulthandler.enable()  # a native crash leaves the Python stack in the runner log
-    # CUDA's device numbers in NVML's (PCI) order: the daemon plans each card by NVML's figures
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    devices = init_native()
-    # Given by the daemon: a runner started just as the daemon died would otherwise take its
-    # new parent (init, pid 1) for the daemon and never exit (seen as orphans after tests).
-    parent = args.parent_pid or os.getppid()
-    with (connect(args.endpoint, args.runner_id) as sock,
-          heartbeats(sock.context, args.endpoint, args.runner_id)):
-        runner = Runner(sock, args.runner_id, parent, devices, args.load_log)
-        return runner.serve(runner.hello())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -58,7 +58,7 @@ def serve(requests: int, replies: int) -> None:
     try:
         _detach(keep=(requests, replies))
         _leave_out_unused_imports()
-        from modeld.runner import process  # noqa: F401  (llama_cpp, numpy, jinja2, ...)
+        from modeld.runner import main  # noqa: F401  (llama_cpp, numpy, jinja2, ...)
 
         gc.collect()
         gc.freeze()  # the imported objects stay in shared pages: collections never touch them
@@ -160,7 +160,7 @@ def _become_runner(req: dict[str, Any], daemon: int, closing: tuple[int, ...]) -
             print(f"runner not re-parented to the daemon (pid {daemon}); exiting", file=sys.stderr)
             os._exit(1)
         set_title(f"modeld.runner --id {req['id']}")
-        from modeld.runner.process import main
+        from modeld.runner.main import main
 
         code = main([str(a) for a in req["argv"]])
     except SystemExit as exc:
