@@ -81,11 +81,13 @@ def stream(port: int, body: dict[str, Any]) -> dict[str, Any]:
         if not line.startswith(b"data: "):
             continue
         event = json.loads(line[6:])
-        if event["type"] == "content_block_delta":
+        if event["type"] == "message_start":  # llama-server counts the prompt only here
+            usage = dict(event["message"].get("usage") or {})
+        elif event["type"] == "content_block_delta":
             ttft = ttft if ttft is not None else time.perf_counter() - started
             text.append(event["delta"].get("text", ""))
         elif event["type"] == "message_delta":
-            usage = event["usage"]
+            usage = {**usage, **event["usage"]}
             ttft = ttft if ttft is not None else time.perf_counter() - started
     conn.close()
     return {"ttft_s": ttft, "text": "".join(text), "usage": usage}

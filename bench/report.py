@@ -27,7 +27,7 @@ from sections import agent_session, cli_floor, gpu, heavy, kv_cache_type, rpc, t
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
-         "agent_session", "kv_cache_type", "gpu", "chaos",
+         "agent_session", "agent_session_peer", "kv_cache_type", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
          "cluster", "heavy", "vision")  # fmt: skip
 
@@ -442,7 +442,8 @@ def _agent(doc: dict[str, Any]) -> list[str]:
 _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix_reuse": _prefix,
            "trace": _trace, "footprint": _footprint, "cli_startup": _cli, "concurrency": _conc,
            "chaos": _chaos, "http_api": _http, "structured": _structured,
-           "agent_turns": _agent, "agent_session": agent_session, "parallel": _parallel,
+           "agent_turns": _agent, "agent_session": agent_session,
+           "agent_session_peer": sections.agent_session_peer, "parallel": _parallel,
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
            "heavy": heavy, "vision": sections.vision,

@@ -12,6 +12,7 @@ from bench/peer.py),
 pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.cpp RPC workers).
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
 agent_session (its own daemons: a 10-turn session that outgrows its context),
+agent_session_peer (a shorter session: modeld vs llama-server --jinja, bench/peer.py),
 kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured),
 vision (its own daemon beside llama-server --mmproj: a 1-image question, the repeated image).
 """
@@ -33,8 +34,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "kv_cache_type", "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull",
-       "rpc", "heavy", "vision")
+       "agent_session_peer", "kv_cache_type", "parallel", "parallel_sampled", "tree_memory",
+       "cli_floor", "pull", "rpc", "heavy", "vision")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -115,6 +116,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_session
 
         _record(ctx, "agent_session", b_session.agent_session)
+    if "agent_session_peer" in names and not ctx.smoke:  # beside llama-server (bench/peer.py)
+        import b_session
+
+        _record(ctx, "agent_session_peer", b_session.agent_session_peer)
     if "kv_cache_type" in names:  # its own daemon, the prompt cache off
         import b_kvtype
 

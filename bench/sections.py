@@ -93,23 +93,35 @@ def rpc(doc: dict[str, Any]) -> list[str]:
     return rows
 
 
-def agent_session(doc: dict[str, Any]) -> list[str]:
-    """Per turn, the session with the handoff and the control without (b_session.py)."""
-    carried, control = doc.get("carried") or {}, doc.get("control") or {}
-    rows = ["| turn | prompt tokens | evaluated | from the cache | TTFT s | n_ctx after | "
-            "control: evaluated | control: TTFT s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    other = {t["turn"]: t for t in control.get("turns", [])}
-    for t in carried.get("turns", []):
+def _two_sessions(first: dict[str, Any], second: dict[str, Any], names: tuple[str, str],
+                  head: str) -> list[str]:
+    """Per turn, two runs of one session side by side, then each run's totals."""
+    rows = [f"| turn | prompt tokens | evaluated | from the cache | TTFT s | n_ctx after | "
+            f"{head}: evaluated | {head}: TTFT s |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    other = {t["turn"]: t for t in second.get("turns", [])}
+    for t in first.get("turns", []):
         o = other.get(t["turn"], {})
         rows.append(f"| {t['turn']} | {t['prompt_tokens']} | {t['evaluated']} | {t['cached']} | "
                     f"{t['ttft_s']:.2f} | {t['n_ctx']} | {o.get('evaluated', '-')} | "
                     + (f"{o['ttft_s']:.2f} |" if "ttft_s" in o else "- |"))
-    for name, part in (("handoff", carried), ("control (prompt cache off)", control)):
+    for name, part in zip(names, (first, second), strict=True):
         if part:
             rows.append(f"| **{name}** | final {part['final_prompt']} | "
                         f"**{part['evaluated_total']}** ({part['ratio']:.3f} x) | | "
                         f"session {part['total_s']:.0f} s | reloads {part['reloads']} | | |")
     return rows
+
+
+def agent_session(doc: dict[str, Any]) -> list[str]:
+    """Per turn, the session with the handoff and the control without (b_session.py)."""
+    return _two_sessions(doc.get("carried") or {}, doc.get("control") or {},
+                         ("handoff", "control (prompt cache off)"), "control")
+
+
+def agent_session_peer(doc: dict[str, Any]) -> list[str]:
+    """Per turn, modeld beside llama-server --jinja on the same session (b_session.py)."""
+    return _two_sessions(doc.get("modeld") or {}, doc.get("llama_server") or {},
+                         ("modeld", "llama-server --jinja"), "llama-server")
 
 
 def heavy(doc: dict[str, Any]) -> list[str]:

@@ -77,3 +77,39 @@ def test_a_handoff_nobody_writes_ends_the_wait_when_its_writer_is_gone(tmp_path:
     os.utime(old, (1, 1))
     handoff.prune_stale(tmp_path)
     assert not old.exists() and handoff.manifest(prefix).exists()  # only the stale one went
+
+
+@pytest.mark.parametrize("grow", [True, False])
+def test_a_reply_that_does_not_come_back_still_reuses_the_previous_prompt(
+    daemon_factory: Factory, model_factory: Factory, grow: bool
+) -> None:
+    """A sliding-window model's cells can only be cut back to within a window of their end, so
+    when the next prompt does not repeat the previous reply's tokens (an agent's history
+    re-tokenized otherwise) the live cells give nothing; the snapshot of the previous prompt
+    still does, in the same runner and, carried by the handoff, after a growth."""
+    model = str(model_factory("gemma3", **ggufgen.SWA))  # a 64-token window
+    d = daemon_factory()
+    c = d.client()
+    c.load(model, n_ctx=1024 if grow else 2048, parallel=1)
+    first = WORDS * 20  # past the window and the batch llama.cpp adds to it: cells are reused
+    # The window's cells live in a ring of 768 (64 + a 512-token batch, padded to 256): after
+    # a growth only the last 64 positions' cells are restored, so any reply leaves the first
+    # prompt's end uncuttable; in the same runner a reply past 704 tokens does.
+    reply_tokens = 24 if grow else 720
+    sampled = dict(raw=True, temperature=0.8, seed=7)
+    gen = c.generate(model, first, max_tokens=reply_tokens, **sampled)
+    reply = gen.text()
+    assert gen.done is not None and gen.done["usage"]["completion_tokens"] == reply_tokens
+    n_first = gen.done["usage"]["prompt_tokens"]
+    assert 900 < n_first < 990
+    second = first + "\nstones " * 80
+    assert not second.startswith(first + reply)
+    gen = c.generate(model, second, max_tokens=8, **sampled)
+    gen.text()
+    assert gen.done is not None
+    usage = gen.done["usage"]
+    assert usage["prompt_tokens"] > 1024
+    assert usage["prompt_tokens_reused"] == n_first, usage
+    assert gen.done["n_ctx"] == 2048
+    logs = "".join(p.read_text() for p in d.log_dir.glob("runner-*.log"))
+    assert ("1 snapshot(s) added" in logs) == grow

@@ -1,6 +1,7 @@
 """Honest stops and early bytes on the agent APIs (issue 36), against a real daemon.
 
-A reply that runs into the end of the loaded context says so (Anthropic's
+A reply that runs into the end of the context it can have (here its model's training context:
+one that can grow goes on, tests/test_grow_reply.py) says so (Anthropic's
 ``model_context_window_exceeded``, OpenAI's ``length`` with ``length_reason``, Responses'
 ``incomplete`` in the response and its last item alike); one cut by its own limit still says
 ``max_tokens``. A stream whose first token is long in coming sends its headers, its opening
@@ -23,6 +24,7 @@ from modeld.http import ticks
 
 Factory = Callable[..., Any]
 LONG = dict(ggufgen.TINY_CHAT, context_length=65536)
+SHORT = dict(ggufgen.TINY_CHAT, context_length=256)  # a reply cannot grow past it
 ASK = [{"role": "user", "content": "Count on and on."}]
 
 
@@ -30,29 +32,30 @@ ASK = [{"role": "user", "content": "Count on and on."}]
 def agent(daemon_factory: Factory, model_factory: Factory) -> Iterator[Agent]:
     a = start(daemon_factory)
     (a.d.root / "models").mkdir(exist_ok=True)
-    (a.d.root / "models" / "tiny.gguf").write_bytes(Path(model_factory(
-        "llama", **LONG)).read_bytes())
+    for name, shape in (("tiny", LONG), ("short", SHORT)):
+        (a.d.root / "models" / f"{name}.gguf").write_bytes(Path(model_factory(
+            "llama", **shape)).read_bytes())
     yield a
 
 
 def test_a_full_context_is_not_called_max_tokens(agent: Agent) -> None:
-    agent.d.client().load("tiny", n_ctx=256, parallel=1)
-    full = agent.anthropic.messages.create(model="tiny", max_tokens=32000, messages=ASK,
+    agent.d.client().load("short", n_ctx=256, parallel=1)
+    full = agent.anthropic.messages.create(model="short", max_tokens=32000, messages=ASK,
                                            extra_body=GREEDY)  # type: ignore[arg-type]
     assert full.stop_reason == "model_context_window_exceeded"
     used = full.usage.input_tokens + (full.usage.cache_read_input_tokens or 0)
     assert used + full.usage.output_tokens >= 254  # it did run to the end of the 256 cells
-    short = agent.anthropic.messages.create(model="tiny", max_tokens=5, messages=ASK,
+    short = agent.anthropic.messages.create(model="short", max_tokens=5, messages=ASK,
                                             extra_body=GREEDY)  # type: ignore[arg-type]
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 5
 
     chat = httpx.post(f"{agent.base}/v1/chat/completions", timeout=120, json={
-        "model": "tiny", "messages": ASK, **GREEDY}).json()["choices"][0]
+        "model": "short", "messages": ASK, **GREEDY}).json()["choices"][0]
     assert chat["finish_reason"] == "length" and chat["length_reason"] == "context_window"
     limited = httpx.post(f"{agent.base}/v1/chat/completions", timeout=120, json={
-        "model": "tiny", "messages": ASK, "max_tokens": 4, **GREEDY}).json()["choices"][0]
+        "model": "short", "messages": ASK, "max_tokens": 4, **GREEDY}).json()["choices"][0]
     assert limited["finish_reason"] == "length" and limited["length_reason"] == "max_tokens"
-    with agent.openai.chat.completions.create(model="tiny", messages=ASK, stream=True,
+    with agent.openai.chat.completions.create(model="short", messages=ASK, stream=True,
                                               temperature=0) as s:  # type: ignore[arg-type]
         last = [c for c in s][-1].choices[0]
     assert last.finish_reason == "length" and last.model_extra == {
@@ -60,19 +63,19 @@ def test_a_full_context_is_not_called_max_tokens(agent: Agent) -> None:
 
 
 def test_responses_incomplete_agrees_with_its_message(agent: Agent) -> None:
-    agent.d.client().load("tiny", n_ctx=256, parallel=1)
-    whole = agent.openai.responses.create(model="tiny", input="Count on and on.",
+    agent.d.client().load("short", n_ctx=256, parallel=1)
+    whole = agent.openai.responses.create(model="short", input="Count on and on.",
                                           temperature=0)
     assert whole.status == "incomplete" and whole.incomplete_details is not None
     assert whole.incomplete_details.reason == "context_window"  # type: ignore[comparison-overlap]
     assert [i.status for i in whole.output if i.type == "message"] == ["incomplete"]
-    cut = agent.openai.responses.create(model="tiny", input="Count on and on.",
+    cut = agent.openai.responses.create(model="short", input="Count on and on.",
                                         temperature=0, max_output_tokens=16)
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens"
     assert [i.status for i in cut.output if i.type == "message"] == ["incomplete"]
     done = []
-    with agent.openai.responses.stream(model="tiny", input="Count on and on.",
+    with agent.openai.responses.stream(model="short", input="Count on and on.",
                                        temperature=0) as s:
         for ev in s:
             if ev.type == "response.output_item.done":

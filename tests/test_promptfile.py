@@ -13,7 +13,7 @@ ID = {"path": "/m.gguf", "size": 10, "mtime_ns": 1, "n_ctx": 512}
 
 def _snap(tokens: tuple[int, ...], fill: int) -> Snapshot:
     return Snapshot(tokens, bytearray([fill]) * 40, 40, bytearray([fill + 1]) * 16, 16,
-                    stable=len(tokens), logits_stable=True)
+                    stable=len(tokens), logits_stable=True, cut_min=len(tokens) - 1)
 
 
 def _load(directory: Path, identity: dict[str, object]) -> list[Snapshot]:
@@ -27,6 +27,7 @@ def test_round_trip_keeps_order_tokens_and_buffers(tmp_path: Path) -> None:
     assert [s.tokens for s in back] == [(1, 2, 3), (1, 5)]
     assert bytes(back[1].state) == bytes([9]) * 40 and bytes(back[1].logits) == bytes([10]) * 16
     assert back[0].stable == 3 and back[0].logits_stable and back[0].nbytes == snaps[0].nbytes
+    assert [s.cut_min for s in back] == [2, 1]
 
 
 def test_files_are_private_to_the_user(tmp_path: Path) -> None:

@@ -162,3 +162,17 @@ def test_a_fresh_evaluation_with_an_image_is_stable_piece_by_piece() -> None:
     assert pp.logits_stable(before, todo[-1], 14, C, spans)
     # fast pieces that run across a boundary do not count
     assert pp.stable_after(10, (10, 14), C, spans) == 10
+
+
+def test_a_state_that_cannot_be_cut_there_keeps_nothing_and_a_snapshot_wins() -> None:
+    # the live cells: the previous prompt (0..7) and a reply (100, 101) the next prompt does not
+    # repeat; a sliding-window cache can cut them no shorter than 9
+    live = Cached([*seq(8), 100, 101], stable=0, cut_min=9)
+    prompt = [*seq(8), 50, 51, 52]
+    assert pp.usable(live, prompt, False, C) == 0
+    assert pp.plan(prompt, live, [], False, C) == Plan(source=-1, keep=0)
+    snap = Cached(seq(8), stable=0, has_logits=True, cut_min=7)  # the previous prompt
+    assert pp.plan(prompt, live, [snap], False, C) == Plan(source=0, keep=8)  # no cut needed
+    # a cut at or past cut_min, or none at all, is fine
+    assert pp.usable(Cached([*seq(8), 100, 101], stable=0, cut_min=8), prompt, False, C) == 8
+    assert pp.usable(Cached(seq(8), stable=0, cut_min=99), prompt, False, C) == 8

@@ -249,6 +249,7 @@ class RunnerGenerateDone(TypedDict):
     tool_calls: NotRequired[list[ToolCallDone]]
     stop_sequence: NotRequired[str]
     length_reason: NotRequired[str]  # "max_tokens" | "context_window" (finish "length")
+    resume: NotRequired[list[int]]  # the tokens so far: continue in a larger context
 
 
 class RunnerEmbedDone(TypedDict):

@@ -260,7 +260,9 @@ def generate(
     runner); ``tools``/``tool_choice``/``think``/``count_only`` as in the client protocol
     (``count_only``: reply with the prompt's token count, evaluating nothing; ``stream`` false:
     the client reads the reply whole, so its text comes in fewer chunks); ``options``:
-    sampling fields that override ``sampling``'s (``max_tokens=16``)."""
+    sampling fields that override ``sampling``'s (``max_tokens=16``). The daemon adds
+    ``grow`` and ``resume`` when it sends one (a reply that outgrows its context:
+    runner/resume.py)."""
     if options:
         overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
                                      for k, v in options.items()}  # fmt: skip
@@ -387,6 +389,7 @@ def done_generate(
     tool_calls: Sequence[ToolCallDone] = (),
     stop_sequence: str | None = None,
     length_reason: str | None = None,
+    resume: Sequence[int] = (),
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
@@ -394,6 +397,8 @@ def done_generate(
     ``memory`` (optional): the runner's memory measured right after, so the daemon's accounting
     follows growth (buffers allocated on first use of a long context). ``length_reason`` (with
     ``length``): ``max_tokens`` reached, or ``context_window`` (the sequence's cells ran out).
+    ``resume`` (with ``context_window``, when the request allowed ``grow``): the tokens written
+    so far; the daemon continues the reply in a larger context (runner/resume.py).
     """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
     msg: RunnerGenerateDone = {
@@ -420,6 +425,8 @@ def done_generate(
         msg["stop_sequence"] = stop_sequence
     if length_reason is not None:
         msg["length_reason"] = length_reason
+    if resume:
+        msg["resume"] = list(resume)
     return msg
 
 

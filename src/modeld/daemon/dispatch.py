@@ -17,7 +17,7 @@ from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKe
 from modeld.config import Settings
 from modeld.daemon import crashinfo, workercheck
 from modeld.daemon.decisions import AnswerLoad, Reload
-from modeld.daemon.jobs import Asked, Job, Send, Slot, done_body
+from modeld.daemon.jobs import Asked, Job, Send, Slot, done_body, joined
 from modeld.daemon.leases import RpcLeases, leased_error
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
@@ -110,6 +110,8 @@ class Dispatch:
             job.runner_rid = f"q{self._seq}"
             slot.active[job.runner_rid] = job
             msg = dict(job.payload, rid=job.runner_rid, n_threads=self.threads_for_request())
+            if job.kind == "generate" and msg.get("grow") is not False:
+                msg["grow"] = entry.n_ctx < ctx.cap_at_training(1 << 24, slot.info.context_length)
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
 
@@ -257,10 +259,20 @@ class Dispatch:
             self.finish(job, err)
         slot.queue.clear()
 
-    def done(self, slot: Slot, job: Job, msg: dict[str, Any], now: float) -> None:
+    def done(self, slot: Slot, job: Job, msg: dict[str, Any], now: float,
+             baseline: int = 0) -> None:
         """The runner finished ``job``: count its tokens and the runner's peak memory, free
-        its sequence and reply with the ``done`` body."""
+        its sequence and reply with the ``done`` body; a reply that stopped for a larger
+        context (``resume``) is queued again first instead (sized with ``baseline``)."""
         entry = self.cache.get(slot.key)
+        resume = msg.get("resume")
+        if isinstance(resume, list) and resume and entry is not None and not job.cancel_sent:
+            self._note_peak_memory(slot, msg.get("memory"))
+            self.release(slot, job)
+            self._continue(slot, job, msg, resume, entry.n_ctx, baseline)
+            return
+        if job.earlier is not None:
+            msg = joined(job.earlier, msg)
         body = done_body(slot, job, entry, msg, now)
         usage = body["usage"]
         self.cache.record_tokens(
@@ -321,6 +333,30 @@ class Dispatch:
         log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
         self.enqueue(slot, job, front=True)
         return True
+
+    def _continue(self, slot: Slot, job: Job, msg: dict[str, Any], resume: list[Any],
+                  loaded: int, baseline: int) -> None:
+        """Queue ``job`` again at the head to go on writing its reply (runner/resume.py): with
+        a larger context when one fits, else where it is, to end there (``grow`` false)."""
+        job.earlier = joined(job.earlier, msg) if job.earlier is not None else msg
+        written = len(resume)
+        prompt = int(msg.get("usage", {}).get("prompt_tokens", 0)) + written
+        try:
+            n_ctx = sizing.context_for_prompt(
+                slot.info, slot.name, slot.key, self.cache, baseline, self.settings, prompt,
+                max(1, int(job.payload.get("max_tokens", 256)) - written), slot.planned_parallel,
+                current=loaded,
+            )  # fmt: skip
+        except ContextExceededError as exc:
+            log.info("%s: a reply of %d tokens ends at n_ctx %d: %s", slot.name, written,
+                     loaded, exc.message)
+            n_ctx = loaded
+        grow = n_ctx > loaded
+        if grow:
+            job.n_ctx = n_ctx
+            log.info("%s: a reply of %d tokens goes on in n_ctx %d", slot.name, written, n_ctx)
+        job.payload = dict(job.payload, resume=resume, grow=grow)
+        self.enqueue(slot, job, front=True)
 
     def reply_error(self, job: Job, err: ModeldError) -> None:
         """Refuse a request that was never accepted (its id stays with the request using it)."""

@@ -61,6 +61,7 @@ class Job:
     rpc_check: Future[None] | None = None  # its workers asked HELLO before a reload onto them
     mmproj: str | None = None  # a load's own image projector ("": none; None: found)
     alone: bool = False  # greedy and deterministic: never batched with other sequences
+    earlier: dict[str, Any] | None = None  # the runner's done of the reply's part so far
     check: replycheck.ReplyCheck | None = None  # a reply held to a schema: validated when done
 
 
@@ -257,6 +258,28 @@ def done_body(
     if isinstance(msg.get("length_reason"), str):
         done["length_reason"] = msg["length_reason"]
     return done
+
+
+def joined(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
+    """One runner ``done`` for a reply written in parts (it grew its context in between): the
+    prompt as the first part evaluated it, the reply's tokens as the last part counts them
+    (all of them), the generation times added up."""
+    def part(msg: Mapping[str, Any], name: str) -> dict[str, Any]:
+        value = msg.get(name)
+        return dict(value) if isinstance(value, dict) else {}
+
+    first_usage, first_times = part(earlier, "usage"), part(earlier, "timings")
+    usage, timings = part(later, "usage"), part(later, "timings")
+    usage.update({k: first_usage[k] for k in ("prompt_tokens", "prompt_tokens_reused")
+                  if k in first_usage})  # fmt: skip
+    generation = float(first_times.get("generation_s", 0.0)) + float(
+        timings.get("generation_s", 0.0)) + float(timings.get("prompt_eval_s", 0.0))
+    timings.update(
+        prompt_eval_s=first_times.get("prompt_eval_s", 0.0), generation_s=generation,
+        tokens_per_s=int(usage.get("completion_tokens", 0)) / generation if generation else 0.0,
+        batched_max=max(int(first_times.get("batched_max", 1)), int(timings.get("batched_max", 1))),
+    )  # fmt: skip
+    return {**later, "usage": usage, "timings": timings}
 
 
 def add_gpu(out: PsRow, slot: Slot, entry: Entry) -> None:

@@ -360,7 +360,7 @@ class Scheduler:
             self._pump(slot)
 
     def _on_done(self, slot: Slot, job: Job, msg: dict[str, Any]) -> None:
-        self.dispatch.done(slot, job, msg, self._clock())
+        self.dispatch.done(slot, job, msg, self._clock(), self.baseline)
         self._after_release(slot)
         self._rebalance()
 

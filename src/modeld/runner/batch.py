@@ -28,7 +28,7 @@ import llama_cpp._internals
 from modeld import probe
 from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, ErrorCode, ModeldError
-from modeld.runner import microbatch, specs
+from modeld.runner import microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer
 from modeld.runner.prompting import PromptText
@@ -101,7 +101,7 @@ class BatchEngine:
             text = f"{type(exc).__name__}: {exc}"
             for stream in list(self.streams):
                 stream.state.failed()
-                self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
+                self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
             for spec, _ in self.waiting:
                 self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
             self.waiting.clear()
@@ -195,6 +195,7 @@ class BatchEngine:
                 return
             if len(tokens) >= self.n_ctx_seq:
                 raise context_exceeded(len(tokens), self.n_ctx_seq)
+            target = [*tokens, *spec.resume[:-1]]  # a resumed reply: what its cells held
             grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
         except ModeldError as exc:
             self.host.send(rp.error(spec.rid, exc.code, exc.message, exc.details, exc.hint))
@@ -205,13 +206,14 @@ class BatchEngine:
                                     f"the prompt could not be prepared: {type(exc).__name__}: "
                                     f"{_printable(str(exc))}"))
             return
-        state = self._free_state(tokens)
+        state = self._free_state(target)
         sampling = spec.sampling
         self.llm.set_seed(sampling.seed if sampling.seed >= 0 else RANDOM_SEED)
         stream = Stream(
             spec=spec,
             state=state,
-            prompt=tokens,
+            prompt=target,
+            prompt_tokens=len(tokens),
             sampler=make_sampler(self.llm, sampling),
             text=TextStream((*sampling.stop, *prompt.stops)),
             strip_lead=not spec.raw and self.chat_qa,
@@ -221,16 +223,18 @@ class BatchEngine:
             preserve=self._marker_tokens(prompt.markers),
             media=prompt.media,
         )
+        if spec.resume:
+            resume.admit(self, stream)
+            return
         # Greedy requests are reproducible: aligned pieces, stable reuse (generation.py).
-        spans = prompt.media.spans if prompt.media is not None else ()
-        prepared, todo = state.begin(tokens, sampling.greedy, spans)
+        prepared, todo = state.begin(tokens, sampling.greedy, stream.spans)
         stream.reused, stream.todo = prepared.reused, deque(todo)
-        self._encode_images(stream)
+        self.encode_images(stream)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
             self._sampled(stream, self._sample(stream))
 
-    def _encode_images(self, stream: Stream) -> None:
+    def encode_images(self, stream: Stream) -> None:
         """Start encoding the images the stream still evaluates (on the vision thread: the
         other sequences decode meanwhile); those it reuses from the cache are never encoded."""
         if stream.media is None or self.vision is None:
@@ -337,6 +341,9 @@ class BatchEngine:
             stream.state.evaluated((start, end), stream.prompt[start:end],
                                    alone=len(pieces) == 1)
         for stream, index in complete:
+            if stream.resume_next is not None:  # a resumed reply: its next token is known
+                stream.next_token, stream.resume_next = stream.resume_next, None
+                continue
             # the first token goes out before the snapshot is copied (the time to first token);
             # the state and the logits row stay as they are until the next decode
             self._sampled(stream, self._sample(stream, index))
@@ -353,12 +360,12 @@ class BatchEngine:
             index = self.vision.decode(rows, start, stream.seq, last)
         except ModeldError as exc:
             stream.state.failed()
-            self._end(stream, rp.error(stream.rid, exc.code, exc.message, exc.details, exc.hint))
+            self.end(stream, rp.error(stream.rid, exc.code, exc.message, exc.details, exc.hint))
             return
         except Exception as exc:
             log.exception("an image of request %s failed", stream.rid)
             stream.state.failed()
-            self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
+            self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
                                        f"{type(exc).__name__}: {exc}"))
             return
         stream.state.evaluated(piece, stream.prompt[start:end], alone=True)
@@ -402,7 +409,7 @@ class BatchEngine:
             log.exception("a decode of %d sequence(s) failed", len(streams))
             for stream in streams:
                 stream.state.failed()
-                self._end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
+                self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
                                            f"{type(exc).__name__}: {exc}"))
             return False
         return True
@@ -420,49 +427,30 @@ class BatchEngine:
             stream.t_first = now
         if llama_cpp.llama_vocab_is_eog(self.vocab, token):
             stream.finish = "stop"
-            self._done(stream)
+            self.done(stream)
             return
-        stream.completion += 1
         if stream.spec.sampling.logprobs:
-            stream.unsent_logprobs.append(self._logprob(stream, token))
-        out = stream.text.feed(self.llm.detokenize([token], special=token in stream.preserve))
-        if stream.strip_lead and out:  # the reply need not start with the space after "Answer:"
-            out = out.lstrip()
-            stream.strip_lead = not out
-        if out:
-            stream.text_out(self.host.send, out)
+            stream.unsent_logprobs.append(stream.logprob(self.llm, token))
+        stream.feed(self.llm, self.host.send, token)
         if now - stream.last_send >= stream.spec.chunk_interval_s:  # not one message a token
             stream.flush(self.host.send, now)
         if stream.text.stopped:
             stream.finish = "stop"
         elif stream.completion >= stream.spec.sampling.max_tokens:
             pass
-        elif len(stream.prompt) + stream.completion < self.n_ctx_seq:
+        elif len(stream.state.tokens) + 1 < self.n_ctx_seq:  # a cell for it and one spare
             stream.next_token = token
             return
         else:
             stream.context_full = True
-        self._done(stream)
-
-    def _logprob(self, stream: Stream, token: int) -> dict[str, Any]:
-        """OpenAI's logprobs entry of a sampled token (texts, bytes, alternatives)."""
-        entry = stream.state.logprobs(token, stream.spec.sampling.top_logprobs)
-
-        def text(tok: int) -> tuple[str, list[int]]:
-            raw = self.llm.detokenize([tok])
-            return raw.decode("utf-8", errors="replace"), list(raw)
-
-        tok_text, tok_bytes = text(token)
-        out: dict[str, Any] = {"token": tok_text, "logprob": entry["logprob"],
-                               "bytes": tok_bytes}  # fmt: skip
-        if "top" in entry:
-            out["top_logprobs"] = [{"token": t, "logprob": lp, "bytes": b}
-                                   for (t, b), lp in ((text(i), lp) for i, lp in entry["top"])]
-        return out
+            if stream.spec.grow and stream.media is None:  # goes on in a larger context
+                resume.pause(self, stream)
+                return
+        self.done(stream)
 
     # ---------------------------------------------------------------- endings
 
-    def _done(self, stream: Stream) -> None:
+    def done(self, stream: Stream) -> None:
         t_end = time.perf_counter()
         tail = stream.text.finish()
         if tail:
@@ -476,14 +464,14 @@ class BatchEngine:
         if stream.calls:
             stream.finish = "tool_calls"
         first = stream.t_first if stream.t_first is not None else t_end
-        self._end(
+        self.end(
             stream,
             rp.done_generate(
                 stream.rid,
                 finish_reason=stream.finish,
                 length_reason=("context_window" if stream.context_full else "max_tokens")
                 if stream.finish == "length" else None,
-                prompt_tokens=len(stream.prompt),
+                prompt_tokens=stream.prompt_tokens,
                 prompt_tokens_reused=stream.reused,
                 completion_tokens=stream.completion,
                 prompt_eval_s=first - stream.t0,
@@ -496,13 +484,13 @@ class BatchEngine:
         )
 
     def _cancel(self, stream: Stream, reason: str) -> None:
-        details = {"completion_tokens": stream.completion, "prompt_tokens": len(stream.prompt)}
+        details = {"completion_tokens": stream.completion, "prompt_tokens": stream.prompt_tokens}
         if stream.todo:  # its prompt is half evaluated: what the cache holds is still tracked
             stream.todo.clear()
-        self._end(stream, rp.error(stream.rid, ErrorCode.CANCELLED,
+        self.end(stream, rp.error(stream.rid, ErrorCode.CANCELLED,
                                    f"generation stopped: {reason}", details))
 
-    def _end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
+    def end(self, stream: Stream, reply: Mapping[str, Any]) -> None:
         """Free the sequence (its cache stays for the next prompt's reuse) and reply."""
         self.streams.remove(stream)
         stream.release()

@@ -137,16 +137,23 @@ class PromptState:
         if keep <= 0:
             self.reset()
             return 0
-        ok = bool(llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, keep, -1))
-        if ok and keep < len(self.tokens) and self.n_swa > 0:
-            pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._memory(), self.seq))
-            ok = 0 <= pos_min <= max(0, keep - self.n_swa)  # llama-server's rule
+        ok = keep >= min(self._cut_min(), len(self.tokens))
+        ok = ok and bool(llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, keep, -1))
         if not ok:
             self.reset()
             return 0
         del self.tokens[keep:]
         self.stable = min(self.stable, keep)
         return keep
+
+    def _cut_min(self) -> int:
+        """The shortest prefix this sequence's cells can be cut to: a sliding-window cache
+        keeps only the last ``n_swa`` positions' cells, so a kept prefix must still see a whole
+        window (llama-server's rule ``pos_min <= keep - n_swa``); 0: any prefix."""
+        if self.n_swa <= 0 or not self.tokens:
+            return 0
+        pos_min = int(llama_cpp.llama_memory_seq_pos_min(self._memory(), self.seq))
+        return 0 if pos_min <= 0 else pos_min + self.n_swa
 
     def evaluated(self, piece: promptplan.Piece, part: Sequence[int], *, alone: bool) -> None:
         """``part`` (positions ``piece``) is now in the KV cache. ``alone``: it was the only
@@ -183,7 +190,7 @@ class PromptState:
         self._alone = True
         self._spans = tuple(spans)
         snaps = self.store.snapshots()
-        live = promptplan.Cached(self.tokens, self.stable)
+        live = promptplan.Cached(self.tokens, self.stable, cut_min=self._cut_min())
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
                                  self.align, self._spans)
         source = "live"
@@ -202,6 +209,11 @@ class PromptState:
         todo = promptplan.pieces(keep, len(prompt), reproducible,
                                  min(self.n_batch, FAST_PIECE), self.align, self._spans)
         return Prepared(keep, source if keep else "none"), todo
+
+    def drop_logits(self) -> None:
+        """An exact hit whose stored logits will not be sampled (a resumed reply's next token
+        is known): the next :meth:`sample` reads the next decode's."""
+        self._pending = None
 
     def prompt_done(self, n_prompt: int, logits_index: int = -1) -> None:
         """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
@@ -250,7 +262,8 @@ class PromptState:
             # restore lays the cache out differently from a fresh evaluation and later logits
             # differ slightly (measured 1e-3): fine for sampled requests, not for greedy ones.
             stable, logits_stable = 0, False
-        store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable))
+        store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable,
+                           self._cut_min()))
 
     # ---------------------------------------------------------------- across evictions
 
@@ -267,14 +280,38 @@ class PromptState:
             "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__,
         }
         self._saved_at = (directory, identity)
-        snaps = promptfile.load(
-            directory, identity,
+        restored = self._adopt(promptfile.file_for(directory, identity), identity)
+        self._on_disk = tuple(self.store.snapshots())
+        return restored
+
+    def _adopt(self, path: Path, identity: promptfile.Identity) -> int:
+        """Add the snapshots ``path`` holds for ``identity`` to the store; how many."""
+        snaps = promptfile.read(
+            path, identity,
             lambda b: (ctypes.c_uint8 * len(b)).from_buffer_copy(b),
             lambda b: (ctypes.c_float * (len(b) // 4)).from_buffer_copy(b),
         )
-        restored = sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
-        self._on_disk = tuple(self.store.snapshots())
-        return restored
+        return sum(self.store.add(s) for s in snaps if s.logits_size == 4 * self.n_vocab)
+
+    def _handoff_identity(self) -> promptfile.Identity:
+        return {"handoff": "snapshots", "n_vocab": self.n_vocab,
+                "llama_cpp": llama_cpp.__version__}
+
+    def hand_off_snapshots(self, path: str) -> int:
+        """Write the snapshot store (all sequences share it) for the runner that reloads the
+        model with a larger context, which :meth:`take_snapshots`: a sequence state restores
+        into any context size, so the prompts evaluated here stay exact hits and cut points
+        there (the live cells alone may not be cuttable where the next prompt leaves them: a
+        sliding-window cache, a reply that does not come back as the tokens decoded). Returns
+        the snapshots written."""
+        snaps = self.store.snapshots()
+        if not snaps or not promptfile.write(Path(path), self._handoff_identity(), snaps):
+            return 0
+        return len(snaps)
+
+    def take_snapshots(self, path: str) -> int:
+        """Add the snapshots another runner's :meth:`hand_off_snapshots` wrote; how many."""
+        return self._adopt(Path(path), self._handoff_identity())
 
     def close(self) -> None:
         """The model is being closed: write the snapshots where :meth:`persist` said (unless

@@ -3,10 +3,14 @@
 When a prompt outgrows its model's context the daemon reloads the model with a larger one, and
 the turn that caused it used to evaluate its whole prompt again (an agent's 20k tokens: about a
 minute on 2 cores, at every growth). Now, before the old runner lets the model go, it writes
-each sequence's cells and tokens (``llama_state_seq_save_file``) and then a manifest; the new
-runner, told the same file prefix in its ``load``, waits for the manifest, restores each
-sequence into the same sequence of its larger context (``llama_state_seq_load_file``) and
-deletes the files, so the request that grew the context evaluates only what is new. Restored
+each sequence's cells and tokens (``llama_state_seq_save_file``), its prompt snapshots
+(:mod:`.promptcache`, in :mod:`.promptfile`'s format) and then a manifest; the new runner, told
+the same file prefix in its ``load``, waits for the manifest, restores each sequence into the
+same sequence of its larger context (``llama_state_seq_load_file``), adds the snapshots to its
+store and deletes the files, so the request that grew the context evaluates only what is new.
+The snapshots matter where the live cells cannot be cut back to the new prompt: a
+sliding-window model whose previous reply does not re-tokenize as it was decoded keeps only the
+window's last cells, so only the snapshot of the previous prompt still gives its prefix. Restored
 cells give bitwise the logits of a fresh evaluation (a 512-token prompt moved from a 1024 to a
 4096 context, then 188 tokens more: gemma-3-270m and a Q8_0 llama, every logit equal).
 
@@ -39,6 +43,12 @@ Entry = dict[str, Any]  # {"seq": int, "file": str, "tokens": int, "stable": int
 
 def seq_file(prefix: str, seq: int) -> str:
     return f"{prefix}.{seq}.seq"
+
+
+def snapshots_file(prefix: str) -> str:
+    """The runner's prompt snapshots (one store for all its sequences), written before the
+    manifest; absent when it had none."""
+    return f"{prefix}.snaps"
 
 
 def manifest(prefix: str) -> Path:
@@ -79,8 +89,9 @@ def remove(prefix: str, entries: list[Entry]) -> None:
     for entry in entries:
         with contextlib.suppress(OSError, KeyError, TypeError):
             os.unlink(str(entry["file"]))
-    with contextlib.suppress(OSError):
-        manifest(prefix).unlink()
+    for path in (Path(snapshots_file(prefix)), manifest(prefix)):
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def prune_stale(directory: Path, now: float | None = None) -> None:

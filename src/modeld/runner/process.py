@@ -439,6 +439,7 @@ class Runner(RunnerServer):
         if not prefix:
             return
         entries: list[handoff.Entry] = []
+        snaps = 0
         try:  # whatever fails, the manifest says what is there: the next runner never waits
             Path(prefix).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             for state in self.engine.states if self.engine is not None else []:
@@ -446,10 +447,12 @@ class Runner(RunnerServer):
                 if (n := state.hand_off(path)) > 0:
                     entries.append({"seq": state.seq, "file": path, "tokens": n,
                                     "stable": state.stable})
+            if self.state is not None:
+                snaps = self.state.hand_off_snapshots(handoff.snapshots_file(prefix))
         finally:
             handoff.write_manifest(prefix, entries)
-        log.info("handoff: %d sequence(s), %d tokens written for the reload", len(entries),
-                 sum(e["tokens"] for e in entries))
+        log.info("handoff: %d sequence(s), %d tokens written for the reload; %d snapshot(s)",
+                 len(entries), sum(e["tokens"] for e in entries), snaps)
 
     def _take_over(self, prefix: str, writer: int | None) -> None:
         """Restore the sequences the model's previous runner wrote (and delete its files)."""
@@ -459,9 +462,11 @@ class Runner(RunnerServer):
         states = {s.seq: s for s in self.engine.states}
         restored = sum(states[e["seq"]].take_over(str(e["file"]), int(e.get("stable", 0)))
                        for e in entries if e.get("seq") in states)
+        snaps = self.engine.states[0].take_snapshots(handoff.snapshots_file(prefix))
         handoff.remove(prefix, entries)
         handoff.prune_stale(Path(prefix).parent)
-        log.info("handoff: %d tokens restored in %.2f s", restored, time.perf_counter() - t0)
+        log.info("handoff: %d tokens restored in %.2f s; %d snapshot(s) added", restored,
+                 time.perf_counter() - t0, snaps)
 
     def handle_unload(self) -> None:
         """Close the model and hand its memory back, keeping the process (llama_cpp imported)

@@ -32,6 +32,7 @@ class Snapshot:
     logits_size: int
     stable: int  # leading positions equal to a fresh aligned evaluation
     logits_stable: bool  # the logits row equals a fresh aligned evaluation's
+    cut_min: int = 0  # the shortest prefix its cells can be cut to (promptplan.Cached)
     nbytes: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -39,7 +40,8 @@ class Snapshot:
 
     def view(self) -> Cached:
         """What the planner needs to know about it."""
-        return Cached(self.tokens, self.stable, self.logits_stable, has_logits=True)
+        return Cached(self.tokens, self.stable, self.logits_stable, has_logits=True,
+                      cut_min=self.cut_min)
 
 
 def snapshot_bytes(state_size: int, logits_size: int, n_tokens: int) -> int:

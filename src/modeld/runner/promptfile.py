@@ -50,17 +50,26 @@ def save(directory: Path, identity: Identity, snapshots: Iterable[Snapshot],
         with contextlib.suppress(OSError):
             path.unlink()
         return 0
+    written = write(path, identity, snaps)
+    if written:
+        prune(directory, DIR_BUDGET_FACTOR * max(budget_bytes, written), keep=path)
+    return written
+
+
+def write(path: Path, identity: Identity, snaps: list[Snapshot]) -> int:
+    """Write ``snaps`` to ``path`` (atomically, for the user only); the bytes written (0: the
+    write failed)."""
     meta = {
         "identity": identity,
         "snapshots": [
             {"tokens": list(s.tokens), "state_size": s.state_size, "logits_size": s.logits_size,
-             "stable": s.stable, "logits_stable": s.logits_stable}
+             "stable": s.stable, "logits_stable": s.logits_stable, "cut_min": s.cut_min}
             for s in snaps
         ],
     }
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # 0600: the token lists are the user's prompts
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -70,14 +79,12 @@ def save(directory: Path, identity: Identity, snapshots: Iterable[Snapshot],
                 f.write(memoryview(s.state).cast("B")[: s.state_size])
                 f.write(memoryview(s.logits).cast("B")[: s.logits_size])
         os.replace(tmp, path)
-        written = path.stat().st_size
+        return path.stat().st_size
     except OSError as exc:
         log.warning("prompt cache: could not write %s: %s", path, exc)
         with contextlib.suppress(OSError):
             tmp.unlink()
         return 0
-    prune(directory, DIR_BUDGET_FACTOR * max(budget_bytes, written), keep=path)
-    return written
 
 
 def touch(directory: Path, identity: Identity) -> bool:
@@ -94,7 +101,13 @@ def load(directory: Path, identity: Identity, make_state: BufferFactory,
          make_logits: BufferFactory) -> list[Snapshot]:
     """The snapshots saved for ``identity`` (oldest first), or [] when there are none or the
     file does not match or is damaged."""
-    path = file_for(directory, identity)
+    return read(file_for(directory, identity), identity, make_state, make_logits)
+
+
+def read(path: Path, identity: Identity, make_state: BufferFactory,
+         make_logits: BufferFactory) -> list[Snapshot]:
+    """The snapshots :func:`write` put in ``path`` for ``identity`` (oldest first); [] when
+    there are none (a damaged or mismatched file is removed)."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -115,7 +128,8 @@ def load(directory: Path, identity: Identity, make_state: BufferFactory,
             logits = make_logits(data[pos + ss:pos + ss + ls])
             pos += ss + ls
             out.append(Snapshot(tuple(int(t) for t in m["tokens"]), state, ss, logits, ls,
-                                int(m["stable"]), bool(m["logits_stable"])))
+                                int(m["stable"]), bool(m["logits_stable"]),
+                                int(m.get("cut_min", 0))))
         return out
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("prompt cache: ignoring %s: %s", path, exc)

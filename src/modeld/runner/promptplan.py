@@ -44,13 +44,15 @@ class Cached:
     whether its last logits row equals a fresh aligned evaluation's (``logits_stable``).
 
     ``has_logits``: the logits row of ``tokens`` is available (a snapshot; never the live KV,
-    whose logits belong to the last decoded token).
+    whose logits belong to the last decoded token). ``cut_min``: the shortest prefix it can be
+    cut to (a sliding-window cache no longer holds the cells a shorter one needs; 0: any).
     """
 
     tokens: Sequence[int]
     stable: int
     logits_stable: bool = False
     has_logits: bool = False
+    cut_min: int = 0
 
 
 @dataclass(frozen=True)
@@ -121,15 +123,18 @@ def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int
 
     Fast: the common prefix, leaving at least one token to evaluate (fresh logits), never part
     of an image. Reproducible: also capped by the stable prefix and the last piece's start,
-    rounded down to a boundary (a multiple of C without images).
+    rounded down to a boundary (a multiple of C without images). Either way nothing when the
+    state would have to be cut below its ``cut_min`` (the cut would start over).
     """
     n = len(prompt)
     shared = common_prefix(cached.tokens, prompt)
     if not reproducible:
         keep = min(shared, n - 1)
-        return next((s for s, e in spans if s < keep < e), keep)
-    limit = min(shared, cached.stable, last_piece_start(n, align, spans))
-    return floor_cut(limit, align, spans)
+        keep = next((s for s, e in spans if s < keep < e), keep)
+    else:
+        limit = min(shared, cached.stable, last_piece_start(n, align, spans))
+        keep = floor_cut(limit, align, spans)
+    return keep if keep >= min(cached.cut_min, len(cached.tokens)) else 0
 
 
 def is_exact(cached: Cached, prompt: Sequence[int], reproducible: bool) -> bool:
@@ -150,7 +155,9 @@ def plan(
     spans: Sequence[Span] = (),
 ) -> Plan:
     """Choose the state to start from: an exact snapshot, else whichever of the live KV and the
-    snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy)."""
+    snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy). A live KV
+    that cannot be cut where the prompt leaves it (``cut_min``) keeps nothing, so a snapshot of
+    the previous prompt wins when a reply's tokens do not come back as they were decoded."""
     if not prompt:
         raise ValueError("an empty prompt has nothing to plan")
     for i, snap in enumerate(snapshots):

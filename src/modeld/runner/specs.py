@@ -69,6 +69,10 @@ class GenerateSpec:
     think: bool | None = None
     count_only: bool = False  # reply with the prompt's token count; evaluate nothing
     stream: bool = True  # the client reads the reply as it comes (false: whole, at the end)
+    # a reply that ran out of cells goes on (runner/resume.py): ``grow`` lets it stop for a
+    # larger context; ``resume`` are the tokens it wrote before (the last not yet decoded)
+    grow: bool = False
+    resume: tuple[int, ...] = ()
     images: tuple[str, ...] = ()  # base64, shown before ``prompt`` (messages carry their own)
 
     @property
@@ -204,6 +208,14 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
     stream = msg.get("stream", True)
     if not isinstance(stream, bool):
         raise ProtocolError("generate: 'stream' must be a boolean")
+    grow = msg.get("grow", False)
+    if not isinstance(grow, bool):
+        raise ProtocolError("generate: 'grow' must be a boolean")
+    resume = msg.get("resume", [])
+    if not isinstance(resume, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in resume
+    ):
+        raise ProtocolError("generate: 'resume' must be a list of token ids")
     return GenerateSpec(
         rid=rid,
         prompt=prompt,
@@ -217,6 +229,8 @@ def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
         think=think,
         count_only=count_only,
         stream=stream,
+        grow=grow,
+        resume=tuple(resume),
         images=images.parse_list(msg.get("images"), "'images'", fail),
     )
 

@@ -12,6 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import llama_cpp
 import llama_cpp._internals
 
 from modeld import replyparse
@@ -20,7 +21,7 @@ from modeld.replies import ToolCallDone
 from modeld.runner import specs
 from modeld.runner.generation import PromptState
 from modeld.runner.prompting import Media
-from modeld.runner.promptplan import Piece
+from modeld.runner.promptplan import Piece, Span
 from modeld.runner.sampling import Grammar
 from modeld.runner.textstream import TextStream
 
@@ -47,6 +48,9 @@ class Stream:
     last_send: float = 0.0
     finish: str = "length"
     context_full: bool = False  # it ended because its sequence's cells ran out
+    prompt_tokens: int = 0  # the request's prompt (``prompt`` also holds a resumed reply)
+    written: list[int] = field(default_factory=list)  # the reply's tokens (to resume it)
+    resume_next: int | None = None  # a resumed reply's token to decode once ``prompt`` is in
     batched_max: int = 1  # the most sequences whose tokens shared a decode with this one's
     grammar: Grammar | None = None  # the reply's constraint (a format, a forced tool call)
     parser: replyparse.ReplyParser | None = None  # finds thinking and tool calls in the text
@@ -72,6 +76,38 @@ class Stream:
     @property
     def seq(self) -> int:
         return self.state.seq
+
+    @property
+    def spans(self) -> tuple[Span, ...]:
+        """Where the prompt's images are (each a piece of its own)."""
+        return tuple(self.media.spans) if self.media is not None else ()
+
+    def feed(self, llm: llama_cpp.Llama, send: Send, token: int) -> None:
+        """One more token of the reply: its text through stop strings and the parser."""
+        self.completion += 1
+        self.written.append(token)
+        out = self.text.feed(llm.detokenize([token], special=token in self.preserve))
+        if self.strip_lead and out:  # the reply need not start with the space after "Answer:"
+            out = out.lstrip()
+            self.strip_lead = not out
+        if out:
+            self.text_out(send, out)
+
+    def logprob(self, llm: llama_cpp.Llama, token: int) -> dict[str, Any]:
+        """OpenAI's logprobs entry of a sampled token (texts, bytes, alternatives)."""
+        entry = self.state.logprobs(token, self.spec.sampling.top_logprobs)
+
+        def text(tok: int) -> tuple[str, list[int]]:
+            raw = llm.detokenize([tok])
+            return raw.decode("utf-8", errors="replace"), list(raw)
+
+        tok_text, tok_bytes = text(token)
+        out: dict[str, Any] = {"token": tok_text, "logprob": entry["logprob"],
+                               "bytes": tok_bytes}  # fmt: skip
+        if "top" in entry:
+            out["top_logprobs"] = [{"token": t, "logprob": lp, "bytes": b}
+                                   for (t, b), lp in ((text(i), lp) for i, lp in entry["top"])]
+        return out
 
     def text_out(self, send: Send, out: str) -> None:
         """New reply text: content, or through the parser into thinking and tool calls."""
