@@ -45,10 +45,10 @@ from modeld.errors import (
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
-from modeld.runner.batch import BatchEngine, context_exceeded
+from modeld.runner.batch import BatchEngine
 from modeld.runner.generation import PromptState
 from modeld.runner.llamalog import install_llama_logging, llama_logger
-from modeld.runner.prepare import TokenBound
+from modeld.runner.prepare import TokenBound, context_exceeded
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.textstream import pool_and_normalize
