@@ -75,6 +75,22 @@ def test_a_grammar_llama_cpp_rejects_says_why() -> None:
     assert grammar.check('root ::= "x"', "format") == 'root ::= "x"'
 
 
+def test_the_daemon_checks_grammars_without_importing_llama_cpp_or_numpy() -> None:
+    """The daemon parses with libllama through ctypes: ``import llama_cpp`` brought numpy and
+    its BLAS, 26 MiB the daemon kept after its first format (issue 35). The parser is the real
+    one: a bad grammar still says why."""
+    code = ("import sys; from modeld import grammar\n"
+            "assert grammar.check('root ::= \"x\"', 'format') == 'root ::= \"x\"'\n"
+            "try: grammar.check('root ::= undefined-rule', 'format')\n"
+            "except Exception as e: print(e.message)\n"
+            "print(sorted(m for m in ('numpy', 'llama_cpp') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    first, loaded = out.stdout.splitlines()[-2:]
+    assert "rejected" in first and "undefined-rule" in first, out
+    assert loaded == "[]", out
+
+
 def test_format_and_tools_together_are_refused() -> None:
     with pytest.raises(InvalidRequestError, match="together"):
         grammar.for_request("json", (WEATHER,), "auto")

@@ -11,14 +11,19 @@ parser rejects makes ``llama_sampler_init_grammar`` return NULL, and llama-cpp-p
 chain would add that NULL and crash the runner (llama.cpp#19051, #22396): here it is a 400
 naming what could not be used, and the model never runs unconstrained.
 
-llama_cpp is imported on first use only (a daemon that never sees a format never loads it).
+The parser is llama.cpp's own, from the libllama that llama_cpp ships, loaded on first use with
+ctypes: ``import llama_cpp`` would bring numpy and its BLAS into the daemon for two functions
+(26 MiB of its resident memory, against 4 MiB for the library alone; issue 35).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import importlib.util
 import logging
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -126,8 +131,6 @@ def from_schema(schema: dict[str, Any], what: str) -> str:
 
 def check(gbnf: str, what: str) -> str:
     """``gbnf`` if llama.cpp's parser accepts it (with no vocabulary: parsing needs none)."""
-    import llama_cpp
-
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidRequestError(f"{what}: the grammar built from it is over "
                                   f"{MAX_GRAMMAR_BYTES} bytes", hint=_HINT)
@@ -137,9 +140,10 @@ def check(gbnf: str, what: str) -> str:
             f"{what}: the grammar built from it nests {depth} groups deep (at most "
             f"{MAX_NESTING}): a repetition bound such as maxLength or maxItems is too large",
             hint=_HINT)
-    sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+    lib = _libllama()
+    sampler = lib.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
     if sampler:
-        llama_cpp.llama_sampler_free(sampler)
+        lib.llama_sampler_free(sampler)
         return gbnf
     # Rejected (rare: modeld.schema writes grammars the parser takes): parse again with fd 2
     # on a file for llama.cpp's reason. Only here: this runs on a thread of the daemon, and a
@@ -148,12 +152,12 @@ def check(gbnf: str, what: str) -> str:
         saved = os.dup(2)
         os.dup2(err.fileno(), 2)
         try:
-            sampler = llama_cpp.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
+            sampler = lib.llama_sampler_init_grammar(None, gbnf.encode(), b"root")
         finally:
             os.dup2(saved, 2)
             os.close(saved)
         if sampler:  # not expected: the same text parsed twice
-            llama_cpp.llama_sampler_free(sampler)
+            lib.llama_sampler_free(sampler)
             return gbnf
         err.seek(0)
         lines = err.read(4096).decode("utf-8", errors="replace").splitlines()
@@ -161,6 +165,30 @@ def check(gbnf: str, what: str) -> str:
         raise InvalidRequestError(f"{what}: llama.cpp rejected the grammar: {why[:300]}",
                                   hint=_HINT)
     return gbnf
+
+
+@functools.cache
+def _libllama() -> ctypes.CDLL:
+    """llama_cpp's libllama with the two grammar functions declared, found as llama_cpp finds
+    it (``LLAMA_CPP_LIB_PATH``, else the package's ``lib``) without importing the package;
+    llama_cpp's own handle (its declarations) where the file is not there."""
+    spec = importlib.util.find_spec("llama_cpp")
+    override = os.environ.get("LLAMA_CPP_LIB_PATH")
+    roots = [override] if override else \
+        [os.path.join(r, "lib") for r in (spec.submodule_search_locations or [])] if spec else []
+    names = {"darwin": ("libllama.dylib", "libllama.so"),
+             "win32": ("llama.dll", "libllama.dll")}.get(sys.platform, ("libllama.so",))
+    found = [p for r in roots for n in names if os.path.exists(p := os.path.join(r, n))]
+    if not found:
+        import llama_cpp.llama_cpp
+
+        return llama_cpp.llama_cpp._lib  # type: ignore[no-any-return]
+    lib = ctypes.CDLL(found[0])
+    lib.llama_sampler_init_grammar.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p]
+    lib.llama_sampler_init_grammar.restype = ctypes.c_void_p
+    lib.llama_sampler_free.argtypes = [ctypes.c_void_p]
+    lib.llama_sampler_free.restype = None
+    return lib
 
 
 def nesting(gbnf: str) -> int:

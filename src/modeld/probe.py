@@ -391,6 +391,26 @@ def malloc_trim() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+#: glibc's mallopt parameter for the size from which an allocation gets a mapping of its own.
+M_MMAP_THRESHOLD = -3
+#: That size for the daemon: its big allocations are request bodies and grammars.
+MMAP_THRESHOLD = 256 * 1024
+
+
+def map_big_allocations() -> None:
+    """Give every allocation of :data:`MMAP_THRESHOLD` bytes or more a mapping of its own, so
+    freeing it returns it to the OS. glibc does so from 128 KiB only until the first such
+    block is freed, then raises the threshold to that block's size (up to 32 MiB): a 10 MB
+    request body's copies then came from the heaps of the threads that made them, and the
+    daemon kept 29 MiB after one (issue 35; with a fixed threshold, nothing). Setting it
+    turns that adjustment off. For the daemon only (called after its fork server is forked):
+    a runner allocates large blocks every step."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
 def _statm() -> dict[str, int] | None:
     """rss/anon/file from ``/proc/self/statm``: microseconds, where ``smaps_rollup`` takes
     3-5 ms for a process mapping a model (bench: 14% of a warm 4-token request). ``file`` is

@@ -24,7 +24,7 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, paths, sizing
+from modeld import __version__, paths, probe, sizing
 from modeld.cache.policy import CachePolicy
 from modeld.config import SETTINGS, Settings, load_settings
 from modeld.daemon.forkserver import ForkServer
@@ -106,6 +106,7 @@ class Daemon:
         # before the first thread (ZeroMQ's I/O threads): a process with threads cannot fork
         forks, how = ForkServer.start() if self.settings.runner_fork else (
             None, "runners start as new processes (runner_fork is off)")
+        probe.map_big_allocations()  # after the fork: the runners keep glibc's defaults
         ctx: zmq.Context[Any] = zmq.Context()
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)

@@ -27,13 +27,13 @@ import llama_cpp._internals
 
 from modeld import probe
 from modeld import runnerwire as rp
-from modeld.errors import ContextExceededError, ErrorCode, ModeldError
+from modeld.errors import ErrorCode, ModeldError
 from modeld.runner import microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
-from modeld.runner.prepare import Prepared, Preparer
+from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
-from modeld.runner.sampling import Grammar, make_sampler, plain_greedy, shortlist_top_k
+from modeld.runner.sampling import make_sampler, plain_greedy, shortlist_top_k
 from modeld.runner.stream import Stream, call_done
 from modeld.runner.textstream import TextStream
 
@@ -78,7 +78,7 @@ class BatchEngine:
         self.streams: list[Stream] = []  # admitted, in arrival order
         # not admitted yet: their prompts being tokenized (off this loop), or no seq free
         self.waiting: deque[tuple[specs.GenerateSpec, Future[Prepared]]] = deque()
-        self.preparer = Preparer(host.prompt_tokens)
+        self.preparer = Preparer(preparing(host.prompt_tokens, llm, self.n_ctx_seq))
         self.stop_all: str | None = None  # why every stream must end (shutdown, daemon gone)
         self.chat_qa = False  # set by the runner: replies start after "Answer:" (strip a space)
         self.vision: Vision | None = None  # set by the runner: its image projector (issue 38)
@@ -102,7 +102,8 @@ class BatchEngine:
             for stream in list(self.streams):
                 stream.state.failed()
                 self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL, text))
-            for spec, _ in self.waiting:
+            for spec, future in self.waiting:
+                discard(future)
                 self.host.send(rp.error(spec.rid, ErrorCode.INTERNAL, text))
             self.waiting.clear()
 
@@ -117,7 +118,8 @@ class BatchEngine:
             if self.stop_all is not None:
                 for stream in list(self.streams):
                     self._cancel(stream, self.stop_all)
-                for spec, _ in self.waiting:
+                for spec, future in self.waiting:
+                    discard(future)
                     self.host.send(rp.error(spec.rid, ErrorCode.CANCELLED,
                                             f"generation stopped: {self.stop_all}"))
                 self.waiting.clear()
@@ -156,6 +158,7 @@ class BatchEngine:
                     for item in list(self.waiting):
                         if item[0].rid == rid:
                             self.waiting.remove(item)
+                            discard(item[1])
                             self.host.send(rp.error(rid, ErrorCode.CANCELLED,
                                                     "generation stopped: cancelled",
                                                     {"completion_tokens": 0}))
@@ -186,17 +189,14 @@ class BatchEngine:
         preparation's too) are this request's reply only."""
         try:
             self.host.apply_threads(spec.n_threads)
-            tokens, prompt = ready.result()
+            tokens, prompt, grammar = ready.result()
             if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
                 self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
                                                 prompt_tokens=len(tokens), prompt_tokens_reused=0,
                                                 completion_tokens=0, prompt_eval_s=0.0,
                                                 generation_s=0.0))  # fmt: skip
                 return
-            if len(tokens) >= self.n_ctx_seq:
-                raise context_exceeded(len(tokens), self.n_ctx_seq)
             target = [*tokens, *spec.resume[:-1]]  # a resumed reply: what its cells held
-            grammar = Grammar(self.llm, spec.grammar) if spec.grammar else None
         except ModeldError as exc:
             self.host.send(rp.error(spec.rid, exc.code, exc.message, exc.details, exc.hint))
             return
@@ -504,15 +504,4 @@ class BatchEngine:
 def _printable(text: str) -> str:
     """``text`` with anything UTF-8 cannot carry escaped, so the reply itself can be sent."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> ModeldError:
-    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
-    return ContextExceededError(
-        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
-        f"context holds {n_ctx}",
-        hint="load the model with a larger n_ctx, or shorten the prompt",
-        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
-                 **({"prompt_tokens_at_least": True} if at_least else {})},
-    )
 

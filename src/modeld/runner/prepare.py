@@ -20,6 +20,11 @@ with no token of its own falls back to byte tokens, or the tokenizer fails; it n
 text), without special tokens that strip the spaces around them (``LSTRIP``/``RSTRIP``).
 BPE drops a piece whose bytes have no tokens, UGM and WPM normalise (collapse spaces, fold
 characters): for those no bound is claimed and the tokenizer decides, on this thread.
+
+The reply's grammar is parsed here too, in the prompt's lane, so a request joins the batch with
+its sampler ready (``llama_sampler_init_grammar`` reads the vocabulary only through its const
+tokenizer, for ``<token>`` literals, as the tokenizing above does: safe beside a decode).
+The parse is quick (a 50,000-word enum's 483 KB grammar: 14 ms here) but it ran in the loop.
 """
 
 from __future__ import annotations
@@ -27,23 +32,83 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import NamedTuple
 
 import llama_cpp
 
+from modeld.errors import ContextExceededError, ModeldError
 from modeld.runner.prompting import PromptText
+from modeld.runner.sampling import Grammar
 from modeld.runner.specs import GenerateSpec
 
+log = logging.getLogger("modeld.runner")
 #: How much nicer than the runner the tokenizer thread is where SCHED_IDLE is not available.
 NICENESS = 5
 #: Prompts of fewer characters than this (text, thinking, tool definitions) are tokenized at
 #: the runner's priority: tens of milliseconds at most, and they should join the batch now.
 QUICK_CHARS = 32_768
-Prepared = tuple[list[int], PromptText]
+
+
+class Prepared(NamedTuple):
+    """A request ready to join the batch: its prompt's tokens and text, its grammar sampler."""
+
+    tokens: list[int]
+    prompt: PromptText
+    grammar: Grammar | None = None
+
+    def discard(self) -> None:
+        """Free what the request will not use now (it was cancelled or refused)."""
+        if self.grammar is not None:
+            self.grammar.close()
+
+
+def preparing(tokens_of: Callable[[GenerateSpec], tuple[list[int], PromptText]],
+              llm: llama_cpp.Llama, n_ctx_seq: int) -> Callable[[GenerateSpec], Prepared]:
+    """What a lane does for one request of a batch of ``n_ctx_seq``-token sequences: its
+    prompt's tokens (``tokens_of``), refused when they cannot fit, then its grammar parsed, so
+    none of it runs in the batch loop (issue 35: a 483 KB grammar took 14-16 ms there)."""
+
+    def prepare(spec: GenerateSpec) -> Prepared:
+        tokens, prompt = tokens_of(spec)
+        if not spec.count_only and len(tokens) >= n_ctx_seq:
+            raise context_exceeded(len(tokens), n_ctx_seq)
+        if spec.count_only or not spec.grammar:
+            return Prepared(tokens, prompt)
+        t0 = time.perf_counter()
+        grammar = Grammar(llm, spec.grammar)
+        log.info("request %s: its grammar (%d bytes) parsed in %.1f ms on %s", spec.rid,
+                 len(spec.grammar), (time.perf_counter() - t0) * 1000,
+                 threading.current_thread().name)  # fmt: skip
+        return Prepared(tokens, prompt, grammar)
+
+    return prepare
+
+
+def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> ModeldError:
+    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
+    return ContextExceededError(
+        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
+        f"context holds {n_ctx}",
+        hint="load the model with a larger n_ctx, or shorten the prompt",
+        details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
+                 **({"prompt_tokens_at_least": True} if at_least else {})},
+    )
+
+
+def discard(future: Future[Prepared]) -> None:
+    """Drop a preparation nobody will admit: not started, it never runs; else its grammar is
+    freed once it is ready (now, or on the lane when it finishes)."""
+    if not future.cancel():
+        future.add_done_callback(
+            lambda f: f.result().discard() if not f.cancelled() and f.exception() is None
+            else None)  # fmt: skip
 
 
 class TokenBound:

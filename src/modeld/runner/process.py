@@ -39,9 +39,9 @@ from modeld.errors import (
 from modeld.memory import MiB
 from modeld.replies import RunnerHello
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
-from modeld.runner.batch import BatchEngine, context_exceeded
+from modeld.runner.batch import BatchEngine
 from modeld.runner.generation import PromptState
-from modeld.runner.prepare import TokenBound
+from modeld.runner.prepare import TokenBound, context_exceeded
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.template import render_template
