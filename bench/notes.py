@@ -383,17 +383,21 @@ NOTES: dict[str, str] = {
         "100 Mbit/s): load time is size / bandwidth, and a slow link costs every token."
     ),
     "vision": (
-        "Two runs, 10 rounds each, on the shared 2-core machine at load average 4.2-5.6 (three "
-        "other developers' builds and tests), everything under `nice -n 19`: turn 1 0.311x and "
-        "0.379x of llama-server's, turn 2 0.229x and 0.198x of turn 1 (the table is the second "
-        "run). The repeated-image turn sits at its 0.2 target, not clearly under it: its "
-        "prompt adds 35 tokens to turn 1's 291 (llama-server reports those 291 cached; "
-        "modeld's OpenAI usage does not say); what else its ~0.14 s holds (the request's "
-        "path, the image sent again as base64 and matched by its hash) was not taken apart. "
-        "llama-server's times spread widely on the loaded machine (p90 about 3x its median; "
-        "its `--poll 0` and `-fa off` made no clear difference in a side run), so its 0.3-0.4x "
-        "is a figure of this load, not a steady one; modeld's turn 1 was steadier (p10-p90 "
-        "0.47-0.78 s)."
+        "Rerun of 2026-11-27 04:50 on the idle machine (load average 0.0-0.5, nothing else "
+        "running): three runs of 10 rounds, turn 1 1.189x, 1.245x and 1.099x of llama-server's "
+        "(modeld 288-314 ms, llama-server 247-264 ms; the table is the last run), turn 2 0.259x, "
+        "0.283x and 0.293x of turn 1. **Both targets missed.** The earlier runs (0.31-0.38x, "
+        "0.198-0.229x) were made at load 4-6, where llama-server's times spread 3x and modeld's "
+        "did not: a figure of that load, not of the two servers. Where modeld's turn 1 goes "
+        "(runner timings, idle machine): the projector's encode ~72 ms, the image's 256 "
+        "embeddings decoded ~150-166 ms, the 29 text tokens after the image 55-65 ms (a plain "
+        "llama-cpp-python `eval` of 29 tokens at that position takes ~25 ms on this model: not "
+        "explained yet), tokenizing with the image ~6 ms, the daemon and HTTP ~15-20 ms. py-spy "
+        "on the runner: 97% of its samples in llama_decode and the encode, Python under 3%. "
+        "Turn 2 is greedy, so it reuses only the stable prefix (up to the image's end) and "
+        "re-evaluates 64 tokens where llama-server evaluates 35. Next: find the text piece's "
+        "extra cost (its decode call alone, in the runner's context), and compare llama-server's "
+        "context settings (flash attention, n_ubatch, repack) on this pair."
     ),
 }
 

@@ -111,7 +111,8 @@ class BatchEngine:
         while self.streams or self.waiting:
             self._admit_ready()
             if self.streams:
-                self._step()
+                if not self._step():
+                    self._wait_for_work()
             elif self.waiting:  # only prompts being tokenized: wait for one, or a message
                 wait([f for _, f in self.waiting], timeout=0.05, return_when=FIRST_COMPLETED)
             self._read_messages()
@@ -259,7 +260,16 @@ class BatchEngine:
 
     # ---------------------------------------------------------------- one step
 
-    def _step(self) -> None:
+    def _wait_for_work(self) -> None:
+        """No stream could take a step (each waits for its image's encoding): sleep until an
+        encoding or a preparation finishes (or 50 ms: a message may come) rather than spin a
+        core beside the encoder, whose threads need it."""
+        pending = [f for s in self.streams for f in s.encoded.values() if not f.done()]
+        pending += [f for _, f in self.waiting]
+        if pending:
+            wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _step(self) -> bool:
         """One step: the next pieces of prompts still being evaluated (one decode call), then
         the next token of every streaming sequence (another), then sampling.
 
@@ -268,25 +278,27 @@ class BatchEngine:
         decode tokens costs a second weight pass anyway; evaluating it first gives the new
         request its first token one pass sooner, and a piece alone in its call is *stable*
         (its logits equal a solo evaluation's, so it may be reused for greedy requests). The
-        running streams wait at most one ``n_batch`` piece per step."""
+        running streams wait at most one ``n_batch`` piece per step. False when there was
+        nothing to decode (every stream waits for an image's encoding)."""
         calls = self._plan_pieces()
         for pieces in calls:
             self._decode_prompts(pieces)
         if calls:
             self._read_messages()  # a cancel sent meanwhile stops its stream before its 2nd token
             if self.stop_all is not None:
-                return
+                return True
         streaming = sorted((s for s in self.streams if s.next_token is not None),
                            key=lambda s: s.seq)
         if not streaming:
-            return
+            return bool(calls)
         if not self.invariant or not any(s.spec.sampling.greedy for s in streaming):
             self._decode_tokens(streaming)  # no greedy row to keep invariant: one call
-            return
+            return True
         by_seq = {s.seq: s for s in streaming}
         for call in microbatch.decode_calls(list(by_seq), self.max_rows):
             self._decode_tokens([by_seq[seq] for seq in call], pad=microbatch.needs_pad(
                 len(call) == 1, len(by_seq[call[0]].state.tokens)))
+        return True
 
     def _plan_pieces(self) -> list[list[tuple[Stream, Piece]]]:
         """The prompt parts to evaluate in this step, as decode calls: up to one batch, the
