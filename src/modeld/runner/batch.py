@@ -110,11 +110,8 @@ class BatchEngine:
     def _loop(self) -> None:
         while self.streams or self.waiting:
             self._admit_ready()
-            if self.streams:
-                if not self._step():
-                    self._wait_for_work()
-            elif self.waiting:  # only prompts being tokenized: wait for one, or a message
-                wait([f for _, f in self.waiting], timeout=0.05, return_when=FIRST_COMPLETED)
+            if not (self.streams and self._step()):
+                self._wait_for_work()  # nothing to decode: no spinning while work is prepared
             self._read_messages()
             if self.stop_all is not None:
                 for stream in list(self.streams):
@@ -261,9 +258,9 @@ class BatchEngine:
     # ---------------------------------------------------------------- one step
 
     def _wait_for_work(self) -> None:
-        """No stream could take a step (each waits for its image's encoding): sleep until an
-        encoding or a preparation finishes (or 50 ms: a message may come) rather than spin a
-        core beside the encoder, whose threads need it."""
+        """No stream could take a step (none admitted yet, or each waits for its image's
+        encoding): sleep until an encoding or a preparation finishes (or 50 ms: a message may
+        come) rather than spin a core beside the tokenizer or the encoder."""
         pending = [f for s in self.streams for f in s.encoded.values() if not f.done()]
         pending += [f for _, f in self.waiting]
         if pending:
