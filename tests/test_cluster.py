@@ -241,7 +241,20 @@ def test_a_client_that_leaves_cancels_on_the_daemon(setup: Setup) -> None:
     until(lambda: any(r["in_flight"] for r in client.ps()), what="a generating")
     resp.close()
     until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=30,
-          what="the generation cancelled on the daemon")
+          what="the generation cancelled on the daemon", show=lambda: _explain(setup))
+
+
+def _explain(setup: Setup) -> str:
+    """Each daemon's ps and log tail (a failure's context: where the cancel stopped)."""
+    out = []
+    for name, d in setup.daemons.items():
+        log = (d.root / "log" / "modeld.log").read_text(errors="replace").splitlines()[-15:]
+        try:
+            ps: object = d.client.ps()
+        except Exception as exc:  # the daemon does not answer: that is the context
+            ps = exc
+        out.append(f"{name}: {ps!r}\n" + "\n".join(log))
+    return "\n".join(out)
 
 
 def test_cluster_ps_shows_every_node(setup: Setup) -> None:

@@ -179,6 +179,9 @@ class _Link:
         self.key, self.plan = key, plan
         self.release = asyncio.Event()
         self.served: list[str] = []
+        self.ids: list[str] = []  # the requests' ids, as the node got them
+        self.cancelled: list[str] = []  # ids the ingress cancelled by name
+        self.closed: list[str] = []  # ids whose stream was closed (its finally ran)
 
     async def probe(self, model: str | None) -> dict[str, Any]:
         return {"node": self.key, "plan": self.plan, "would_evict": [], "running": 0,
@@ -191,13 +194,22 @@ class _Link:
         import json
 
         self.served.append(json.loads(info["body"])["model"])
-        yield {"type": "http.response.start", "status": 200,
-               "headers": [(b"content-type", b"application/json")]}
-        await self.release.wait()
-        yield {"type": "http.response.body", "body": b"{}"}
+        self.ids.append(info["id"])
+        try:
+            yield {"type": "http.response.start", "status": 200,
+                   "headers": [(b"content-type", b"application/json")]}
+            await self.release.wait()
+            yield {"type": "http.response.body", "body": b"{}"}
+        finally:
+            self.closed.append(info["id"])
+
+    async def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
 
 
-async def _request(ingress: Any, model: str) -> list[dict[str, Any]]:
+async def _request(ingress: Any, model: str, leave: asyncio.Event | None = None
+                   ) -> list[dict[str, Any]]:
+    """One request through ``ingress``; the client stays, or leaves when ``leave`` is set."""
     import json
 
     body = json.dumps({"model": model}).encode()
@@ -207,7 +219,7 @@ async def _request(ingress: Any, model: str) -> list[dict[str, Any]]:
     async def receive() -> dict[str, Any]:
         if parts:
             return parts.pop()
-        await asyncio.sleep(3600)  # the client stays
+        await (leave or asyncio.Event()).wait()
         return {"type": "http.disconnect"}
 
     async def send(message: dict[str, Any]) -> None:
@@ -258,3 +270,28 @@ def test_round_robin_ignores_where_a_model_is() -> None:
 
     a, b = asyncio.run(main())
     assert a.served == ["m", "m"] and b.served == ["m", "m"]
+
+
+def test_a_client_that_leaves_is_cancelled_on_its_node_by_name() -> None:
+    from modeld.cluster.ingress import Ingress
+
+    async def main() -> tuple[_Link, list[Any]]:
+        a = _Link("a", "loaded")
+        ingress = Ingress([a])
+        leave = asyncio.Event()
+        request = asyncio.ensure_future(_request(ingress, "m", leave))
+        while not a.served:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)  # the head was relayed; the node waits for its next part
+        leave.set()
+        sent = await request
+        for _ in range(100):  # the cancel by name is sent beside the request's end
+            if a.cancelled:
+                break
+            await asyncio.sleep(0.01)
+        return a, sent
+
+    a, sent = asyncio.run(main())
+    assert [m["type"] for m in sent] == ["http.response.start"]  # nothing after the head
+    assert a.cancelled == a.ids == a.closed  # the node's stream closed, and told by name
+    assert len(a.ids[0]) == 32

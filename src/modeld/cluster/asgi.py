@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -27,10 +28,11 @@ CANCEL_GRACE_S = 2.0
 
 
 def request_info(scope: MutableMapping[str, Any], body: bytes) -> dict[str, Any]:
-    """What the node needs of an HTTP request: picklable, access headers left out."""
+    """What the node needs of an HTTP request: picklable, access headers left out; ``id``
+    names it for an explicit cancel (:meth:`modeld.cluster.node.NodeAgent.cancel`)."""
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope.get("headers", [])
                if k.decode("latin-1").lower() not in HOP_HEADERS]
-    return {"method": scope["method"], "path": scope["path"],
+    return {"id": uuid.uuid4().hex, "method": scope["method"], "path": scope["path"],
             "query_string": scope.get("query_string", b"").decode("latin-1"),
             "headers": headers, "body": body}
 

@@ -50,6 +50,8 @@ class NodeLink(Protocol):
 
     def http(self, info: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
 
+    async def cancel(self, request_id: str) -> None: ...
+
 
 class Ingress:
     """The routing state: the links, requests in flight per node and model, nodes down."""
@@ -68,6 +70,7 @@ class Ingress:
         self.names: dict[str, str] = {}  # link -> node name its daemon reported
         self.turn = 0
         self.routed: Counter[str] = Counter()  # link -> requests routed (for tests, /cluster/ps)
+        self._cancels: set[asyncio.Task[None]] = set()  # explicit cancels on their way
 
     # ------------------------------------------------------------------ probing
 
@@ -133,6 +136,19 @@ class Ingress:
             return
         await self._relay(key, model or "", asgi.request_info(scope, body), scope, receive, send)
 
+    def _cancel_on(self, key: str, request_id: str) -> None:
+        """Tell the node to stop ``request_id`` by name as well: Ray's cancel of a handle call
+        is best effort (ray-project/ray#52533: a child request can run on), and a generation
+        left running holds the model for minutes."""
+
+        async def tell() -> None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.links[key].cancel(request_id), PROBE_TIMEOUT_S)
+
+        task = asyncio.ensure_future(tell())
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
+
     async def _body(self, receive: Receive) -> bytes:
         data = bytearray()
         while True:
@@ -196,6 +212,9 @@ class Ingress:
                 work.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await work
+                self._cancel_on(key, info["id"])
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await stream.aclose()  # type: ignore[attr-defined]  # (left at a yield: now)
             self.sent[key] -= 1
             self.sent_for[key, model] -= 1
             with contextlib.suppress(Exception):

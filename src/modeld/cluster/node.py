@@ -65,6 +65,10 @@ class NodeAgent:
         self._lost: asyncio.Event | None = None
         self._watch: asyncio.Task[None] | None = None
         self._running = 0
+        #: requests running, by id: set to stop one (:meth:`cancel`); ids cancelled before
+        #: their request arrived (two Ray calls need not arrive in order), oldest first
+        self._stops: dict[str, asyncio.Event] = {}
+        self._early: dict[str, None] = {}
         try:
             self._client.ping()
         except DaemonUnavailableError:
@@ -188,19 +192,27 @@ class NodeAgent:
         if self._watch is None or self._watch.done():
             self._watch = asyncio.ensure_future(self._watchdog(lost))
         stream = asgi.run(self._app, info)
+        rid = str(info.get("id") or "")
+        stop = self._stops[rid] = asyncio.Event()
+        if rid in self._early:
+            del self._early[rid]
+            stop.set()
         gone = asyncio.ensure_future(lost.wait())
+        stopped = asyncio.ensure_future(stop.wait())
         step: asyncio.Future[dict[str, Any]] | None = None
         try:
-            while True:
+            while not stop.is_set():
                 step = asyncio.ensure_future(anext(stream))
-                await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
-                if not step.done():
+                await asyncio.wait({step, gone, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if gone.done() and not step.done():
                     step.cancel()
                     with contextlib.suppress(asyncio.CancelledError, Exception):
                         await step  # the stream must be idle before it is closed
                     raise DaemonUnavailableError(
                         f"the daemon of {self.name} stopped answering",
                         hint="the request was lost with it; send it again")
+                if not step.done():
+                    break  # cancelled by name: the finally closes the stream
                 try:
                     message = step.result()
                 except StopAsyncIteration:
@@ -208,7 +220,9 @@ class NodeAgent:
                 yield message
         finally:
             self._running -= 1
+            self._stops.pop(rid, None)
             gone.cancel()
+            stopped.cancel()
             if step is not None and not step.done():
                 # Cancelled (the client left) while the stream waits for its next message:
                 # a running generator cannot be closed, and left to the garbage collector its
@@ -217,6 +231,17 @@ class NodeAgent:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await step
             await stream.aclose()  # type: ignore[attr-defined]
+
+    async def cancel(self, request_id: str) -> None:
+        """Stop the request ``request_id`` (from :meth:`http`'s ``info``): its stream closes,
+        which disconnects it at the daemon. One not seen yet is stopped when it arrives."""
+        stop = self._stops.get(request_id)
+        if stop is not None:
+            stop.set()
+            return
+        self._early[request_id] = None
+        while len(self._early) > 1024:  # ids whose request never came: forget the oldest
+            del self._early[next(iter(self._early))]
 
     def close(self) -> None:
         self._client.close()

@@ -51,6 +51,9 @@ class ModeldNode:
         async for message in self.agent.http(info):
             yield message
 
+    async def cancel(self, request_id: str) -> None:
+        await self.agent.cancel(request_id)
+
     def check_health(self) -> None:
         self.agent.ping()  # a daemon that stopped answering makes Serve restart the replica
 
@@ -75,6 +78,9 @@ class _HandleLink:
                 yield message
         finally:
             stream.cancel()
+
+    async def cancel(self, request_id: str) -> None:
+        await self.handle.cancel.remote(request_id)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0, "resources": {HEAD: 0.001}},
