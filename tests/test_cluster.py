@@ -254,6 +254,13 @@ def _explain(setup: Setup) -> str:
         except Exception as exc:  # the daemon does not answer: that is the context
             ps = exc
         out.append(f"{name}: {ps!r}\n" + "\n".join(log))
+    try:  # and Serve's: did the proxy see the client leave, did a replica log the cancel
+        logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+        for path in sorted(logs.glob("proxy_*.log")) + sorted(logs.glob("replica_*.log")):
+            out.append(f"{path.name}:\n" + "\n".join(path.read_text(
+                errors="replace").splitlines()[-6:]))
+    except Exception as exc:
+        out.append(f"no Serve logs: {exc!r}")
     return "\n".join(out)
 
 
