@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from fakenvml import FakeCard, FakeNvml
-from modeld import protocol
+from modeld import protocol, runnerwire
 from modeld.cache.policy import EvictionReason, ModelKey
 from modeld.daemon import forkserver, views
 from modeld.daemon.jobs import Job, request_job
+from modeld.errors import ErrorCode
 from modeld.options import Sampling
 from modeld.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
 from test_scheduler import CLIENT, Harness, make
@@ -231,3 +232,28 @@ def test_vram_cap_bounds_each_cards_budget(card: FakeCard, models: tuple[Path, P
     entry = h.cache.get(job.key)
     assert entry is not None and sum(entry.vram) <= 800 * MiB
     assert 0 < load_of(h, "r1")["gpu_layers"] < LAYERS
+
+
+def test_a_prompt_that_outgrows_a_model_on_the_card_grows_it_there(
+    card: FakeCard, model_factory: Any
+) -> None:
+    """The growth is sized as the load was: with the layers on the card, not as if every
+    layer had to fit in RAM (a RAM budget that could never hold them all refused it)."""
+    model = Path(model_factory("llama", **dict(SHAPE, context_length=32768, seed=3)))
+    h = make(budget=96 * MiB, ctx_floor=512)
+    job = Job(client=CLIENT, rid="L", kind="load", key=ModelKey.for_file(str(model), "generate"),
+              name=model.stem, n_ctx=512, parallel=1)
+    h.sched.submit(job)
+    ready_on_card(h, card, "r1")
+    assert load_of(h, "r1")["gpu_layers"] == LAYERS
+    a = h.submit(model, "a", max_tokens=64)
+    h.runner_says("r1", runnerwire.error(a.runner_rid, ErrorCode.CONTEXT_EXCEEDED, "too long",
+                                         {"prompt_tokens": 3000, "n_ctx": 512}))
+    assert not [m for j, m in h.replies if j is a], h.replies  # not refused: reloaded
+    assert h.sup.stopped == ["r1"]
+    h.sup.runners["r1"].popen.code = 0  # type: ignore[attr-defined]  # its memory is free
+    h.sched.tick()
+    runner = h.sup.spawned[-1]
+    assert runner != "r1"
+    load = load_of(h, runner)
+    assert load["n_ctx"] >= 3072 and load["gpu_layers"] == LAYERS

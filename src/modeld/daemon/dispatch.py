@@ -9,7 +9,7 @@ ends (its reply sent, its id released). Owned by the daemon's event loop (no loc
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from modeld import ctx, placement, protocol, runnerwire, sizing
@@ -48,6 +48,9 @@ class Dispatch:
         self.leases = RpcLeases()  # which runner holds which RPC worker
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self.asked: dict[ModelKey, Asked] = {}  # what ``load`` set, kept through reloads
+        #: where a load of a model goes (its KV type, its cards: admission.Admission.where),
+        #: so a growth is sized as its load was; None: on the CPU
+        self.where_of: Callable[[ModelKey, str, list[Job]], placement.Where] | None = None
         self._seq = 0
         # Usable CPUs (affinity, cgroup quota): read once, not on every request.
         self.cpu_threads = sizing.default_threads()
@@ -320,6 +323,7 @@ class Dispatch:
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
                 prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
                 current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
+                **self._placed(slot, job),
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
@@ -334,6 +338,13 @@ class Dispatch:
         self.enqueue(slot, job, front=True)
         return True
 
+    def _placed(self, slot: Slot, job: Job) -> dict[str, Any]:
+        """How a larger context for ``slot`` is charged: to RPC workers, or with its layers on
+        the cards as its load placed them (context_for_prompt's ``offload`` and ``where``)."""
+        if slot.rpc or self.where_of is None:
+            return {"offload": bool(slot.rpc)}
+        return {"where": self.where_of(slot.key, slot.name, [job])}
+
     def _continue(self, slot: Slot, job: Job, msg: dict[str, Any], resume: list[Any],
                   loaded: int, baseline: int) -> None:
         """Queue ``job`` again at the head to go on writing its reply (runner/resume.py): with
@@ -345,7 +356,7 @@ class Dispatch:
             n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings, prompt,
                 max(1, int(job.payload.get("max_tokens", 256)) - written), slot.planned_parallel,
-                current=loaded,
+                current=loaded, **self._placed(slot, job),
             )  # fmt: skip
         except ContextExceededError as exc:
             log.info("%s: a reply of %d tokens ends at n_ctx %d: %s", slot.name, written,

@@ -65,6 +65,7 @@ class Scheduler:
         self.pool = RunnerPool(settings, cache, supervisor, clock)
         self.dispatch = Dispatch(settings, cache, supervisor, send)
         self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
+        self.dispatch.where_of = self.admission.where
         self.stopping = False
         self.prechecks = workercheck.Prechecks()  # loads onto RPC workers, asked HELLO first
         self._last_file_check = 0.0
