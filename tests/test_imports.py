@@ -22,6 +22,7 @@ PURE_MODULES = [
     "modeld.images",
     "modeld.projector",
     "modeld.runnerwire",
+    "modeld.requestfields",
     "modeld.replyflow",
     "modeld.sizing",
     "modeld.rpcplan",

@@ -43,7 +43,7 @@ def test_request_drops_none_values() -> None:
     msg = protocol.request("generate", "1", model=None, prompt="x")
     assert "model" not in msg.body
     assert protocol.parse_request(msg) == protocol.GenerateRequest(
-        None, "x", None, protocol.GenerateOptions()
+        model=None, prompt="x", options=protocol.GenerateOptions()
     )
 
 

@@ -21,19 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from modeld import images, options
+from modeld import options, requestfields
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
-from modeld.messages import (
-    ChatMessage,
-    Tool,
-    parse_format,
-    parse_messages,
-    parse_tool_choice,
-    parse_tools,
-)
+from modeld.messages import parse_format
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
+from modeld.requestfields import Asked
 from modeld.textcheck import check_text, too_deep
 
 #: Request types a client may send.
@@ -229,31 +223,16 @@ class GenerateOptions:
     deterministic: bool | None = None
 
 
-@dataclass(frozen=True)
-class GenerateRequest:
-    """A completion of ``prompt`` or a reply to ``messages``; ``tools`` the model may call
-    (``tool_choice``: auto, none, required or ``function:NAME``), ``format`` "json" or a JSON
-    Schema the reply must satisfy, ``think``: the model's thinking on/off (None: its default)."""
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest(Asked):
+    """A completion of ``prompt`` or a reply to ``messages`` (the fields it shares with the
+    runner's message: :class:`modeld.requestfields.Asked`); ``format`` "json" or a JSON Schema
+    the reply must satisfy (the daemon makes it a grammar)."""
 
     mode: ClassVar[str] = "generate"  # the model mode it needs
     model: str | None
-    prompt: str | None
-    messages: tuple[ChatMessage, ...] | None
     options: GenerateOptions
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "auto"
     format: str | dict[str, Any] | None = None
-    think: bool | None = None
-    #: Build and tokenize the prompt, evaluate nothing: the ``done`` carries its prompt_tokens.
-    count_only: bool = False
-    #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
-    stream: bool = True
-    #: base64 images shown before ``prompt`` (messages carry their own)
-    images: tuple[str, ...] = ()
-
-    @property
-    def has_images(self) -> bool:
-        return bool(self.images) or any(m.images for m in self.messages or ())
 
 
 @dataclass(frozen=True)
@@ -341,24 +320,9 @@ def parse_request(msg: Message) -> ParsedRequest:
 
 
 def _generate(b: _Body) -> GenerateRequest:
-    prompt = b.opt_str("prompt")
-    raw_messages = b.body.get("messages")
-    if (prompt is None) == (raw_messages is None):
-        raise b.fail("give exactly one of 'prompt' or 'messages'")
-    messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
-    if messages is not None and b.body.get("images"):
-        raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
-    tools = parse_tools(b.body.get("tools"), b.fail)
-    think = b.body.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise b.fail("'think' must be true or false")
-    return GenerateRequest(
-        b.opt_str("model"), prompt, messages, b.generate_options(), tools,
-        parse_tool_choice(b.body.get("tool_choice"), tools, b.fail),
-        parse_format(b.body.get("format"), b.fail), think, b.flag("count_only"),
-        b.flag("stream", default=True),
-        images.parse_list(b.body.get("images"), "'images'", b.fail),
-    )  # fmt: skip
+    asked = requestfields.parse(b.body, requestfields.CLIENT, b.fail)
+    return GenerateRequest(model=b.opt_str("model"), options=b.generate_options(),
+                           format=parse_format(b.body.get("format"), b.fail), **asked)
 
 
 def _embed(b: _Body) -> EmbedRequest:

@@ -22,10 +22,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
+from modeld import requestfields
 from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import ErrorCode
-from modeld.messages import ChatMessage, Tool
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.options import NAMES as OPTION_NAMES
 from modeld.options import Sampling
 from modeld.protocol import ProtocolError
 from modeld.replies import (
@@ -237,62 +238,18 @@ def load_failed(
     return msg
 
 
-def generate(
-    rid: str,
-    *,
-    prompt: str | None = None,
-    messages: Sequence[ChatMessage | Mapping[str, Any]] | None = None,
-    raw: bool = False,
-    sampling: Sampling = DEFAULT_SAMPLING,
-    deterministic: bool = False,
-    tools: Sequence[Tool] = (),
-    tool_choice: str = "auto",
-    grammar: str | None = None,
-    think: bool | None = None,
-    count_only: bool = False,
-    stream: bool = True,
-    images: Sequence[str] = (),
-    **options: Any,
-) -> dict[str, Any]:
-    """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
-    greedy request the daemon sends only to an otherwise idle runner; ``grammar``: GBNF the
-    reply must follow (checked by the daemon: a grammar llama.cpp rejects never reaches a
-    runner); ``tools``/``tool_choice``/``think``/``count_only`` as in the client protocol
-    (``count_only``: reply with the prompt's token count, evaluating nothing; ``stream`` false:
-    the client reads the reply whole, so its text comes in fewer chunks); ``options``:
-    sampling fields that override ``sampling``'s (``max_tokens=16``). The daemon adds
-    ``grow`` and ``resume`` when it sends one (a reply that outgrows its context:
-    runner/resume.py)."""
-    if options:
-        overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
-                                     for k, v in options.items()}  # fmt: skip
+def generate(rid: str, *, sampling: Sampling = DEFAULT_SAMPLING, **fields: Any) -> dict[str, Any]:
+    """A generation request: ``fields`` are those of :mod:`modeld.requestfields` (what the
+    client asked, what the daemon decided: ``prompt`` or ``messages``, ``raw``, ``think``,
+    ``grammar``, ...) and sampling options that override ``sampling``'s (``max_tokens=16``).
+    The daemon adds ``n_threads`` when it sends one, and ``grow``/``resume`` when a reply
+    outgrows its context (runner/resume.py)."""
+    overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
+                                 for k, v in fields.items() if k in OPTION_NAMES}  # fmt: skip
+    if overrides:
         sampling = dataclasses.replace(sampling, **overrides)
-    msg: dict[str, Any] = {
-        "type": "generate",
-        "rid": rid,
-        "raw": raw,
-        **sampling.to_wire(),
-        "deterministic": deterministic,
-    }
-    if prompt is not None:
-        msg["prompt"] = prompt
-    if messages is not None:
-        msg["messages"] = [m.to_wire() if isinstance(m, ChatMessage) else dict(m)
-                           for m in messages]  # fmt: skip
-    if tools:
-        msg["tools"] = [t.to_wire() for t in tools]
-        msg["tool_choice"] = tool_choice
-    if grammar is not None:
-        msg["grammar"] = grammar
-    if think is not None:
-        msg["think"] = think
-    if count_only:
-        msg["count_only"] = True
-    if not stream:
-        msg["stream"] = False
-    if images:  # base64, shown before the prompt (messages carry their own)
-        msg["images"] = list(images)
-    return msg
+    asked = {k: v for k, v in fields.items() if k not in OPTION_NAMES}
+    return {"type": "generate", "rid": rid, **sampling.to_wire(), **requestfields.to_wire(asked)}
 
 
 def embed(rid: str, inputs: Sequence[str]) -> dict[str, Any]:

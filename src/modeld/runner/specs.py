@@ -11,13 +11,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import images, options
+from modeld import options, requestfields
 from modeld.config import PROMPT_CACHE_MIB
 from modeld.errors import InvalidRequestError
 from modeld.memory import KV_CACHE_TYPES
-from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
+from modeld.messages import forces_call
 from modeld.options import Sampling
 from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
+from modeld.requestfields import Asked, Decided
 
 #: Streamed text is sent at most this often per sequence (the first piece at once). Each message
 #: wakes the daemon and the client; on 2 cores one per token cost ~3% of the decode rate because
@@ -55,29 +56,13 @@ class LoadSpec:
     mmproj: str | None = None  # the image projector to load beside the model (issue 38)
 
 
-@dataclass(frozen=True)
-class GenerateSpec:
-    rid: str
-    prompt: str | None
-    messages: tuple[ChatMessage, ...] | None
-    raw: bool
-    sampling: Sampling
-    n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "auto"
-    grammar: str | None = None  # GBNF the reply follows (the daemon checked it parses)
-    think: bool | None = None
-    count_only: bool = False  # reply with the prompt's token count; evaluate nothing
-    stream: bool = True  # the client reads the reply as it comes (false: whole, at the end)
-    # a reply that ran out of cells goes on (runner/resume.py): ``grow`` lets it stop for a
-    # larger context; ``resume`` are the tokens it wrote before (the last not yet decoded)
-    grow: bool = False
-    resume: tuple[int, ...] = ()
-    images: tuple[str, ...] = ()  # base64, shown before ``prompt`` (messages carry their own)
+@dataclass(frozen=True, kw_only=True)
+class GenerateSpec(Asked, Decided):
+    """A runner's generate request: what the client asked and the daemon decided (their fields
+    declared in :mod:`modeld.requestfields`), its sampling and the daemon's ``rid``."""
 
-    @property
-    def has_images(self) -> bool:
-        return bool(self.images) or any(m.images for m in self.messages or ())
+    rid: str
+    sampling: Sampling
 
     @property
     def chunk_interval_s(self) -> float:
@@ -178,61 +163,12 @@ def _rpc(value: object) -> tuple[str, ...]:
 
 def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
     rid = _str(msg, "rid")
-    prompt = msg.get("prompt")
-    raw_messages = msg.get("messages")
-    if (prompt is None) == (raw_messages is None):
-        raise ProtocolError("generate: give exactly one of 'prompt' or 'messages'")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ProtocolError("generate: 'prompt' must be a string")
 
     def fail(text: str) -> ProtocolError:
         return ProtocolError(f"generate: {text}")
 
-    messages = None if raw_messages is None else parse_messages(raw_messages, fail)
-    raw = msg.get("raw", False)
-    if not isinstance(raw, bool):
-        raise ProtocolError("generate: 'raw' must be a boolean")
-    tools = parse_tools(msg.get("tools"), fail)
-    grammar = msg.get("grammar")
-    if grammar is not None and (not isinstance(grammar, str) or not grammar):
-        raise ProtocolError("generate: 'grammar' must be a non-empty string")
-    think = msg.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise ProtocolError("generate: 'think' must be a boolean")
-    choice = msg.get("tool_choice", "auto")
-    if not isinstance(choice, str):
-        raise ProtocolError("generate: 'tool_choice' must be a string")
-    count_only = msg.get("count_only", False)
-    if not isinstance(count_only, bool):
-        raise ProtocolError("generate: 'count_only' must be a boolean")
-    stream = msg.get("stream", True)
-    if not isinstance(stream, bool):
-        raise ProtocolError("generate: 'stream' must be a boolean")
-    grow = msg.get("grow", False)
-    if not isinstance(grow, bool):
-        raise ProtocolError("generate: 'grow' must be a boolean")
-    resume = msg.get("resume", [])
-    if not isinstance(resume, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in resume
-    ):
-        raise ProtocolError("generate: 'resume' must be a list of token ids")
-    return GenerateSpec(
-        rid=rid,
-        prompt=prompt,
-        messages=messages,
-        raw=raw,
-        sampling=options.parse(msg, fail),
-        n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
-        tools=tools,
-        tool_choice=choice,
-        grammar=grammar,
-        think=think,
-        count_only=count_only,
-        stream=stream,
-        grow=grow,
-        resume=tuple(resume),
-        images=images.parse_list(msg.get("images"), "'images'", fail),
-    )
+    fields = requestfields.parse(msg, requestfields.RUNNER, fail)
+    return GenerateSpec(rid=rid, sampling=options.parse(msg, fail), **fields)
 
 
 def parse_embed(msg: Mapping[str, Any]) -> EmbedSpec:

@@ -1,0 +1,114 @@
+"""The generate request's one declaration (requestfields, pure) drives all three sides: the
+client protocol's parser, the daemon's runner message and the runner's parser."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+import pytest
+
+from modeld import options, protocol, requestfields
+from modeld import runnerwire as rp
+from modeld.messages import Tool
+from modeld.protocol import ProtocolError
+from modeld.runner import specs
+
+PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(16)).decode()
+#: A value other than the default for each kind of check (a new field of a known kind needs none).
+SAMPLES: dict[Any, Any] = {
+    requestfields._text: "p2",
+    requestfields._nonempty: 'root ::= "a"',
+    requestfields._maybe_flag: True,
+    requestfields._messages: [{"role": "user", "content": "hi"}],
+    requestfields._tools: [{"name": "f"}],
+    requestfields._wire_choice: "required",
+    requestfields._images: [PNG],
+    requestfields._tokens: [1, 2],
+    requestfields._threads: 3,
+}
+
+
+def _sample(f: dataclasses.Field[Any]) -> dict[str, Any]:
+    """A request body where ``f`` has a value other than its default (and what it needs)."""
+    check = f.metadata["check"]
+    value = (not f.default) if check is requestfields._flag else SAMPLES[check]
+    body: dict[str, Any] = {"prompt": "p", f.name: value}
+    if f.name == "messages":
+        del body["prompt"]
+    if f.metadata["only_with"]:
+        body[f.metadata["only_with"]] = [{"name": "f"}]
+    return body
+
+
+def test_every_field_has_a_doc_line_and_a_name_of_its_own() -> None:
+    for f in requestfields.HOPS[requestfields.RUNNER]:
+        assert f.metadata["doc"] and "\n" not in f.metadata["doc"], f.name
+    assert not requestfields.NAMES & options.NAMES  # both are top-level keys of one message
+    assert not requestfields.NAMES & {"type", "rid", "model", "options", "format"}
+    assert {f.name for f in requestfields.HOPS[requestfields.CLIENT]} == {
+        f.name for f in dataclasses.fields(requestfields.Asked)}  # fmt: skip
+
+
+@pytest.mark.parametrize("f", requestfields.ASKED, ids=lambda f: f.name)
+def test_a_field_the_client_asks_reaches_the_runner_as_asked(f: dataclasses.Field[Any]) -> None:
+    """Client body -> protocol.parse_request -> the daemon's copy (requestfields.asked) ->
+    runnerwire.generate -> specs.parse_generate: the runner sees what the client asked."""
+    req = protocol.parse_request(protocol.request("generate", "1", **_sample(f)))
+    assert isinstance(req, protocol.GenerateRequest)
+    assert getattr(req, f.name) != f.default
+    wire = rp.decode(rp.encode(rp.generate("r", **requestfields.asked(req))))
+    assert f.name in wire
+    spec = specs.parse_generate(wire)
+    assert getattr(spec, f.name) == getattr(req, f.name)
+
+
+@pytest.mark.parametrize("f", requestfields.DECIDED, ids=lambda f: f.name)
+def test_a_field_the_daemon_decides_reaches_the_runner(f: dataclasses.Field[Any]) -> None:
+    value = _sample(f)[f.name]
+    spec = specs.parse_generate(rp.generate("r", prompt="p", **{f.name: value}))
+    typed = tuple(value) if isinstance(value, list) else value
+    assert getattr(spec, f.name) == typed != f.default
+    client = protocol.parse_request(protocol.request("generate", "1", **_sample(f)))
+    assert not hasattr(client, f.name) or f.name == "raw"  # raw: the client's options.raw
+    with pytest.raises(TypeError, match="unknown generate field 'nope'"):
+        rp.generate("r", prompt="p", nope=1)
+
+
+@pytest.mark.parametrize("hop", [requestfields.CLIENT, requestfields.RUNNER])
+def test_a_bad_type_is_refused_naming_the_field(hop: str) -> None:
+    for f in requestfields.HOPS[hop]:
+        body = {**_sample(f), f.name: {"bad": 1}}
+        with pytest.raises(ProtocolError) as caught:
+            if hop == requestfields.CLIENT:
+                protocol.parse_request(protocol.request("generate", "1", **body))
+            else:
+                specs.parse_generate({"type": "generate", "rid": "r", **body})
+        assert repr(f.name) in caught.value.message, (f.name, caught.value.message)
+
+
+def test_defaults_stay_off_the_wire_as_before() -> None:
+    """The runner message is what the hand-written builder sent: defaults left out (``raw``
+    and ``deterministic`` always sent), ``tool_choice`` only beside tools."""
+    sent = rp.generate("r", prompt="p")
+    assert set(sent) == {"type", "rid", "raw", "deterministic", "prompt"} | options.NAMES
+    assert "tool_choice" not in rp.generate("r", prompt="p", tool_choice="none")
+    full = rp.generate("r", messages=[{"role": "user", "content": "x"}], tools=[Tool("f")],
+                       tool_choice="function:f", grammar="g", think=False, count_only=True,
+                       stream=False, max_tokens=3)  # fmt: skip
+    assert {k: v for k, v in full.items() if k not in options.NAMES} == {
+        "type": "generate", "rid": "r", "raw": False, "deterministic": False,
+        "messages": [{"role": "user", "content": "x"}], "tools": [Tool("f").to_wire()],
+        "tool_choice": "function:f", "grammar": "g", "think": False, "count_only": True,
+        "stream": False,
+    }  # fmt: skip
+    assert full["max_tokens"] == 3
+
+
+def test_exactly_one_of_prompt_or_messages_on_both_sides() -> None:
+    for body in ({}, {"prompt": "p", "messages": [{"role": "user", "content": "x"}]}):
+        with pytest.raises(ProtocolError, match="exactly one of 'prompt' or 'messages'"):
+            protocol.parse_request(protocol.request("generate", "1", **body))
+        with pytest.raises(ProtocolError, match="exactly one of 'prompt' or 'messages'"):
+            specs.parse_generate({"type": "generate", "rid": "r", **body})
