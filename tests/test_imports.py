@@ -23,6 +23,7 @@ PURE_MODULES = [
     "modeld.projector",
     "modeld.runnerwire",
     "modeld.requestfields",
+    "modeld.loadfields",
     "modeld.replyflow",
     "modeld.sizing",
     "modeld.rpcplan",

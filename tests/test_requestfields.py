@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from modeld import options, protocol, requestfields
+from modeld import loadfields, options, protocol, requestfields
 from modeld import runnerwire as rp
 from modeld.messages import Tool
 from modeld.protocol import ProtocolError
@@ -18,9 +18,9 @@ from modeld.runner import specs
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(16)).decode()
 #: A value other than the default for each kind of check (a new field of a known kind needs none).
 SAMPLES: dict[Any, Any] = {
-    requestfields._text: "p2",
-    requestfields._nonempty: 'root ::= "a"',
-    requestfields._maybe_flag: True,
+    requestfields.text: "p2",
+    requestfields.nonempty: 'root ::= "a"',
+    requestfields.maybe_flag: True,
     requestfields._messages: [{"role": "user", "content": "hi"}],
     requestfields._tools: [{"name": "f"}],
     requestfields._wire_choice: "required",
@@ -33,7 +33,7 @@ SAMPLES: dict[Any, Any] = {
 def _sample(f: dataclasses.Field[Any]) -> dict[str, Any]:
     """A request body where ``f`` has a value other than its default (and what it needs)."""
     check = f.metadata["check"]
-    value = (not f.default) if check is requestfields._flag else SAMPLES[check]
+    value = (not f.default) if check is requestfields.flag else SAMPLES[check]
     body: dict[str, Any] = {"prompt": "p", f.name: value}
     if f.name == "messages":
         del body["prompt"]
@@ -112,3 +112,41 @@ def test_exactly_one_of_prompt_or_messages_on_both_sides() -> None:
             protocol.parse_request(protocol.request("generate", "1", **body))
         with pytest.raises(ProtocolError, match="exactly one of 'prompt' or 'messages'"):
             specs.parse_generate({"type": "generate", "rid": "r", **body})
+
+
+# --------------------------------------------------------------------------- the runner's load
+
+LOAD_SAMPLES: dict[str, Any] = {
+    "path": "/m.gguf", "mode": "embed", "n_ctx": 1024, "n_threads": 2, "n_batch": 256,
+    "seed": 5, "chat_format": "gemma", "prompt_cache_mib": 0, "warm_up": False,
+    "prompt_cache_dir": "/c", "parallel": 4, "rpc": ["10.0.0.1:50052"], "rpc_ctx_floor": 512,
+    "rpc_memory": 1 << 30, "gpu_layers": -1, "tensor_split": [1, 2.5], "type_k": "q8_0",
+    "type_v": "q4_0", "handoff": "/c/h-1", "handoff_pid": 42, "mmproj": "/p.gguf",
+}  # fmt: skip
+
+
+def test_every_load_field_is_built_by_the_daemon_and_read_by_the_runner() -> None:
+    assert set(LOAD_SAMPLES) == {f.name for f in loadfields.FIELDS}  # a new field: add it here
+    wire = rp.decode(rp.encode(rp.load(**LOAD_SAMPLES)))
+    spec = specs.parse_load(wire)
+    for f in loadfields.FIELDS:
+        value = LOAD_SAMPLES[f.name]
+        assert getattr(spec, f.name) == (tuple(value) if isinstance(value, list) else value)
+        assert getattr(spec, f.name) != f.default, f.name
+        assert f.metadata["doc"], f.name
+    least = rp.load("/m.gguf", n_ctx=512, n_threads=1)  # what every load message carries
+    assert set(least) == {"type", "path", "mode", "n_ctx", "n_threads", "n_batch", "seed",
+                          "prompt_cache_mib", "warm_up"}  # fmt: skip
+    assert "rpc_ctx_floor" not in rp.load("/m.gguf", n_ctx=512, n_threads=1, rpc_ctx_floor=256)
+    with pytest.raises(TypeError, match="'n_threads' is required"):
+        rp.load("/m.gguf", n_ctx=512)
+    with pytest.raises(TypeError, match="unknown load field 'nope'"):
+        rp.load("/m.gguf", n_ctx=512, n_threads=1, nope=1)
+
+
+@pytest.mark.parametrize("f", loadfields.FIELDS, ids=lambda f: f.name)
+def test_a_bad_load_field_is_refused_naming_it(f: dataclasses.Field[Any]) -> None:
+    msg = {**rp.load(**LOAD_SAMPLES), f.name: {"bad": 1}}
+    with pytest.raises(ProtocolError) as caught:
+        specs.parse_load(msg)
+    assert caught.value.message.startswith("load: ") and repr(f.name) in caught.value.message

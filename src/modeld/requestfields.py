@@ -36,23 +36,23 @@ Check = Callable[[Any, str, Fail, Mapping[str, Any]], Any]
 CLIENT, RUNNER = "client", "runner"
 
 
-def _flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+def flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     if not isinstance(value, bool):
         raise fail(f"{name!r} must be true or false")
     return value
 
 
-def _maybe_flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    return None if value is None else _flag(value, name, fail, got)
+def maybe_flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    return None if value is None else flag(value, name, fail, got)
 
 
-def _text(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+def text(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     if value is not None and not isinstance(value, str):
         raise fail(f"{name!r} must be a string")
     return value
 
 
-def _nonempty(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+def nonempty(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     if value is not None and (not isinstance(value, str) or not value):
         raise fail(f"{name!r} must be a non-empty string")
     return value
@@ -95,38 +95,91 @@ def _threads(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     return value or None
 
 
+def ints(lo: int, hi: int) -> Check:
+    """The check of an integer in [lo, hi]."""
+    def check(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise fail(f"{name!r} must be an integer in [{lo}, {hi}]")
+        return value
+    return check
+
+
+def one_of(choices: Sequence[str]) -> Check:
+    """The check of one of ``choices``."""
+    def check(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+        if value not in choices:
+            raise fail(f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+    return check
+
+
 def _listed(value: Sequence[Any]) -> list[Any]:
-    return [v.to_wire() if isinstance(v, ChatMessage | Tool) else v if isinstance(v, str | int)
-            else dict(v) for v in value]  # fmt: skip
+    return [v.to_wire() if isinstance(v, ChatMessage | Tool) else dict(v)
+            if isinstance(v, Mapping) else v for v in value]  # fmt: skip
 
 
-def _f(default: Any, check: Check, doc: str, *, client: Check | None = None,
-       always: bool = False, only_with: str | None = None) -> Any:
+def declare(default: Any, check: Check, doc: str, *, client: Check | None = None,
+            always: bool = False, only_with: str | None = None) -> Any:
     """A field: ``check`` reads the runner's (wire) form, ``client`` the client's where it
     differs; the runner message carries it when it is not ``default`` (``always``: even then;
-    ``only_with``: only beside that field)."""
+    ``only_with``: only beside that field). ``default`` MISSING: the field is required."""
     meta = {"check": check, "client": client or check, "doc": doc, "always": always,
             "only_with": only_with}  # fmt: skip
     return field(default=default, metadata=meta)
+
+
+Fields = tuple[dataclasses.Field[Any], ...]
+
+
+def read(fields: Fields, src: Mapping[str, Any], fail: Fail, *,
+         client: bool = False) -> dict[str, Any]:
+    """``fields`` read from ``src`` and checked (by their ``client`` checks if ``client``); a
+    field not sent is its default, a required one is checked anyway (it fails)."""
+    got: dict[str, Any] = {}
+    for f in fields:
+        if f.name in src or f.default is dataclasses.MISSING:
+            got[f.name] = f.metadata["client" if client else "check"](
+                src.get(f.name), f.name, fail, got)
+        else:
+            got[f.name] = f.default
+    return got
+
+
+def write(fields: Fields, values: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """The wire form of ``values`` of ``fields`` (defaults left out unless ``always``)."""
+    unknown = set(values) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"unknown {what} field {sorted(unknown)[0]!r}")
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f.default is dataclasses.MISSING and f.name not in values:
+            raise TypeError(f"{what}: {f.name!r} is required")
+        value = values.get(f.name, f.default)
+        value = tuple(value) if isinstance(value, list) else value
+        with_ = f.metadata["only_with"]
+        if (value == f.default and not f.metadata["always"]) or (with_ and not values.get(with_)):
+            continue
+        out[f.name] = _listed(value) if isinstance(value, tuple) else value
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
 class Asked:
     """What a generate request asks of the model (client -> daemon -> runner)."""
 
-    prompt: str | None = _f(None, _text, "text to complete (exactly one of prompt, messages)")
-    messages: tuple[ChatMessage, ...] | None = _f(None, _messages,
-                                                  "the conversation to reply to")  # fmt: skip
-    tools: tuple[Tool, ...] = _f((), _tools, "tools the model may call")
-    tool_choice: str = _f("auto", _wire_choice, "auto, none, required or function:NAME",
-                          client=_client_choice, only_with="tools")  # fmt: skip
-    think: bool | None = _f(None, _maybe_flag, "the model's thinking on/off (None: its default)")
-    count_only: bool = _f(False, _flag, "tokenize the prompt, evaluate nothing: the done "
-                          "carries its prompt_tokens")  # fmt: skip
-    stream: bool = _f(True, _flag, "the client reads the reply as it comes (false: whole at "
-                      "the end, so fewer, larger chunks)")  # fmt: skip
-    images: tuple[str, ...] = _f((), _images, "base64 images shown before the prompt "
-                                 "(messages carry their own)")  # fmt: skip
+    prompt: str | None = declare(None, text, "text to complete (one of prompt, messages)")
+    messages: tuple[ChatMessage, ...] | None = declare(None, _messages,
+                                                       "the conversation to reply to")
+    tools: tuple[Tool, ...] = declare((), _tools, "tools the model may call")
+    tool_choice: str = declare("auto", _wire_choice, "auto, none, required or function:NAME",
+                               client=_client_choice, only_with="tools")
+    think: bool | None = declare(None, maybe_flag, "the model's thinking on/off (None: its own)")
+    count_only: bool = declare(False, flag, "tokenize the prompt, evaluate nothing: the done "
+                               "carries its prompt_tokens")
+    stream: bool = declare(True, flag, "the client reads the reply as it comes (false: whole "
+                           "at the end, so fewer, larger chunks)")
+    images: tuple[str, ...] = declare((), _images, "base64 images shown before the prompt "
+                                      "(messages carry their own)")
 
     @property
     def has_images(self) -> bool:
@@ -137,35 +190,31 @@ class Asked:
 class Decided:
     """What the daemon adds to a runner's generate message (daemon -> runner)."""
 
-    raw: bool = _f(False, _flag, "the prompt as is, no chat template (the client's "
-                   "options.raw)", always=True)  # fmt: skip
-    deterministic: bool = _f(False, _flag, "greedy and sent only to an otherwise idle runner",
-                             always=True)  # fmt: skip
-    grammar: str | None = _f(None, _nonempty, "GBNF the reply follows (the daemon checked it)")
-    n_threads: int | None = _f(None, _threads, "this request's CPU threads (None: the load's)")
-    grow: bool = _f(False, _flag, "a reply that runs out of cells stops for a larger context")
-    resume: tuple[int, ...] = _f((), _tokens, "the tokens a grown reply wrote before")
+    raw: bool = declare(False, flag, "the prompt as is, no chat template (the client's "
+                        "options.raw)", always=True)
+    deterministic: bool = declare(False, flag, "greedy, sent only to an otherwise idle runner",
+                                  always=True)
+    grammar: str | None = declare(None, nonempty, "GBNF the reply follows (the daemon checked it)")
+    n_threads: int | None = declare(None, _threads, "this request's CPU threads (None: the load's)")
+    grow: bool = declare(False, flag, "a reply that runs out of cells stops for a larger context")
+    resume: tuple[int, ...] = declare((), _tokens, "the tokens a grown reply wrote before")
 
 
-ASKED: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Asked)
-DECIDED: tuple[dataclasses.Field[Any], ...] = dataclasses.fields(Decided)
+ASKED: Fields = dataclasses.fields(Asked)
+DECIDED: Fields = dataclasses.fields(Decided)
 #: The fields each hop carries, in order.
-HOPS: dict[str, tuple[dataclasses.Field[Any], ...]] = {CLIENT: ASKED, RUNNER: ASKED + DECIDED}
+HOPS: dict[str, Fields] = {CLIENT: ASKED, RUNNER: ASKED + DECIDED}
 NAMES: frozenset[str] = frozenset(f.name for f in HOPS[RUNNER])
 
 
 def parse(src: Mapping[str, Any], hop: str, fail: Fail) -> dict[str, Any]:
-    """The fields ``hop`` carries, read from ``src`` and checked; ``fail(text)`` makes the
-    error to raise (the text names the field)."""
+    """The generate fields ``hop`` carries, read from ``src`` and checked; ``fail(text)`` makes
+    the error to raise (the text names the field)."""
     if (src.get("prompt") is None) == (src.get("messages") is None):
         raise fail("give exactly one of 'prompt' or 'messages'")
     if src.get("messages") is not None and src.get("images"):
         raise fail("'images' goes with a 'prompt'; put a message's images on the message")
-    got: dict[str, Any] = {}
-    for f in HOPS[hop]:
-        check = f.metadata["client" if hop == CLIENT else "check"]
-        got[f.name] = check(src[f.name], f.name, fail, got) if f.name in src else f.default
-    return got
+    return read(HOPS[hop], src, fail, client=hop == CLIENT)
 
 
 def asked(req: Asked) -> dict[str, Any]:
@@ -175,15 +224,4 @@ def asked(req: Asked) -> dict[str, Any]:
 
 def to_wire(values: Mapping[str, Any]) -> dict[str, Any]:
     """The runner message's fields for ``values`` (others: their defaults, left out)."""
-    unknown = set(values) - NAMES
-    if unknown:
-        raise TypeError(f"unknown generate field {sorted(unknown)[0]!r}")
-    out: dict[str, Any] = {}
-    for f in HOPS[RUNNER]:
-        value = values.get(f.name, f.default)
-        value = tuple(value) if isinstance(value, list) else value
-        with_ = f.metadata["only_with"]
-        if (value == f.default and not f.metadata["always"]) or (with_ and not values.get(with_)):
-            continue
-        out[f.name] = _listed(value) if isinstance(value, tuple) else value
-    return out
+    return write(HOPS[RUNNER], values, "generate")

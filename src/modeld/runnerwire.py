@@ -22,8 +22,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from modeld import requestfields
-from modeld.config import PROMPT_CACHE_MIB
+from modeld import loadfields, requestfields
 from modeld.errors import ErrorCode
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import NAMES as OPTION_NAMES
@@ -97,84 +96,19 @@ def hello(
     return msg
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    mode: str = "generate",
-    n_ctx: int,
-    n_threads: int,
-    n_batch: int = 512,
-    seed: int = 0,
-    chat_format: str | None = None,
-    prompt_cache_mib: int = PROMPT_CACHE_MIB,
-    warm_up: bool = True,
-    prompt_cache_dir: str | None = None,
-    parallel: int = 1,
-    rpc: Sequence[str] = (),
-    rpc_ctx_floor: int | None = None,
-    rpc_memory: int | None = None,
-    gpu_layers: int = 0,
-    tensor_split: Sequence[float] = (),
-    type_k: str = "f16",
-    type_v: str = "f16",
-    handoff: str | None = None,
-    handoff_pid: int | None = None,
-    mmproj: str | None = None,
-) -> dict[str, Any]:
-    """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
+def load(path: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
+    """Ask a runner to load a model: ``fields`` are those of :class:`modeld.loadfields.LoadSpec`
+    (``n_ctx`` and ``n_threads`` required; ``n_ctx`` a positive multiple of 256). Those at their
+    defaults are left out but for the few every runner message has always carried.
 
-    ``parallel``: sequences decoded together (generate mode), each with ``n_ctx`` cells.
-
-    ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
-    ``warm_up``: run a short evaluation before replying; skipped when a request is about to
-    run anyway (it pays the same first-use costs, so a warm-up would only delay it).
-    ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
-    ``rpc``: llama.cpp RPC workers ("HOST:PORT") to register and offload every layer to.
-    ``rpc_ctx_floor``: the runner may lower ``n_ctx`` down to this so every worker's share
-    fits its memory (None: ``n_ctx`` was asked for; a share that does not fit fails the load).
-    ``rpc_memory``: the most bytes of each worker's memory to plan with (None: its free memory).
-    ``gpu_layers``: layers on the GPUs (-1 all; 0 none: the runner then keeps off the GPUs),
-    split between them by ``tensor_split`` (empty: llama.cpp's split by free memory).
-    ``type_k``/``type_v``: the KV cache types (absent: f16, as runners before them).
-    ``handoff``: the file prefix the model's previous runner (process ``handoff_pid``) writes
-    its sequences' cells to (:func:`handoff`): wait for them and restore them (runner/handoff.py).
+    ``warm_up`` false: a request is about to run anyway (it pays the same first-use costs, so a
+    warm-up would only delay it). ``rpc_ctx_floor`` (with ``rpc``): the runner may lower
+    ``n_ctx`` down to it so every worker's share fits its memory (None: ``n_ctx`` was asked for;
+    a share that does not fit fails the load). ``handoff``: the file prefix the model's previous
+    runner (process ``handoff_pid``) writes its sequences' cells to (:func:`handoff`): wait for
+    them and restore them (runner/handoff.py).
     """
-    msg: dict[str, Any] = {
-        "type": "load",
-        "path": os.fspath(path),
-        "mode": mode,
-        "n_ctx": n_ctx,
-        "n_threads": n_threads,
-        "n_batch": n_batch,
-        "seed": seed,
-        "prompt_cache_mib": prompt_cache_mib,
-        "warm_up": warm_up,
-    }
-    if prompt_cache_dir is not None:
-        msg["prompt_cache_dir"] = prompt_cache_dir
-    if parallel > 1:  # absent means one sequence (what runners before parallel decoding did)
-        msg["parallel"] = parallel
-    if chat_format is not None:
-        msg["chat_format"] = chat_format
-    if gpu_layers:
-        msg["gpu_layers"] = gpu_layers
-    if tensor_split:
-        msg["tensor_split"] = list(tensor_split)
-    if (type_k, type_v) != ("f16", "f16"):
-        msg["type_k"], msg["type_v"] = type_k, type_v
-    if rpc:
-        msg["rpc"] = list(rpc)
-        if rpc_ctx_floor is not None:
-            msg["rpc_ctx_floor"] = rpc_ctx_floor
-        if rpc_memory is not None:
-            msg["rpc_memory"] = rpc_memory
-    if handoff is not None:
-        msg["handoff"] = handoff
-        if handoff_pid is not None:
-            msg["handoff_pid"] = handoff_pid
-    if mmproj is not None:  # the image projector loaded beside the model (generate mode)
-        msg["mmproj"] = mmproj
-    return msg
+    return {"type": "load", **loadfields.write({"path": os.fspath(path), **fields})}
 
 
 def loaded(
