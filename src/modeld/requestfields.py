@@ -180,7 +180,6 @@ class Asked:
                            "at the end, so fewer, larger chunks)")
     images: tuple[str, ...] = declare((), _images, "base64 images shown before the prompt "
                                       "(messages carry their own)")
-    echo: bool = declare(False, flag, "SCRATCH: a hypothetical field (issue 37's walk-through)")
 
     @property
     def has_images(self) -> bool:
