@@ -205,6 +205,7 @@ DECIDED: Fields = dataclasses.fields(Decided)
 #: The fields each hop carries, in order.
 HOPS: dict[str, Fields] = {CLIENT: ASKED, RUNNER: ASKED + DECIDED}
 NAMES: frozenset[str] = frozenset(f.name for f in HOPS[RUNNER])
+ASKED_NAMES: frozenset[str] = frozenset(f.name for f in ASKED)
 
 
 def parse(src: Mapping[str, Any], hop: str, fail: Fail) -> dict[str, Any]:
