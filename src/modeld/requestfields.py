@@ -6,7 +6,7 @@ class, which hops carry it:
 
 - :class:`Asked`: what the client asks and the runner honours (client -> daemon -> runner);
   the client protocol's request (:class:`modeld.protocol.GenerateRequest`) and the runner's spec
-  (:class:`modeld.runner.specs.GenerateSpec`) both are one.
+  (:class:`modeld.runner.specs.GenerateSpec`) both subclass it.
 - :class:`Decided`: what the daemon adds for the runner (daemon -> runner only): its grammar,
   the determinism it promised, the threads it shares out, a resumed reply's tokens.
 
@@ -89,12 +89,6 @@ def _tokens(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     return tuple(value)
 
 
-def _threads(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
-        raise fail(f"{name!r} must be an integer in [0, 1024]")
-    return value or None
-
-
 def ints(lo: int, hi: int) -> Check:
     """The check of an integer in [lo, hi]."""
     def check(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
@@ -111,6 +105,10 @@ def one_of(choices: Sequence[str]) -> Check:
             raise fail(f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
         return str(value)
     return check
+
+
+def _threads(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    return ints(0, 1024)(value, name, fail, got) or None  # 0: the load's
 
 
 def _listed(value: Sequence[Any]) -> list[Any]:
