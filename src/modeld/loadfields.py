@@ -93,7 +93,6 @@ class LoadSpec:
     handoff_pid: int | None = declare(None, ints(1, 1 << 31), "that runner's process (its exit "
                                       "ends the wait)", only_with="handoff")
     mmproj: str | None = declare(None, nonempty, "the image projector loaded beside the model")
-    main_gpu: int = declare(0, ints(0, 16), "SCRATCH: a hypothetical GPU load field")
 
 
 FIELDS: Fields = dataclasses.fields(LoadSpec)
