@@ -150,3 +150,22 @@ def test_a_bad_load_field_is_refused_naming_it(f: dataclasses.Field[Any]) -> Non
     with pytest.raises(ProtocolError) as caught:
         specs.parse_load(msg)
     assert caught.value.message.startswith("load: ") and repr(f.name) in caught.value.message
+
+
+# --------------------------------------------------------------------------- the client's load
+
+
+@pytest.mark.parametrize("f", dataclasses.fields(protocol.LoadRequest), ids=lambda f: f.name)
+def test_the_client_load_request_is_read_from_its_table(f: dataclasses.Field[Any]) -> None:
+    """Each field of protocol.LoadRequest is declared with its check and doc: null or absent
+    is "not said" (pinned: absent only), a bad value is refused naming the field."""
+    assert f.metadata["doc"]
+    said = protocol.parse_request(protocol.request("load", "1", model="m"))
+    assert said == protocol.LoadRequest(model="m")
+    if f.name not in ("pinned", "model"):  # a null model: the default one
+        body = {"model": "m", f.name: None}
+        assert protocol.parse_request(protocol.Message("load", "1", body)) == said
+    with pytest.raises(ProtocolError) as caught:
+        protocol.parse_request(protocol.request("load", "1", **{"model": "m", f.name: {"x": 1}}))
+    assert caught.value.message.startswith("invalid load request: ")
+    assert repr(f.name) in caught.value.message

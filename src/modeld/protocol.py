@@ -14,12 +14,13 @@ A message is one ZeroMQ frame holding one UTF-8 JSON object with ``v`` (protocol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from modeld import options, requestfields
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
@@ -27,7 +28,7 @@ from modeld.messages import parse_format
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
-from modeld.requestfields import Asked
+from modeld.requestfields import Asked, Fail, declare, flag, ints, maybe, one_of, text
 from modeld.textcheck import check_text, too_deep
 
 #: Request types a client may send.
@@ -258,18 +259,62 @@ class RerankRequest:
     n_ctx: int | None = None
 
 
-@dataclass(frozen=True)
+_mode = maybe(one_of(MODES))
+
+
+def _keep_alive(value: Any, name: str, fail: Fail,
+                got: Mapping[str, Any]) -> str | int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise fail(f"{name!r} must be a duration string like '5m' or seconds")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(f"{name!r} must be finite")
+    return value
+
+
+def _rpc(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    """The model's llama.cpp RPC workers, a list of "HOST:PORT" (or a comma-separated
+    string); absent or null: none asked."""
+    from modeld.rpc import parse_endpoints
+
+    if value is None:
+        return None
+    if not isinstance(value, str | list):
+        raise fail(f"{name!r} must be a list of \"HOST:PORT\" strings")
+    try:
+        return parse_endpoints(value)
+    except InvalidRequestError as exc:
+        raise fail(exc.message) from exc
+
+
+def _kv_type(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    from modeld.memory import KV_CACHE_TYPES
+
+    if value is not None and value not in KV_CACHE_TYPES:
+        raise fail(f"{name!r} must be one of {', '.join(KV_CACHE_TYPES)}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadRequest:
-    model: str | None
-    mode: str | None = None  # None: what the model is made for (rerank for a reranker)
-    n_ctx: int | None = None
-    keep_alive: str | int | float | None = None
-    pinned: bool = False
-    parallel: int | None = None  # sequences decoded together (None: the daemon's setting)
-    rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
-    kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
-    gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
-    mmproj: str | None = None  # the image projector to load with ("": none; None: found)
+    """A ``load`` request: each field declared once (check, doc); null or absent: not said."""
+
+    model: str | None = declare(None, text, "the model's name or file")
+    mode: str | None = declare(None, _mode, "generate, embed or rerank (None: what the model "
+                               "is made for, rerank for a reranker)")
+    n_ctx: int | None = declare(None, maybe(ints(1, 1 << 24)), "the context asked for")
+    keep_alive: str | int | float | None = declare(None, _keep_alive, "how long it stays idle")
+    pinned: bool = declare(False, flag, "never evicted for room")
+    parallel: int | None = declare(None, maybe(ints(1, MAX_PARALLEL)), "sequences decoded "
+                                   "together (None: the daemon's setting)")
+    rpc: tuple[str, ...] | None = declare(None, _rpc, "llama.cpp RPC workers (None: the "
+                                          "config's, or none)")
+    kv_cache_type: str | None = declare(None, _kv_type, "f16, q8_0, q4_0 (None: the config's)")
+    gpu_layers: int | None = declare(None, maybe(ints(-1, MAX_GPU_LAYERS)), "layers on the "
+                                     "GPUs, -1 auto (None: the config's)")
+    mmproj: str | None = declare(None, text, "the image projector to load with (\"\": none; "
+                                 "None: found)")
 
 
 @dataclass(frozen=True)
@@ -351,11 +396,7 @@ def _rerank(b: _Body) -> RerankRequest:
 
 
 def _load(b: _Body) -> LoadRequest:
-    return LoadRequest(
-        b.opt_str("model"), b.mode(), b.n_ctx(), b.keep_alive(), b.flag("pinned"),
-        b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None), b.rpc(), b.kv_cache_type(),
-        b.gpu_layers(), b.opt_str("mmproj"),
-    )  # fmt: skip
+    return LoadRequest(**requestfields.read(dataclasses.fields(LoadRequest), b.body, b.fail))
 
 
 def _unload(b: _Body) -> UnloadRequest:
@@ -363,10 +404,7 @@ def _unload(b: _Body) -> UnloadRequest:
     model = b.opt_str("model")
     if not everything and model is None:
         raise b.fail("give 'model' or 'all': true")
-    mode = b.opt_str("mode")
-    if mode is not None and mode not in MODES:
-        raise b.fail(f"'mode' must be one of {MODES}")
-    return UnloadRequest(model, mode, everything)
+    return UnloadRequest(model, b.mode(), everything)
 
 
 def _show(b: _Body) -> ShowRequest:
@@ -394,30 +432,6 @@ class _Body:
         self.msg = msg
         self.body = msg.body
 
-    def rpc(self) -> tuple[str, ...] | None:
-        """``rpc``: the model's llama.cpp RPC workers, a list of "HOST:PORT" (or a
-        comma-separated string); absent or null: none asked."""
-        from modeld.rpc import parse_endpoints
-
-        value = self.body.get("rpc")
-        if value is None:
-            return None
-        if not isinstance(value, str | list):
-            raise self.fail("'rpc' must be a list of \"HOST:PORT\" strings")
-        try:
-            return parse_endpoints(value)
-        except InvalidRequestError as exc:
-            raise self.fail(exc.message) from exc
-
-    def kv_cache_type(self) -> str | None:
-        """``kv_cache_type``: f16, q8_0 or q4_0 (absent: the daemon's setting)."""
-        from modeld.memory import KV_CACHE_TYPES
-
-        value = self.body.get("kv_cache_type")
-        if value is not None and value not in KV_CACHE_TYPES:
-            raise self.fail(f"'kv_cache_type' must be one of {', '.join(KV_CACHE_TYPES)}")
-        return value if isinstance(value, str) else None
-
     def fail(self, text: str) -> ProtocolError:
         return ProtocolError(
             f"invalid {self.msg.type} request: {text}",
@@ -438,10 +452,7 @@ class _Body:
         return value
 
     def mode(self) -> str | None:
-        value = self.opt_str("mode")
-        if value is not None and value not in MODES:
-            raise self.fail(f"'mode' must be one of {MODES}")
-        return value
+        return cast("str | None", _mode(self.opt_str("mode"), "mode", self.fail, {}))
 
     def int_field(
         self, src: dict[str, Any], key: str, lo: int, hi: int, default: int | None
@@ -453,18 +464,6 @@ class _Body:
             raise self.fail(f"{key!r} must be an integer in [{lo}, {hi}]")
         return value
 
-    def float_field(
-        self, src: dict[str, Any], key: str, lo: float, hi: float, default: float
-    ) -> float:
-        value = src.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(f"{key!r} must be a number")
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise self.fail(f"{key!r} must be in [{lo}, {hi}]")
-        return float(value)
-
     def n_ctx(self, src: dict[str, Any] | None = None) -> int | None:
         return self.int_field(self.body if src is None else src, "n_ctx", 1, 1 << 24, None)
 
@@ -474,13 +473,7 @@ class _Body:
 
     def keep_alive(self, src: dict[str, Any] | None = None) -> str | int | float | None:
         value = (self.body if src is None else src).get("keep_alive")
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise self.fail("'keep_alive' must be a duration string like '5m' or seconds")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise self.fail("'keep_alive' must be finite")
-        return value
+        return _keep_alive(value, "keep_alive", self.fail, {})
 
     def generate_options(self) -> GenerateOptions:
         raw_opts = self.body.get("options", {})

@@ -98,6 +98,11 @@ def ints(lo: int, hi: int) -> Check:
     return check
 
 
+def maybe(check: Check) -> Check:
+    """``check``, with null standing for "not said" (None)."""
+    return lambda value, name, fail, got: None if value is None else check(value, name, fail, got)
+
+
 def one_of(choices: Sequence[str]) -> Check:
     """The check of one of ``choices``."""
     def check(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
