@@ -17,9 +17,8 @@ from typing import Any
 
 from modeld import requestfields
 from modeld.config import PROMPT_CACHE_MIB
-from modeld.errors import InvalidRequestError
 from modeld.memory import KV_CACHE_TYPES
-from modeld.protocol import MAX_PARALLEL, MODES
+from modeld.protocol import MAX_PARALLEL, MODES, rpc_endpoints
 from modeld.requestfields import Fail, Fields, declare, flag, ints, nonempty, one_of, text
 
 N_CTX_MAX = 1 << 24
@@ -39,16 +38,7 @@ def _n_ctx(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
 
 
 def _rpc(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise fail(f"{name!r} must be a list of \"HOST:PORT\" strings")
-    from modeld.rpc import parse_endpoints
-
-    try:
-        return parse_endpoints(value)
-    except InvalidRequestError as exc:
-        raise fail(exc.message) from exc
+    return rpc_endpoints(value, name, fail, got) or ()  # the client's check (none: empty)
 
 
 def _split(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:

@@ -273,7 +273,7 @@ def _keep_alive(value: Any, name: str, fail: Fail,
     return value
 
 
-def _rpc(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+def rpc_endpoints(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     """The model's llama.cpp RPC workers, a list of "HOST:PORT" (or a comma-separated
     string); absent or null: none asked."""
     from modeld.rpc import parse_endpoints
@@ -308,7 +308,7 @@ class LoadRequest:
     pinned: bool = declare(False, flag, "never evicted for room")
     parallel: int | None = declare(None, maybe(ints(1, MAX_PARALLEL)), "sequences decoded "
                                    "together (None: the daemon's setting)")
-    rpc: tuple[str, ...] | None = declare(None, _rpc, "llama.cpp RPC workers (None: the "
+    rpc: tuple[str, ...] | None = declare(None, rpc_endpoints, "llama.cpp RPC workers (None: the "
                                           "config's, or none)")
     kv_cache_type: str | None = declare(None, _kv_type, "f16, q8_0, q4_0 (None: the config's)")
     gpu_layers: int | None = declare(None, maybe(ints(-1, MAX_GPU_LAYERS)), "layers on the "
