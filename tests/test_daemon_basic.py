@@ -113,6 +113,11 @@ def test_chat_and_unknown_model(daemon_factory: Factory, tiny_chat_model: Path) 
     gen = c.chat(str(tiny_chat_model), [{"role": "user", "content": "hi"}], max_tokens=5)
     assert isinstance(gen.text(), str)
     assert gen.done is not None and gen.done["timings"]["completion_tokens"] >= 1
+    # a field of the request (requestfields.Asked) passed as a keyword reaches the runner
+    counted = c.chat(str(tiny_chat_model), [{"role": "user", "content": "hi"}], count_only=True)
+    assert counted.text() == "" and counted.done is not None
+    assert counted.done["usage"]["prompt_tokens"] == gen.done["usage"]["prompt_tokens"] > 0
+    assert counted.done["usage"]["completion_tokens"] == 0
     with pytest.raises(ModelNotFoundError):
         c.generate(str(tiny_chat_model.with_name("nope.gguf")), "x").text()
     with pytest.raises(ModelNotFoundError):

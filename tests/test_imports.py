@@ -22,6 +22,8 @@ PURE_MODULES = [
     "modeld.images",
     "modeld.projector",
     "modeld.runnerwire",
+    "modeld.requestfields",
+    "modeld.loadfields",
     "modeld.replyflow",
     "modeld.sizing",
     "modeld.rpcplan",

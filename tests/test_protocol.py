@@ -43,7 +43,7 @@ def test_request_drops_none_values() -> None:
     msg = protocol.request("generate", "1", model=None, prompt="x")
     assert "model" not in msg.body
     assert protocol.parse_request(msg) == protocol.GenerateRequest(
-        None, "x", None, protocol.GenerateOptions()
+        model=None, prompt="x", options=protocol.GenerateOptions()
     )
 
 
@@ -202,9 +202,7 @@ def test_parse_simple_types() -> None:
     assert _parse("unload", all=True) == protocol.UnloadRequest(None, None, True)
     assert _parse("cancel", target="r9") == protocol.CancelRequest("r9")
     # no mode: the daemon picks what the model is made for (rerank for a reranker)
-    assert _parse("load", model="m", pinned=True) == protocol.LoadRequest(
-        "m", None, None, None, True
-    )
+    assert _parse("load", model="m", pinned=True) == protocol.LoadRequest(model="m", pinned=True)
 
 
 def test_protocol_module_is_pure() -> None:

@@ -113,7 +113,8 @@ class Harness:
         self, path: Path, rid: str, *, max_tokens: int = 8, client: bytes = CLIENT, **opts: Any
     ) -> Job:
         sampling = Sampling(max_tokens=max_tokens, **opts)
-        req = protocol.GenerateRequest(str(path), "hi", None, protocol.GenerateOptions(sampling))
+        req = protocol.GenerateRequest(model=str(path), prompt="hi",
+                                       options=protocol.GenerateOptions(sampling))
         job = request_job(client, rid, req, ModelKey.for_file(str(path), "generate"),
                           path.stem, self.sched.settings)  # fmt: skip
         self.sched.submit(job)

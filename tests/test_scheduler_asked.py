@@ -25,8 +25,8 @@ def _load(h: Harness, path: Path, rid: str, **kw: object) -> Job:
 
 
 def _submit(h: Harness, path: Path, rid: str, keep_alive: str) -> Job:
-    req = protocol.GenerateRequest(str(path), "hi", None,
-                                   protocol.GenerateOptions(keep_alive=keep_alive))
+    req = protocol.GenerateRequest(model=str(path), prompt="hi",
+                                   options=protocol.GenerateOptions(keep_alive=keep_alive))
     job = request_job(CLIENT, rid, req, ModelKey.for_file(str(path), "generate"), path.stem,
                       h.sched.settings)
     h.sched.submit(job)

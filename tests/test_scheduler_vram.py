@@ -175,8 +175,9 @@ def test_num_gpu_on_a_request_places_the_layers_and_reloads_only_for_a_change(
     key = ModelKey.for_file(str(models[0]), "generate")
 
     def ask(rid: str, layers: int | None) -> Job:
-        req = protocol.GenerateRequest(str(models[0]), "hi", None, protocol.GenerateOptions(
-            Sampling(max_tokens=2), gpu_layers=layers))  # fmt: skip
+        req = protocol.GenerateRequest(model=str(models[0]), prompt="hi",
+                                       options=protocol.GenerateOptions(Sampling(max_tokens=2),
+                                                                        gpu_layers=layers))
         job = request_job(CLIENT, rid, req, key, models[0].stem, h.sched.settings)
         h.sched.submit(job)
         return job

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import zmq
 
-from modeld import paths, protocol
+from modeld import paths, protocol, requestfields
 from modeld.errors import (
     DaemonUnavailableError,
     ModeldError,
@@ -245,7 +245,8 @@ class Client:
         images: Sequence[bytes] = (),
         **options: Any,
     ) -> Generation:
-        """Stream a completion; options: those of :class:`modeld.options.Sampling`;
+        """Stream a completion; options: those of :class:`modeld.options.Sampling` and the
+        request's fields of :class:`modeld.requestfields.Asked` (``count_only=True``, ...);
         ``format``: "json" or a JSON Schema the reply must follow; ``stream`` false: the reply
         is read whole, so its text comes in a few large chunks (fewer wake-ups while decoding);
         ``images``: image files shown to the model before the prompt (PNG, JPEG, WebP, GIF)."""
@@ -281,7 +282,9 @@ class Client:
         options: dict[str, Any],
     ) -> Generation:
         self._ensure_connected()
-        opts = {k: v for k, v in options.items() if v is not None}
+        asked = {k: v for k, v in options.items() if k in requestfields.ASKED_NAMES}
+        what = {**what, **asked}  # the request's own fields, at its top level
+        opts = {k: v for k, v in options.items() if v is not None and k not in asked}
         if raw:
             opts["raw"] = True
         if keep_alive is not None:

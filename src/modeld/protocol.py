@@ -14,26 +14,21 @@ A message is one ZeroMQ frame holding one UTF-8 JSON object with ``v`` (protocol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
-from modeld import images, options
+from modeld import options, requestfields
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
-from modeld.messages import (
-    ChatMessage,
-    Tool,
-    parse_format,
-    parse_messages,
-    parse_tool_choice,
-    parse_tools,
-)
+from modeld.messages import parse_format
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.options import Sampling
 from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
+from modeld.requestfields import Asked, Fail, declare, flag, ints, maybe, one_of, text
 from modeld.textcheck import check_text, too_deep
 
 #: Request types a client may send.
@@ -229,31 +224,16 @@ class GenerateOptions:
     deterministic: bool | None = None
 
 
-@dataclass(frozen=True)
-class GenerateRequest:
-    """A completion of ``prompt`` or a reply to ``messages``; ``tools`` the model may call
-    (``tool_choice``: auto, none, required or ``function:NAME``), ``format`` "json" or a JSON
-    Schema the reply must satisfy, ``think``: the model's thinking on/off (None: its default)."""
+@dataclass(frozen=True, kw_only=True)
+class GenerateRequest(Asked):
+    """A completion of ``prompt`` or a reply to ``messages`` (the fields it shares with the
+    runner's message: :class:`modeld.requestfields.Asked`); ``format`` "json" or a JSON Schema
+    the reply must satisfy (the daemon makes it a grammar)."""
 
     mode: ClassVar[str] = "generate"  # the model mode it needs
     model: str | None
-    prompt: str | None
-    messages: tuple[ChatMessage, ...] | None
     options: GenerateOptions
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "auto"
     format: str | dict[str, Any] | None = None
-    think: bool | None = None
-    #: Build and tokenize the prompt, evaluate nothing: the ``done`` carries its prompt_tokens.
-    count_only: bool = False
-    #: The client reads the reply as it comes; false: whole at the end (fewer, larger chunks).
-    stream: bool = True
-    #: base64 images shown before ``prompt`` (messages carry their own)
-    images: tuple[str, ...] = ()
-
-    @property
-    def has_images(self) -> bool:
-        return bool(self.images) or any(m.images for m in self.messages or ())
 
 
 @dataclass(frozen=True)
@@ -279,18 +259,62 @@ class RerankRequest:
     n_ctx: int | None = None
 
 
-@dataclass(frozen=True)
+_mode = maybe(one_of(MODES))
+
+
+def _keep_alive(value: Any, name: str, fail: Fail,
+                got: Mapping[str, Any]) -> str | int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise fail(f"{name!r} must be a duration string like '5m' or seconds")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise fail(f"{name!r} must be finite")
+    return value
+
+
+def rpc_endpoints(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    """The model's llama.cpp RPC workers, a list of "HOST:PORT" (or a comma-separated
+    string); absent or null: none asked."""
+    from modeld.rpc import parse_endpoints
+
+    if value is None:
+        return None
+    if not isinstance(value, str | list):
+        raise fail(f"{name!r} must be a list of \"HOST:PORT\" strings")
+    try:
+        return parse_endpoints(value)
+    except InvalidRequestError as exc:
+        raise fail(exc.message) from exc
+
+
+def _kv_type(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
+    from modeld.memory import KV_CACHE_TYPES
+
+    if value is not None and value not in KV_CACHE_TYPES:
+        raise fail(f"{name!r} must be one of {', '.join(KV_CACHE_TYPES)}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoadRequest:
-    model: str | None
-    mode: str | None = None  # None: what the model is made for (rerank for a reranker)
-    n_ctx: int | None = None
-    keep_alive: str | int | float | None = None
-    pinned: bool = False
-    parallel: int | None = None  # sequences decoded together (None: the daemon's setting)
-    rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers (None: the config's, or none)
-    kv_cache_type: str | None = None  # f16, q8_0, q4_0 (None: the config's)
-    gpu_layers: int | None = None  # layers on the GPUs; -1 auto (None: the config's)
-    mmproj: str | None = None  # the image projector to load with ("": none; None: found)
+    """A ``load`` request: each field declared once (check, doc); null or absent: not said."""
+
+    model: str | None = declare(None, text, "the model's name or file")
+    mode: str | None = declare(None, _mode, "generate, embed or rerank (None: what the model "
+                               "is made for, rerank for a reranker)")
+    n_ctx: int | None = declare(None, maybe(ints(1, 1 << 24)), "the context asked for")
+    keep_alive: str | int | float | None = declare(None, _keep_alive, "how long it stays idle")
+    pinned: bool = declare(False, flag, "never evicted for room")
+    parallel: int | None = declare(None, maybe(ints(1, MAX_PARALLEL)), "sequences decoded "
+                                   "together (None: the daemon's setting)")
+    rpc: tuple[str, ...] | None = declare(None, rpc_endpoints, "llama.cpp RPC workers (None: the "
+                                          "config's, or none)")
+    kv_cache_type: str | None = declare(None, _kv_type, "f16, q8_0, q4_0 (None: the config's)")
+    gpu_layers: int | None = declare(None, maybe(ints(-1, MAX_GPU_LAYERS)), "layers on the "
+                                     "GPUs, -1 auto (None: the config's)")
+    mmproj: str | None = declare(None, text, "the image projector to load with (\"\": none; "
+                                 "None: found)")
 
 
 @dataclass(frozen=True)
@@ -341,24 +365,9 @@ def parse_request(msg: Message) -> ParsedRequest:
 
 
 def _generate(b: _Body) -> GenerateRequest:
-    prompt = b.opt_str("prompt")
-    raw_messages = b.body.get("messages")
-    if (prompt is None) == (raw_messages is None):
-        raise b.fail("give exactly one of 'prompt' or 'messages'")
-    messages = None if raw_messages is None else parse_messages(raw_messages, b.fail)
-    if messages is not None and b.body.get("images"):
-        raise b.fail("'images' goes with a 'prompt'; put a message's images on the message")
-    tools = parse_tools(b.body.get("tools"), b.fail)
-    think = b.body.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise b.fail("'think' must be true or false")
-    return GenerateRequest(
-        b.opt_str("model"), prompt, messages, b.generate_options(), tools,
-        parse_tool_choice(b.body.get("tool_choice"), tools, b.fail),
-        parse_format(b.body.get("format"), b.fail), think, b.flag("count_only"),
-        b.flag("stream", default=True),
-        images.parse_list(b.body.get("images"), "'images'", b.fail),
-    )  # fmt: skip
+    asked = requestfields.parse(b.body, requestfields.CLIENT, b.fail)
+    return GenerateRequest(model=b.opt_str("model"), options=b.generate_options(),
+                           format=parse_format(b.body.get("format"), b.fail), **asked)
 
 
 def _embed(b: _Body) -> EmbedRequest:
@@ -387,11 +396,7 @@ def _rerank(b: _Body) -> RerankRequest:
 
 
 def _load(b: _Body) -> LoadRequest:
-    return LoadRequest(
-        b.opt_str("model"), b.mode(), b.n_ctx(), b.keep_alive(), b.flag("pinned"),
-        b.int_field(b.body, "parallel", 1, MAX_PARALLEL, None), b.rpc(), b.kv_cache_type(),
-        b.gpu_layers(), b.opt_str("mmproj"),
-    )  # fmt: skip
+    return LoadRequest(**requestfields.read(dataclasses.fields(LoadRequest), b.body, b.fail))
 
 
 def _unload(b: _Body) -> UnloadRequest:
@@ -399,10 +404,7 @@ def _unload(b: _Body) -> UnloadRequest:
     model = b.opt_str("model")
     if not everything and model is None:
         raise b.fail("give 'model' or 'all': true")
-    mode = b.opt_str("mode")
-    if mode is not None and mode not in MODES:
-        raise b.fail(f"'mode' must be one of {MODES}")
-    return UnloadRequest(model, mode, everything)
+    return UnloadRequest(model, b.mode(), everything)
 
 
 def _show(b: _Body) -> ShowRequest:
@@ -430,30 +432,6 @@ class _Body:
         self.msg = msg
         self.body = msg.body
 
-    def rpc(self) -> tuple[str, ...] | None:
-        """``rpc``: the model's llama.cpp RPC workers, a list of "HOST:PORT" (or a
-        comma-separated string); absent or null: none asked."""
-        from modeld.rpc import parse_endpoints
-
-        value = self.body.get("rpc")
-        if value is None:
-            return None
-        if not isinstance(value, str | list):
-            raise self.fail("'rpc' must be a list of \"HOST:PORT\" strings")
-        try:
-            return parse_endpoints(value)
-        except InvalidRequestError as exc:
-            raise self.fail(exc.message) from exc
-
-    def kv_cache_type(self) -> str | None:
-        """``kv_cache_type``: f16, q8_0 or q4_0 (absent: the daemon's setting)."""
-        from modeld.memory import KV_CACHE_TYPES
-
-        value = self.body.get("kv_cache_type")
-        if value is not None and value not in KV_CACHE_TYPES:
-            raise self.fail(f"'kv_cache_type' must be one of {', '.join(KV_CACHE_TYPES)}")
-        return value if isinstance(value, str) else None
-
     def fail(self, text: str) -> ProtocolError:
         return ProtocolError(
             f"invalid {self.msg.type} request: {text}",
@@ -474,10 +452,7 @@ class _Body:
         return value
 
     def mode(self) -> str | None:
-        value = self.opt_str("mode")
-        if value is not None and value not in MODES:
-            raise self.fail(f"'mode' must be one of {MODES}")
-        return value
+        return cast("str | None", _mode(self.opt_str("mode"), "mode", self.fail, {}))
 
     def int_field(
         self, src: dict[str, Any], key: str, lo: int, hi: int, default: int | None
@@ -489,18 +464,6 @@ class _Body:
             raise self.fail(f"{key!r} must be an integer in [{lo}, {hi}]")
         return value
 
-    def float_field(
-        self, src: dict[str, Any], key: str, lo: float, hi: float, default: float
-    ) -> float:
-        value = src.get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.fail(f"{key!r} must be a number")
-        if not (math.isfinite(value) and lo <= value <= hi):
-            raise self.fail(f"{key!r} must be in [{lo}, {hi}]")
-        return float(value)
-
     def n_ctx(self, src: dict[str, Any] | None = None) -> int | None:
         return self.int_field(self.body if src is None else src, "n_ctx", 1, 1 << 24, None)
 
@@ -510,13 +473,7 @@ class _Body:
 
     def keep_alive(self, src: dict[str, Any] | None = None) -> str | int | float | None:
         value = (self.body if src is None else src).get("keep_alive")
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise self.fail("'keep_alive' must be a duration string like '5m' or seconds")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise self.fail("'keep_alive' must be finite")
-        return value
+        return _keep_alive(value, "keep_alive", self.fail, {})
 
     def generate_options(self) -> GenerateOptions:
         raw_opts = self.body.get("options", {})

@@ -22,10 +22,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from modeld.config import PROMPT_CACHE_MIB
+from modeld import loadfields, requestfields
 from modeld.errors import ErrorCode
-from modeld.messages import ChatMessage, Tool
 from modeld.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.options import NAMES as OPTION_NAMES
 from modeld.options import Sampling
 from modeld.protocol import ProtocolError
 from modeld.replies import (
@@ -96,84 +96,19 @@ def hello(
     return msg
 
 
-def load(
-    path: str | os.PathLike[str],
-    *,
-    mode: str = "generate",
-    n_ctx: int,
-    n_threads: int,
-    n_batch: int = 512,
-    seed: int = 0,
-    chat_format: str | None = None,
-    prompt_cache_mib: int = PROMPT_CACHE_MIB,
-    warm_up: bool = True,
-    prompt_cache_dir: str | None = None,
-    parallel: int = 1,
-    rpc: Sequence[str] = (),
-    rpc_ctx_floor: int | None = None,
-    rpc_memory: int | None = None,
-    gpu_layers: int = 0,
-    tensor_split: Sequence[float] = (),
-    type_k: str = "f16",
-    type_v: str = "f16",
-    handoff: str | None = None,
-    handoff_pid: int | None = None,
-    mmproj: str | None = None,
-) -> dict[str, Any]:
-    """Ask a runner to load a model (``n_ctx`` must be a positive multiple of 256).
+def load(path: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
+    """Ask a runner to load a model: ``fields`` are those of :class:`modeld.loadfields.LoadSpec`
+    (``n_ctx`` and ``n_threads`` required; ``n_ctx`` a positive multiple of 256). Those at their
+    defaults are left out but for the few every runner message has always carried.
 
-    ``parallel``: sequences decoded together (generate mode), each with ``n_ctx`` cells.
-
-    ``prompt_cache_mib``: bound of the runner's prompt-state snapshots (generate mode; 0 off).
-    ``warm_up``: run a short evaluation before replying; skipped when a request is about to
-    run anyway (it pays the same first-use costs, so a warm-up would only delay it).
-    ``prompt_cache_dir``: where the model's snapshots are kept across its eviction (None: not).
-    ``rpc``: llama.cpp RPC workers ("HOST:PORT") to register and offload every layer to.
-    ``rpc_ctx_floor``: the runner may lower ``n_ctx`` down to this so every worker's share
-    fits its memory (None: ``n_ctx`` was asked for; a share that does not fit fails the load).
-    ``rpc_memory``: the most bytes of each worker's memory to plan with (None: its free memory).
-    ``gpu_layers``: layers on the GPUs (-1 all; 0 none: the runner then keeps off the GPUs),
-    split between them by ``tensor_split`` (empty: llama.cpp's split by free memory).
-    ``type_k``/``type_v``: the KV cache types (absent: f16, as runners before them).
-    ``handoff``: the file prefix the model's previous runner (process ``handoff_pid``) writes
-    its sequences' cells to (:func:`handoff`): wait for them and restore them (runner/handoff.py).
+    ``warm_up`` false: a request is about to run anyway (it pays the same first-use costs, so a
+    warm-up would only delay it). ``rpc_ctx_floor`` (with ``rpc``): the runner may lower
+    ``n_ctx`` down to it so every worker's share fits its memory (None: ``n_ctx`` was asked for;
+    a share that does not fit fails the load). ``handoff``: the file prefix the model's previous
+    runner (process ``handoff_pid``) writes its sequences' cells to (:func:`handoff`): wait for
+    them and restore them (runner/handoff.py).
     """
-    msg: dict[str, Any] = {
-        "type": "load",
-        "path": os.fspath(path),
-        "mode": mode,
-        "n_ctx": n_ctx,
-        "n_threads": n_threads,
-        "n_batch": n_batch,
-        "seed": seed,
-        "prompt_cache_mib": prompt_cache_mib,
-        "warm_up": warm_up,
-    }
-    if prompt_cache_dir is not None:
-        msg["prompt_cache_dir"] = prompt_cache_dir
-    if parallel > 1:  # absent means one sequence (what runners before parallel decoding did)
-        msg["parallel"] = parallel
-    if chat_format is not None:
-        msg["chat_format"] = chat_format
-    if gpu_layers:
-        msg["gpu_layers"] = gpu_layers
-    if tensor_split:
-        msg["tensor_split"] = list(tensor_split)
-    if (type_k, type_v) != ("f16", "f16"):
-        msg["type_k"], msg["type_v"] = type_k, type_v
-    if rpc:
-        msg["rpc"] = list(rpc)
-        if rpc_ctx_floor is not None:
-            msg["rpc_ctx_floor"] = rpc_ctx_floor
-        if rpc_memory is not None:
-            msg["rpc_memory"] = rpc_memory
-    if handoff is not None:
-        msg["handoff"] = handoff
-        if handoff_pid is not None:
-            msg["handoff_pid"] = handoff_pid
-    if mmproj is not None:  # the image projector loaded beside the model (generate mode)
-        msg["mmproj"] = mmproj
-    return msg
+    return {"type": "load", **loadfields.write({"path": os.fspath(path), **fields})}
 
 
 def loaded(
@@ -237,62 +172,18 @@ def load_failed(
     return msg
 
 
-def generate(
-    rid: str,
-    *,
-    prompt: str | None = None,
-    messages: Sequence[ChatMessage | Mapping[str, Any]] | None = None,
-    raw: bool = False,
-    sampling: Sampling = DEFAULT_SAMPLING,
-    deterministic: bool = False,
-    tools: Sequence[Tool] = (),
-    tool_choice: str = "auto",
-    grammar: str | None = None,
-    think: bool | None = None,
-    count_only: bool = False,
-    stream: bool = True,
-    images: Sequence[str] = (),
-    **options: Any,
-) -> dict[str, Any]:
-    """A generation request: exactly one of ``prompt`` or ``messages``; ``deterministic``: a
-    greedy request the daemon sends only to an otherwise idle runner; ``grammar``: GBNF the
-    reply must follow (checked by the daemon: a grammar llama.cpp rejects never reaches a
-    runner); ``tools``/``tool_choice``/``think``/``count_only`` as in the client protocol
-    (``count_only``: reply with the prompt's token count, evaluating nothing; ``stream`` false:
-    the client reads the reply whole, so its text comes in fewer chunks); ``options``:
-    sampling fields that override ``sampling``'s (``max_tokens=16``). The daemon adds
-    ``grow`` and ``resume`` when it sends one (a reply that outgrows its context:
-    runner/resume.py)."""
-    if options:
-        overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
-                                     for k, v in options.items()}  # fmt: skip
+def generate(rid: str, *, sampling: Sampling = DEFAULT_SAMPLING, **fields: Any) -> dict[str, Any]:
+    """A generation request: ``fields`` are those of :mod:`modeld.requestfields` (what the
+    client asked, what the daemon decided: ``prompt`` or ``messages``, ``raw``, ``think``,
+    ``grammar``, ...) and sampling options that override ``sampling``'s (``max_tokens=16``).
+    The daemon adds ``n_threads`` when it sends one, and ``grow``/``resume`` when a reply
+    outgrows its context (runner/resume.py)."""
+    overrides: dict[str, Any] = {k: tuple(v) if k == "stop" else v
+                                 for k, v in fields.items() if k in OPTION_NAMES}  # fmt: skip
+    if overrides:
         sampling = dataclasses.replace(sampling, **overrides)
-    msg: dict[str, Any] = {
-        "type": "generate",
-        "rid": rid,
-        "raw": raw,
-        **sampling.to_wire(),
-        "deterministic": deterministic,
-    }
-    if prompt is not None:
-        msg["prompt"] = prompt
-    if messages is not None:
-        msg["messages"] = [m.to_wire() if isinstance(m, ChatMessage) else dict(m)
-                           for m in messages]  # fmt: skip
-    if tools:
-        msg["tools"] = [t.to_wire() for t in tools]
-        msg["tool_choice"] = tool_choice
-    if grammar is not None:
-        msg["grammar"] = grammar
-    if think is not None:
-        msg["think"] = think
-    if count_only:
-        msg["count_only"] = True
-    if not stream:
-        msg["stream"] = False
-    if images:  # base64, shown before the prompt (messages carry their own)
-        msg["images"] = list(images)
-    return msg
+    asked = {k: v for k, v in fields.items() if k not in OPTION_NAMES}
+    return {"type": "generate", "rid": rid, **sampling.to_wire(), **requestfields.to_wire(asked)}
 
 
 def embed(rid: str, inputs: Sequence[str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, placement, protocol, replycheck
+from modeld import ctx, grammar, placement, protocol, replycheck, requestfields
 from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
@@ -200,13 +200,11 @@ def request_job(
     o = req.options
     # The promise: a greedy reply does not depend on what else its model decodes.
     alone = o.sampling.greedy and o.deterministic is not False and not req.count_only
-    payload = rp.generate(
-        rid, prompt=req.prompt, messages=None if req.prompt is not None else (req.messages or ()),
-        raw=o.raw, sampling=o.sampling, deterministic=alone,
-        tools=req.tools if req.tool_choice != "none" else (), tool_choice=req.tool_choice,
-        grammar=gbnf, think=req.think, count_only=req.count_only, stream=req.stream,
-        images=req.images,
-    )  # fmt: skip
+    asked = requestfields.asked(req)
+    if req.tool_choice == "none":  # the model is not shown tools it may not call
+        asked["tools"] = ()
+    payload = rp.generate(rid, sampling=o.sampling, raw=o.raw, deterministic=alone,
+                          grammar=gbnf, **asked)  # fmt: skip
     check = replycheck.for_request(req.format, req.tools, req.tool_choice) if gbnf else None
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
                keep_alive_s=keep_alive_of(o.keep_alive, settings), n_ctx=requested_ctx(o.n_ctx),

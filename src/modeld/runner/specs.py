@@ -11,13 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import images, options
-from modeld.config import PROMPT_CACHE_MIB
-from modeld.errors import InvalidRequestError
-from modeld.memory import KV_CACHE_TYPES
-from modeld.messages import ChatMessage, Tool, forces_call, parse_messages, parse_tools
+from modeld import loadfields, options, requestfields
+from modeld.loadfields import LoadSpec as LoadSpec  # declared there, read here
+from modeld.messages import forces_call
 from modeld.options import Sampling
-from modeld.protocol import MAX_PARALLEL, MODES, ProtocolError
+from modeld.protocol import ProtocolError
+from modeld.requestfields import Asked, Decided
 
 #: Streamed text is sent at most this often per sequence (the first piece at once). Each message
 #: wakes the daemon and the client; on 2 cores one per token cost ~3% of the decode rate because
@@ -30,54 +29,13 @@ CHUNK_INTERVAL_S = 0.04
 QUIET_INTERVAL_S = 1.0
 
 
-@dataclass(frozen=True)
-class LoadSpec:
-    path: str
-    mode: str
-    n_ctx: int
-    n_threads: int
-    n_batch: int
-    seed: int
-    chat_format: str | None
-    prompt_cache_mib: int = PROMPT_CACHE_MIB  # absent from older daemons: the default
-    warm_up: bool = True
-    prompt_cache_dir: str | None = None
-    parallel: int = 1  # sequences decoded together (generate mode)
-    rpc: tuple[str, ...] = ()  # llama.cpp RPC workers to offload every layer to
-    rpc_ctx_floor: int | None = None  # n_ctx may be lowered to this to fit the workers
-    rpc_memory: int | None = None  # bytes of each worker's memory to plan with (None: free)
-    tensor_split: tuple[float, ...] = ()  # llama.cpp's split weights (empty: by free memory)
-    gpu_layers: int = 0  # layers on the GPUs (-1: all); 0: CPU only, no GPU touched at all
-    type_k: str = "f16"  # KV cache types (memory.KV_CACHE_TYPES)
-    type_v: str = "f16"
-    handoff: str | None = None  # file prefix of the previous runner's sequences (handoff.py)
-    handoff_pid: int | None = None  # that runner's process (its exit ends the wait)
-    mmproj: str | None = None  # the image projector to load beside the model (issue 38)
+@dataclass(frozen=True, kw_only=True)
+class GenerateSpec(Asked, Decided):
+    """A runner's generate request: what the client asked and the daemon decided (their fields
+    declared in :mod:`modeld.requestfields`), its sampling and the daemon's ``rid``."""
 
-
-@dataclass(frozen=True)
-class GenerateSpec:
     rid: str
-    prompt: str | None
-    messages: tuple[ChatMessage, ...] | None
-    raw: bool
     sampling: Sampling
-    n_threads: int | None = None  # this request's CPU threads (the daemon shares the cores)
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "auto"
-    grammar: str | None = None  # GBNF the reply follows (the daemon checked it parses)
-    think: bool | None = None
-    count_only: bool = False  # reply with the prompt's token count; evaluate nothing
-    stream: bool = True  # the client reads the reply as it comes (false: whole, at the end)
-    # a reply that ran out of cells goes on (runner/resume.py): ``grow`` lets it stop for a
-    # larger context; ``resume`` are the tokens it wrote before (the last not yet decoded)
-    grow: bool = False
-    resume: tuple[int, ...] = ()
-    images: tuple[str, ...] = ()  # base64, shown before ``prompt`` (messages carry their own)
-
-    @property
-    def has_images(self) -> bool:
-        return bool(self.images) or any(m.images for m in self.messages or ())
 
     @property
     def chunk_interval_s(self) -> float:
@@ -98,141 +56,17 @@ class EmbedSpec:
 
 
 def parse_load(msg: Mapping[str, Any]) -> LoadSpec:
-    path = _str(msg, "path")
-    mode = msg.get("mode", "generate")
-    if mode not in MODES:
-        raise ProtocolError(f"load: 'mode' must be one of {MODES}, got {mode!r}")
-    n_ctx = _int(msg, "n_ctx", 256, 1 << 24)
-    if n_ctx % 256:
-        raise ProtocolError(f"load: 'n_ctx' must be a multiple of 256, got {n_ctx}")
-    chat_format = msg.get("chat_format")
-    if chat_format is not None and not isinstance(chat_format, str):
-        raise ProtocolError("load: 'chat_format' must be a string")
-    warm_up = msg.get("warm_up", True)
-    if not isinstance(warm_up, bool):
-        raise ProtocolError("load: 'warm_up' must be a boolean")
-    cache_dir = msg.get("prompt_cache_dir")
-    if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir):
-        raise ProtocolError("load: 'prompt_cache_dir' must be a non-empty string")
-    return LoadSpec(
-        path=path,
-        mode=str(mode),
-        n_ctx=n_ctx,
-        n_threads=_int(msg, "n_threads", 1, 1024),
-        n_batch=_int(msg, "n_batch", 1, 1 << 20, 512),
-        seed=_int(msg, "seed", -(1 << 31), (1 << 32) - 1, 0),
-        chat_format=chat_format,
-        prompt_cache_mib=_int(msg, "prompt_cache_mib", 0, 1 << 20, PROMPT_CACHE_MIB),
-        warm_up=warm_up,
-        prompt_cache_dir=cache_dir,
-        parallel=_int(msg, "parallel", 1, MAX_PARALLEL, 1),
-        rpc=_rpc(msg.get("rpc")),
-        rpc_ctx_floor=_int(msg, "rpc_ctx_floor", 256, 1 << 24) if "rpc_ctx_floor" in msg else None,
-        rpc_memory=_int(msg, "rpc_memory", 1, 1 << 62) if "rpc_memory" in msg else None,
-        tensor_split=_split(msg.get("tensor_split")),
-        gpu_layers=_int(msg, "gpu_layers", -1, 1 << 16, 0),
-        type_k=_kv_type(msg, "type_k"),
-        type_v=_kv_type(msg, "type_v"),
-        handoff=_opt_str(msg, "handoff"),
-        handoff_pid=_int(msg, "handoff_pid", 1, 1 << 31) if "handoff_pid" in msg else None,
-        mmproj=_opt_str(msg, "mmproj"),
-    )
-
-
-def _split(value: object) -> tuple[float, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in value
-    ):
-        raise ProtocolError("load: 'tensor_split' must be a list of non-negative numbers")
-    return tuple(float(x) for x in value)
-
-
-def _kv_type(msg: Mapping[str, Any], key: str) -> str:
-    value = msg.get(key, "f16")
-    if value not in KV_CACHE_TYPES:
-        raise ProtocolError(f"load: {key!r} must be one of {', '.join(KV_CACHE_TYPES)}")
-    return str(value)
-
-
-def _opt_str(msg: Mapping[str, Any], key: str) -> str | None:
-    value = msg.get(key)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ProtocolError(f"load: {key!r} must be a non-empty string")
-    return value
-
-
-def _rpc(value: object) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ProtocolError("load: 'rpc' must be a list of \"HOST:PORT\" strings")
-    from modeld.rpc import parse_endpoints
-
-    try:
-        return parse_endpoints(value)
-    except InvalidRequestError as exc:
-        raise ProtocolError(f"load: {exc.message}") from exc
+    return loadfields.parse(msg, lambda text: ProtocolError(f"load: {text}"))
 
 
 def parse_generate(msg: Mapping[str, Any]) -> GenerateSpec:
     rid = _str(msg, "rid")
-    prompt = msg.get("prompt")
-    raw_messages = msg.get("messages")
-    if (prompt is None) == (raw_messages is None):
-        raise ProtocolError("generate: give exactly one of 'prompt' or 'messages'")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ProtocolError("generate: 'prompt' must be a string")
 
     def fail(text: str) -> ProtocolError:
         return ProtocolError(f"generate: {text}")
 
-    messages = None if raw_messages is None else parse_messages(raw_messages, fail)
-    raw = msg.get("raw", False)
-    if not isinstance(raw, bool):
-        raise ProtocolError("generate: 'raw' must be a boolean")
-    tools = parse_tools(msg.get("tools"), fail)
-    grammar = msg.get("grammar")
-    if grammar is not None and (not isinstance(grammar, str) or not grammar):
-        raise ProtocolError("generate: 'grammar' must be a non-empty string")
-    think = msg.get("think")
-    if think is not None and not isinstance(think, bool):
-        raise ProtocolError("generate: 'think' must be a boolean")
-    choice = msg.get("tool_choice", "auto")
-    if not isinstance(choice, str):
-        raise ProtocolError("generate: 'tool_choice' must be a string")
-    count_only = msg.get("count_only", False)
-    if not isinstance(count_only, bool):
-        raise ProtocolError("generate: 'count_only' must be a boolean")
-    stream = msg.get("stream", True)
-    if not isinstance(stream, bool):
-        raise ProtocolError("generate: 'stream' must be a boolean")
-    grow = msg.get("grow", False)
-    if not isinstance(grow, bool):
-        raise ProtocolError("generate: 'grow' must be a boolean")
-    resume = msg.get("resume", [])
-    if not isinstance(resume, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in resume
-    ):
-        raise ProtocolError("generate: 'resume' must be a list of token ids")
-    return GenerateSpec(
-        rid=rid,
-        prompt=prompt,
-        messages=messages,
-        raw=raw,
-        sampling=options.parse(msg, fail),
-        n_threads=_int(msg, "n_threads", 0, 1024, 0) or None,
-        tools=tools,
-        tool_choice=choice,
-        grammar=grammar,
-        think=think,
-        count_only=count_only,
-        stream=stream,
-        grow=grow,
-        resume=tuple(resume),
-        images=images.parse_list(msg.get("images"), "'images'", fail),
-    )
+    fields = requestfields.parse(msg, requestfields.RUNNER, fail)
+    return GenerateSpec(rid=rid, sampling=options.parse(msg, fail), **fields)
 
 
 def parse_embed(msg: Mapping[str, Any]) -> EmbedSpec:
