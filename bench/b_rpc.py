@@ -62,8 +62,8 @@ def _worker(port: int, threads: int, device: str | None = None,
 
 
 def _wait_worker(endpoint: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
-    from modeld import rpc
     from modeld.errors import RpcWorkerError
+    from modeld.rpc import endpoints as rpc
 
     deadline = time.monotonic() + timeout
     while True:

@@ -1,4 +1,4 @@
-"""Calibrate modeld.memory.estimate against what llama-cpp-python really uses.
+"""Calibrate modeld.model.memory.estimate against what llama-cpp-python really uses.
 
 *Generate* cases: a fresh child Python process (spawned, so a native abort costs one case) does:
 
@@ -197,7 +197,7 @@ class _RunnerLink:
     ) -> tuple[dict[str, Any], dict[str, int], dict[str, Any]]:
         """The runner's ``hello``, its baseline and its ``loaded`` reply for ``path`` (without
         the prompt cache: the estimate is compared with prompt_cache=0)."""
-        from modeld import runnerwire as rp
+        from modeld.wire import runnerwire as rp
 
         hello = self.recv()
         base = {k: int(hello["baseline"][k]) for k in ("rss", "anon", "file")}
@@ -209,12 +209,12 @@ class _RunnerLink:
         return hello, base, loaded
 
     def send(self, msg: dict[str, Any]) -> None:
-        from modeld import runnerwire as rp
+        from modeld.wire import runnerwire as rp
 
         self.sock.send_multipart([b"cal", *rp.encode(msg)])
 
     def recv(self) -> dict[str, Any]:
-        from modeld import runnerwire as rp
+        from modeld.wire import runnerwire as rp
 
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
@@ -231,7 +231,7 @@ class _RunnerLink:
                 return rp.decode(frames)
 
     def close(self) -> None:
-        from modeld import runnerwire as rp
+        from modeld.wire import runnerwire as rp
 
         if self.proc.poll() is None:
             self.send(rp.shutdown())
@@ -274,7 +274,7 @@ def measure_embed(
     short text, then one that fills the context (sized from the runner's own context_exceeded
     replies; to rerank: a short query with that text as its document); snapshots from the
     runner's ``hello`` baseline and its ``loaded``/``done`` memory."""
-    from modeld import runnerwire as rp
+    from modeld.wire import runnerwire as rp
 
     link = _RunnerLink(timeout)
     try:
@@ -326,7 +326,7 @@ def measure_parallel(
     loads the model, generates once alone ("short": 32-token prompt), then runs ``parallel``
     requests at once, each with a prompt of one micro-batch ("final": every sequence's cells
     and the shared batch in use); snapshots from its ``hello`` baseline and ``done`` replies."""
-    from modeld import runnerwire as rp
+    from modeld.wire import runnerwire as rp
 
     link = _RunnerLink(timeout)
     try:
@@ -378,8 +378,8 @@ def run_case(
     label: str, n_ctx: int, mode: str = "generate", *, n_ubatch: int = 512
 ) -> dict[str, Any]:
     """Measure one case and compare it with the estimate and the naive formula."""
-    from modeld import memory
-    from modeld.gguf import read_model_info
+    from modeld.model import memory
+    from modeld.model.gguf import read_model_info
 
     path = model_path(label)
     info = read_model_info(path)

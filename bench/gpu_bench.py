@@ -1,7 +1,7 @@
 """The GPU benchmark of issue 34, on one NVIDIA card (scripts/gpu-check.sh runs it).
 
 From the recipe of the session that measured an H100 (shared/gpu/measure.py), with modeld's
-estimate now its placement's (:func:`modeld.placement.with_layers`: the CUDA context
+estimate now its placement's (:func:`modeld.model.placement.with_layers`: the CUDA context
 counted). Writes JSON lines to $OUT/gpu.jsonl:
   probe    modeld's own NVML probe (probe.gpu_memory, gpu_process_memory)
   vram     per (n_ctx, n_seq): NVML memory used by a process that loaded the model fully
@@ -73,7 +73,7 @@ def child(model: str, n_ctx: int, n_seq: int, gen: int) -> None:
     toks = [1] + [7 + (i * 13) % 30000 for i in range(511)]
     llm.eval(toks)
     after_eval = nvml_used() - base
-    from modeld import probe
+    from modeld.model import probe
     own = probe.gpu_process_memory(os.getpid())
     llm.reset()
     rate = None
@@ -90,7 +90,7 @@ def child(model: str, n_ctx: int, n_seq: int, gen: int) -> None:
 
 
 def estimate(model: str, n_ctx: int, n_seq: int) -> dict:
-    from modeld import gguf, placement
+    from modeld.model import gguf, placement
     info = gguf.read_model_info(model)
     e = placement.with_layers(info, n_ctx, info.block_count + 1, parallel=n_seq)
     d = e.to_dict()
@@ -236,7 +236,7 @@ def main() -> None:
         summary()
         return
     model, server = sys.argv[2], sys.argv[3]
-    from modeld import probe
+    from modeld.model import probe
     try:
         emit("probe", gpus=[g.to_dict() for g in probe.gpu_memory()],
              budget=probe.usable_memory().to_dict())

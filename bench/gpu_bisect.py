@@ -93,9 +93,11 @@ def child(steps: set[str], endpoint: str, model: str, gpu_layers: int, load_log:
         import zmq  # noqa: F401
     import llama_cpp
 
-    from modeld import ggmlrpc, probe, runnerwire
+    from modeld.model import probe
+    from modeld.rpc import ggml as ggmlrpc
     from modeld.runner import llamalog, llamaopen, specs, transport
     from modeld.runner.main import init_native
+    from modeld.wire import runnerwire
 
     if "sigint" in steps:
         signal.signal(signal.SIGINT, signal.SIG_IGN)

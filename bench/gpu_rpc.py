@@ -34,13 +34,13 @@ NO_NATIVE = os.environ.get("GPU_RPC_NO_NATIVE") == "1"
 
 
 def _gpus() -> list[Any]:
-    from modeld import probe
+    from modeld.model import probe
 
     return [] if NO_NATIVE else list(probe.gpu_memory())
 
 
 def _config(c: Any, model: Path, eps: list[str], worker_pid: int | None) -> dict[str, Any]:
-    from modeld import probe
+    from modeld.model import probe
 
     before = _gpus()
     t0 = time.perf_counter()

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-report", action="store_true", help="write the JSON results only")
     args = ap.parse_args(argv)
 
-    from modeld import probe
+    from modeld.model import probe
 
     out = args.out or RESULTS
     model = harness.tiny(seed=0) if args.smoke else harness.default_model()

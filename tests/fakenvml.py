@@ -26,7 +26,7 @@ class FakeCard:
 
 
 class FakeNvml(types.ModuleType):
-    """The calls modeld.probe makes, over :class:`FakeCard` s the test may change between
+    """The calls modeld.model.probe makes, over :class:`FakeCard` s the test may change between
     calls (a runner that loaded now holds bytes); counts inits and shutdowns."""
 
     def __init__(self, cards: list[FakeCard]) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from modeld.options import Sampling
 from modeld.runner.generation import DecodeBatch, Prepared, PromptState
 from modeld.runner.promptplan import ALIGN
 from modeld.runner.sampling import make_sampler
+from modeld.wire.options import Sampling
 
 TEXT = (
     "The history of the river valley is long and full of stories about farmers, traders and "

@@ -16,8 +16,8 @@ from typing import Any
 import llama_cpp
 
 from generation_probe import SoloState
-from modeld.options import Sampling
 from modeld.runner.sampling import make_sampler, shortlist_top_k
+from modeld.wire.options import Sampling
 
 SETTINGS = (
     dict(temperature=0.7, seed=1),  # modeld's defaults otherwise: top-k 40, top-p 0.95

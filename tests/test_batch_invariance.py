@@ -24,8 +24,8 @@ import pytest
 
 import ggufgen
 from daemonutil import rows
-from modeld import runnerwire as rp
 from modeld.runner import microbatch
+from modeld.wire import runnerwire as rp
 from test_runner import Harness
 
 pytestmark = pytest.mark.slow

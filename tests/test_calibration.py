@@ -4,7 +4,7 @@ Each generate case loads a model in a fresh child process and runs two 32-token 
 (one with a full micro-batch prompt); each embed case drives a real ``modeld.runner`` process
 (mode "embed", so the runner's own chunked embedding path) through a short and a
 context-filling embedding; the rerank case scores a query against a context-filling document.
-The RSS added is compared with ``modeld.memory.estimate``. The assertion is on memory (±10%),
+The RSS added is compared with ``modeld.model.memory.estimate``. The assertion is on memory (±10%),
 never on time.
 """
 
@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from modeld import memory
+from modeld.model import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Table-driven tests of the dynamic context policy (modeld.ctx).
+"""Table-driven tests of the dynamic context policy (modeld.model.ctx).
 
 Most cases use a linear stand-in estimate (1000 bytes + 1 byte per token) so expected answers
 can be written down exactly; the last ones run the real estimator on the real default model.
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from modeld import ctx, memory
 from modeld.errors import InsufficientMemoryError
-from modeld.gguf import read_model_info
-from modeld.memory import MemoryEstimate
-from modeld.modelinfo import ModelInfo
+from modeld.model import ctx, memory
+from modeld.model.gguf import read_model_info
+from modeld.model.memory import MemoryEstimate
+from modeld.model.modelinfo import ModelInfo
 
 BASE = 1000
 

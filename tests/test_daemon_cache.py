@@ -17,8 +17,8 @@ import pytest
 
 import ggufgen
 from daemonutil import loaded_names, rows, until
-from modeld import memory
 from modeld.errors import ContextExceededError, InsufficientMemoryError
+from modeld.model import memory
 
 pytestmark = pytest.mark.slow
 

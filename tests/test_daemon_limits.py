@@ -15,9 +15,10 @@ import pytest
 
 import ggufgen
 from daemonutil import rows, until
-from modeld import memory, sizing
+from modeld import sizing
 from modeld.config import Settings
 from modeld.errors import ErrorCode, RequestTimeoutError
+from modeld.model import memory
 
 pytestmark = pytest.mark.slow
 

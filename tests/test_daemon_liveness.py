@@ -18,9 +18,9 @@ import pytest
 
 import ggufgen
 from daemonutil import rows, until
-from modeld import memory
 from modeld.client import Client
 from modeld.errors import RunnerCrashedError
+from modeld.model import memory
 
 Factory = Callable[..., Any]
 STALL_S = "2"

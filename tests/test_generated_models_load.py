@@ -1,5 +1,5 @@
 """Every generated test model loads and generates in real llama-cpp-python, and llama.cpp's
-own view of it (vocabulary, context, sliding-window layers) matches what modeld.gguf reads.
+own view of it (vocabulary, context, sliding-window layers) matches what modeld.model.gguf reads.
 
 Each model runs in a child process: a native abort on a bad model must fail one test, not
 kill pytest.
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld.gguf import read_model_info
+from modeld.model.gguf import read_model_info
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, LlamaFileType
 
 import ggufgen
-from modeld import gguf as mg
 from modeld.errors import InvalidModelError, ModelNotFoundError
-from modeld.modelinfo import ModelInfo
+from modeld.model import gguf as mg
+from modeld.model.modelinfo import ModelInfo
 
 
 def write(tmp_path: Path, data: bytes, name: str = "m.gguf") -> Path:
@@ -396,7 +396,7 @@ def test_invalid_files(tmp_path: Path, data: bytes, match: str) -> None:
 
 def test_reader_imports_only_the_stdlib() -> None:
     code = (
-        "import sys, modeld.gguf; "
+        "import sys, modeld.model.gguf; "
         "bad = {'numpy', 'gguf', 'llama_cpp', 'zmq', 'psutil', 'pynvml'} & set(sys.modules); "
         "print(sorted(bad))"
     )

@@ -18,8 +18,8 @@ import pytest
 
 import ggufgen
 from modeld.errors import InvalidModelError
-from modeld.gguf import read_chat_template, read_model_info
-from modeld.modelinfo import ModelInfo
+from modeld.model.gguf import read_chat_template, read_model_info
+from modeld.model.modelinfo import ModelInfo
 
 FUZZ_PARAMS = dict(
     n_layer=1,

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld import probe
 from modeld.daemon.forkserver import gpu_backends
+from modeld.model import probe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

@@ -1,4 +1,4 @@
-"""modeld.grammar: what a reply must follow, built and checked before any runner sees it."""
+"""modeld.daemon.grammar: what a reply must follow, built and checked before any runner sees it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from modeld import grammar
+from modeld.daemon import grammar
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool
+from modeld.wire.messages import Tool
 
 ROOT = Path(__file__).resolve().parent.parent
 WEATHER = Tool("get_weather", "", {"type": "object", "properties": {"city": {"type": "string"}},

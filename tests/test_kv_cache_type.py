@@ -12,8 +12,9 @@ import pytest
 
 import ggufgen
 from daemonutil import rows
-from modeld import memory, sizing
-from modeld.gguf import read_model_info
+from modeld import sizing
+from modeld.model import memory
+from modeld.model.gguf import read_model_info
 from test_batch_invariance import _solo, _together, runner  # noqa: F401  (fixture)
 from test_runner import Harness
 

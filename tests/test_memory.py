@@ -1,4 +1,4 @@
-"""Unit tests for modeld.memory: KV sizing rules, repack accounting, component sums.
+"""Unit tests for modeld.model.memory: KV sizing rules, repack accounting, component sums.
 
 Expected KV and repack sizes for the real gemma-3-270m model are the figures llama.cpp itself
 logs when it loads that model ("llama_kv_cache: size = ...", "CPU_REPACK model buffer size").
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from modeld import memory
-from modeld.gguf import read_model_info
-from modeld.modelinfo import ModelInfo, TensorInfo
+from modeld.model import memory
+from modeld.model.gguf import read_model_info
+from modeld.model.modelinfo import ModelInfo, TensorInfo
 
 MiB = 1 << 20
 SRC = Path(__file__).resolve().parent.parent / "src" / "modeld"
@@ -282,7 +282,8 @@ def test_embed_seq_max_follows_the_batch(gemma: ModelInfo) -> None:
 
 
 def test_runner_embeds_with_the_estimates_chunk() -> None:
-    # runner/process.py imports llama_cpp, so read its source: the constant must come from memory.py
+    # runner/process.py imports llama_cpp, so read its source: the constant must come from
+    # model/memory.py
     tree = ast.parse((SRC / "runner" / "process.py").read_text())
     values = [
         node.value
@@ -374,7 +375,7 @@ def test_estimate_is_frozen(gemma: ModelInfo) -> None:
 
 def test_policy_modules_import_no_native_libraries() -> None:
     code = (
-        "import sys, modeld.memory, modeld.ctx, modeld.probe\n"
+        "import sys, modeld.model.memory, modeld.model.ctx, modeld.model.probe\n"
         "bad = {'llama_cpp', 'zmq', 'psutil', 'pynvml'} & set(sys.modules)\n"
         "print(sorted(bad))\n"
     )

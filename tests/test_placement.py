@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from modeld import config, memory, placement, sizing
-from modeld.modelinfo import ModelInfo, TensorInfo
-from modeld.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN, Gpu, Where
+from modeld import config, sizing
+from modeld.model import memory, placement
+from modeld.model.modelinfo import ModelInfo, TensorInfo
+from modeld.model.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN, Gpu, Where
 
 MiB, GiB = 1 << 20, 1 << 30
 

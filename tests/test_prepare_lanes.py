@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from modeld import runnerwire as rp
-from modeld.messages import ChatMessage, Tool
-from modeld.options import Sampling
 from modeld.runner import prepare, specs
 from modeld.runner.prompting import PromptText
 from modeld.schema import to_gbnf
+from modeld.wire import runnerwire as rp
+from modeld.wire.messages import ChatMessage, Tool
+from modeld.wire.options import Sampling
 from test_runner import Harness
 from test_runner_batch import _replies
 

@@ -1,4 +1,5 @@
-"""Tests of modeld.probe: cgroup parsing on fake trees, and real measurements of a child process."""
+"""Tests of modeld.model.probe: cgroup parsing on fake trees, and real measurements of a
+child process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fakenvml import FakeCard, FakeNvml
-from modeld import probe
+from modeld.model import probe
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -256,7 +257,7 @@ def test_gpu_probe_reads_each_card_and_its_processes_from_nvml(
     assert probe.gpu_process_memory(4242) == 6 * GiB
     assert fake.inits == fake.shutdowns == 3  # every probe closes NVML again
     # the budgets the daemon plans with: others' bytes out, modeld's own runner's kept
-    from modeld import placement
+    from modeld.model import placement
 
     cards = [placement.Card(g.index, g.name, g.total, g.used,
                             None if g.processes is None else dict(g.processes))

@@ -12,7 +12,7 @@ import ggufgen
 from modeld import projector
 from modeld.config import Settings
 from modeld.errors import InvalidModelError
-from modeld.gguf import read_model_info, read_projector_info
+from modeld.model.gguf import read_model_info, read_projector_info
 from modeld.pull.store import write_record
 
 

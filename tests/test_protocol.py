@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from modeld import protocol
 from modeld.errors import (
     CancelledError,
     ContextExceededError,
@@ -16,7 +15,8 @@ from modeld.errors import (
     ProtocolMismatchError,
     error_from_dict,
 )
-from modeld.messages import ChatMessage
+from modeld.wire import protocol
+from modeld.wire.messages import ChatMessage
 
 
 def _frames(obj: object) -> list[bytes]:
@@ -207,7 +207,7 @@ def test_parse_simple_types() -> None:
 
 def test_protocol_module_is_pure() -> None:
     code = (
-        "import sys, modeld.protocol\n"
+        "import sys, modeld.wire.protocol\n"
         "bad = {'zmq', 'llama_cpp', 'psutil', 'pynvml'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )

@@ -1,4 +1,4 @@
-"""The TypedDicts of modeld.replies against what the code really builds.
+"""The TypedDicts of modeld.wire.replies against what the code really builds.
 
 Why: a TypedDict is only a declaration; mypy checks the code that builds literal dicts, but
 rows and bodies assembled from other dicts (the daemon's done body from a runner message, ps
@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modeld import replies
-from modeld import runnerwire as rp
 from modeld.daemon.jobs import done_body
+from modeld.wire import replies
+from modeld.wire import runnerwire as rp
 from test_scheduler import MiB, make
 
 

@@ -1,4 +1,5 @@
-"""The reply rules every client shares (modeld.replyflow): pure, fed objects as from a socket."""
+"""The reply rules every client shares (modeld.wire.replyflow): pure, fed objects as from a
+socket."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import json
 
 import pytest
 
-from modeld import protocol
 from modeld.cli import fastwire
 from modeld.errors import ModelNotFoundError, ProtocolMismatchError
-from modeld.replyflow import PROTOCOL_VERSION, ReplyStream, body_of, envelope
+from modeld.wire import protocol
+from modeld.wire.replyflow import PROTOCOL_VERSION, ReplyStream, body_of, envelope
 
 
 def _reply(kind: str, rid: str = "r-1", **body: object) -> dict[str, object]:

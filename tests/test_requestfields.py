@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from modeld import loadfields, options, protocol, requestfields
-from modeld import runnerwire as rp
-from modeld.messages import Tool
-from modeld.protocol import ProtocolError
 from modeld.runner import specs
+from modeld.wire import loadfields, options, protocol, requestfields
+from modeld.wire import runnerwire as rp
+from modeld.wire.messages import Tool
+from modeld.wire.protocol import ProtocolError
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(16)).decode()
 #: A value other than the default for each kind of check (a new field of a known kind needs none).

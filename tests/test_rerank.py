@@ -19,8 +19,8 @@ import pytest
 
 from cliutil import CliEnv
 from daemonutil import rows, until
-from modeld import runnerwire as rp
 from modeld.errors import ContextExceededError, InvalidModelError
+from modeld.wire import runnerwire as rp
 from test_http import _answers, free_port
 from test_runner import Harness
 

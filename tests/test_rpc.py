@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from modeld import protocol, rpc
 from modeld.config import load_settings
 from modeld.daemon.leases import RpcLeases
 from modeld.errors import InvalidRequestError, RpcWorkerError, error_from_dict
+from modeld.rpc import endpoints as rpc
+from modeld.wire import protocol
 
 
 def test_endpoints_parse_and_normalise() -> None:
@@ -144,7 +145,7 @@ LOAD_LOG = [
 
 def test_buffer_log_lines_become_device_shares() -> None:
     pytest.importorskip("llama_cpp")
-    from modeld import ggmlrpc
+    from modeld.rpc import ggml as ggmlrpc
 
     found = ggmlrpc.shares(LOAD_LOG)
     mib = 1024 * 1024

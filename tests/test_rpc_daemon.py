@@ -24,8 +24,8 @@ import pytest
 
 import ggufgen
 from daemonutil import rows, until
-from modeld import rpc
 from modeld.errors import InsufficientMemoryError, RpcWorkerError
+from modeld.rpc import endpoints as rpc
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from daemonutil import until
-from modeld import rpc
 from modeld.errors import InvalidRequestError, RpcWorkerError
+from modeld.rpc import endpoints as rpc
 from test_rpc_daemon import Worker, _env, _free_port, needs_rpc
 
 pytestmark = pytest.mark.slow

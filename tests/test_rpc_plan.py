@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld import memory, rpcplan, sizing
+from modeld import sizing
 from modeld.errors import InsufficientMemoryError
+from modeld.model import memory
+from modeld.rpc import layout as rpcplan
 from test_rpc_daemon import Worker, needs_rpc, workers  # noqa: F401 (a fixture)
 
 Factory = Callable[..., Any]

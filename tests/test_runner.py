@@ -24,8 +24,8 @@ import pytest
 import zmq
 
 import ggufgen
-from modeld import runnerwire as rp
 from modeld.runner import chat, specs
+from modeld.wire import runnerwire as rp
 
 REPLY_TIMEOUT_S = 60.0  # generous: the machine is shared; this only bounds a hang
 

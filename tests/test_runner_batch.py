@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld import runnerwire as rp
+from modeld.wire import runnerwire as rp
 from test_runner import Harness
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from modeld import runnerwire as rp
+from modeld.wire import runnerwire as rp
 from test_runner import Harness
 from test_runner_batch import _replies
 

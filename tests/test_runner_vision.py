@@ -14,7 +14,7 @@ import pytest
 
 import ggufgen
 import imageutil
-from modeld import runnerwire as rp
+from modeld.wire import runnerwire as rp
 from test_runner import Harness
 from test_runner_batch import _replies
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from modeld import runnerwire as rp
 from modeld.errors import ErrorCode
-from modeld.protocol import ProtocolError
 from modeld.runner import specs
 from modeld.runner.textstream import StopBuffer, TextStream, pool_and_normalize
+from modeld.wire import runnerwire as rp
+from modeld.wire.protocol import ProtocolError
 
 # --------------------------------------------------------------------------- protocol
 
@@ -265,10 +265,10 @@ def test_per_request_threads_are_optional_and_bounded() -> None:
 def test_stream_false_reaches_the_runner_from_the_client_protocol(tmp_path: Path) -> None:
     """A client's ``"stream": false`` (what the HTTP front door sends for a reply read whole)
     travels through the daemon's job into the runner's message; absent stays streamed."""
-    from modeld import protocol
     from modeld.cache.policy import ModelKey
     from modeld.config import Settings
     from modeld.daemon.jobs import request_job
+    from modeld.wire import protocol
 
     def runner_spec(**body: Any) -> specs.GenerateSpec:
         req = protocol.parse_request(protocol.Message("generate", "c1", {"prompt": "p", **body}))

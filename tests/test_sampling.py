@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from modeld.options import Sampling
 from modeld.runner.sampling import SHORTLIST, shortlist_top_k
+from modeld.wire.options import Sampling
 
 PROBE = Path(__file__).with_name("sampling_probe.py")
 

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 
 import ggufgen
-from modeld import protocol
 from modeld.cache.policy import CachePolicy, EntryState, ModelKey
 from modeld.config import Settings
 from modeld.daemon.jobs import Job, request_job
 from modeld.daemon.scheduler import Scheduler
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
-from modeld.options import Sampling
+from modeld.wire import protocol
+from modeld.wire.options import Sampling
 
 MiB = 1 << 20
 CLIENT = b"client-1"

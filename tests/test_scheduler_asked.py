@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import ggufgen
-from modeld import protocol, runnerwire
 from modeld.cache.policy import EntryState, ModelKey
 from modeld.daemon.jobs import Job, request_job
 from modeld.errors import ErrorCode
+from modeld.wire import protocol, runnerwire
 from test_scheduler import CLIENT, Harness, make
 
 HOUR = 3600.0

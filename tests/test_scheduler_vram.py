@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from fakenvml import FakeCard, FakeNvml
-from modeld import protocol, runnerwire
 from modeld.cache.policy import EvictionReason, ModelKey
 from modeld.daemon import forkserver, views
 from modeld.daemon.jobs import Job, request_job
 from modeld.errors import ErrorCode
-from modeld.options import Sampling
-from modeld.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
+from modeld.model.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
+from modeld.wire import protocol, runnerwire
+from modeld.wire.options import Sampling
 from test_scheduler import CLIENT, Harness, make
 
 MiB, GiB = 1 << 20, 1 << 30

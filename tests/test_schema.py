@@ -15,10 +15,10 @@ import jsonschema
 import pytest
 
 from grammarutil import ByteMatcher
-from modeld import grammar
+from modeld.daemon import grammar
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool
 from modeld.schema import keywords, to_gbnf
+from modeld.wire.messages import Tool
 
 
 @pytest.fixture(scope="module")

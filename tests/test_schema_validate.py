@@ -1,4 +1,4 @@
-"""modeld.schema.validate, modeld.schema.formats and modeld.replycheck (issue 35, finding 6):
+"""modeld.schema.validate, modeld.schema.formats and modeld.daemon.replycheck (issue 35, finding 6):
 a complete reply checked against its whole schema. Cross-checked with the ``jsonschema``
 package on random schemas and values of the keywords both know the same way; the formats and
 the cost bounds on their own."""
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from modeld.messages import Tool
-from modeld.replycheck import ReplyCheck, for_request
+from modeld.daemon.replycheck import ReplyCheck, for_request
 from modeld.schema import validate as v
 from modeld.schema.formats import CHECKS
+from modeld.wire.messages import Tool
 
 # ---------------------------------------------------------------------- against jsonschema
 

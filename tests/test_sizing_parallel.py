@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from modeld import memory, sizing
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
 from modeld.errors import InsufficientMemoryError
+from modeld.model import memory
 from test_memory import make_info
 
 MiB = 1 << 20

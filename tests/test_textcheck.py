@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from modeld import protocol
 from modeld.errors import InvalidRequestError
-from modeld.textcheck import bad_text, check_text, decode_utf8, from_argv
+from modeld.wire import protocol
+from modeld.wire.textcheck import bad_text, check_text, decode_utf8, from_argv
 
 
 def test_bad_text_names_the_field() -> None:
@@ -55,7 +55,7 @@ def _nested(levels: int) -> dict[str, object]:
 def test_nesting_past_the_limit_is_refused_with_its_path() -> None:
     """Issue 35 item 8: deep JSON is a 400 naming the limit (and where), never a RecursionError
     in a later walk; the limit itself still passes."""
-    from modeld.textcheck import MAX_DEPTH
+    from modeld.wire.textcheck import MAX_DEPTH
 
     check_text(_nested(MAX_DEPTH))
     with pytest.raises(InvalidRequestError) as err:

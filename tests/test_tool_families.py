@@ -19,11 +19,11 @@ import pytest
 import ggufgen
 import test_http
 from daemonutil import until
-from modeld.messages import ChatMessage, Tool, ToolCall
-from modeld.options import Sampling
 from modeld.runner import chat, prompting
 from modeld.runner.specs import GenerateSpec
 from modeld.runner.template import render_template
+from modeld.wire.messages import ChatMessage, Tool, ToolCall
+from modeld.wire.options import Sampling
 from test_http import Served, _answers, free_port
 
 TEMPLATES = Path(__file__).parent / "templates"

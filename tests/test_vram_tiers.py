@@ -12,10 +12,11 @@ import math
 
 import pytest
 
-from modeld import placement, sizing
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, EvictionReason, ModelKey
 from modeld.config import Settings
-from modeld.placement import Card, Gpu, Where
+from modeld.model import placement
+from modeld.model.placement import Card, Gpu, Where
 from test_placement import llama
 
 MiB, GiB = 1 << 20, 1 << 30

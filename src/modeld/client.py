@@ -17,16 +17,17 @@ from typing import Any, cast
 
 import zmq
 
-from modeld import paths, protocol, requestfields
+from modeld import paths
 from modeld.errors import (
     DaemonUnavailableError,
     ModeldError,
     RequestTimeoutError,
 )
-from modeld.images import encode as encode_image
-from modeld.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
-from modeld.replyflow import ReplyStream
 from modeld.socketcheck import socket_problem
+from modeld.wire import protocol, requestfields
+from modeld.wire.images import encode as encode_image
+from modeld.wire.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
+from modeld.wire.replyflow import ReplyStream
 
 _UNAVAILABLE_HINT = "start it with modeld serve"
 #: Seconds of silence after which a waiting client checks that the daemon still answers.
@@ -245,8 +246,8 @@ class Client:
         images: Sequence[bytes] = (),
         **options: Any,
     ) -> Generation:
-        """Stream a completion; options: those of :class:`modeld.options.Sampling` and the
-        request's fields of :class:`modeld.requestfields.Asked` (``count_only=True``, ...);
+        """Stream a completion; options: those of :class:`modeld.wire.options.Sampling` and the
+        request's fields of :class:`modeld.wire.requestfields.Asked` (``count_only=True``, ...);
         ``format``: "json" or a JSON Schema the reply must follow; ``stream`` false: the reply
         is read whole, so its text comes in a few large chunks (fewer wake-ups while decoding);
         ``images``: image files shown to the model before the prompt (PNG, JPEG, WebP, GIF)."""

@@ -16,7 +16,7 @@ from typing import Any
 from modeld import paths
 from modeld.cache.policy import parse_keep_alive
 from modeld.errors import InvalidRequestError
-from modeld.memory import MiB
+from modeld.model.memory import MiB
 from modeld.pull.store import PARTIAL_MAX_AGE_S
 from modeld.settingvalues import (
     parse_aliases,

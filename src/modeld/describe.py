@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from modeld import memory, sizing
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
 from modeld.errors import DaemonUnavailableError, ModeldError
+from modeld.model import memory
 from modeld.planning import show_data
 
 
@@ -46,7 +47,8 @@ def describe_local(
     settings: Settings, ref: str | None, *, mode: str | None = None, n_ctx: int | None = None
 ) -> dict[str, Any]:
     """The show document with no daemon: an empty cache with the configured budget."""
-    from modeld import gguf, registry
+    from modeld import registry
+    from modeld.model import gguf
 
     resolved = registry.resolve(ref, settings)
     info = gguf.read_model_info(resolved.path)
@@ -61,7 +63,8 @@ def describe_local(
 
 def list_models(settings: Settings) -> dict[str, Any]:
     """``modeld list``: models dir files and aliases, with architecture and quantisation."""
-    from modeld import gguf, registry
+    from modeld import registry
+    from modeld.model import gguf
 
     rows: list[dict[str, Any]] = []
     listed_default = registry.listed_default()

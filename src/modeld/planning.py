@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from modeld import ctx, memory, placement, projector, sizing
+from modeld import projector, sizing
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.errors import ModeldError, format_bytes
-from modeld.modelinfo import ModelInfo
-from modeld.placement import Where
+from modeld.model import ctx, memory, placement
+from modeld.model.modelinfo import ModelInfo
+from modeld.model.placement import Where
 
 
 def show_data(
@@ -125,7 +126,7 @@ def _rpc_shares(
     """Each worker's planned share at ``n_ctx``, split as llama.cpp would between workers of
     equal memory (their free memory is asked when the model loads; ``memory_bytes`` is the
     ``rpc_worker_memory`` cap, None without one)."""
-    from modeld import rpcplan
+    from modeld.rpc import layout as rpcplan
 
     cap = settings.rpc_worker_memory_bytes
     mem = [cap if cap is not None else 1 << 62] * len(workers)

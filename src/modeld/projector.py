@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING
 
 from modeld.errors import ModeldError
-from modeld.gguf import ProjectorInfo, read_projector_info
+from modeld.model.gguf import ProjectorInfo, read_projector_info
 from modeld.pull.names import is_projector_file
 from modeld.pull.store import read_record
 from modeld.registry import model_stem
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from modeld.config import Settings
-    from modeld.modelinfo import ModelInfo
+    from modeld.model.modelinfo import ModelInfo
 
 #: Images whose embeddings a runner keeps beside the one it encodes (runner/vision.py).
 KEPT_IMAGES = 4

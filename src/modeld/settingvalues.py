@@ -150,7 +150,7 @@ def parse_rpc(value: object) -> dict[str, tuple[str, ...]]:
     """``[rpc]`` table: a model name (alias, models-dir name) -> its llama.cpp RPC workers,
     a list of "HOST:PORT" or one comma-separated string."""
     from modeld.errors import InvalidRequestError
-    from modeld.rpc import parse_endpoints
+    from modeld.rpc.endpoints import parse_endpoints
 
     if not isinstance(value, Mapping):
         raise ValueError('rpc must be a table of name = ["HOST:PORT", ...]')
@@ -231,7 +231,7 @@ def parse_eviction(value: object) -> str:
 
 def parse_kv_cache_type(value: object) -> str:
     """``f16``, ``q8_0`` or ``q4_0`` (memory.KV_CACHE_TYPES; case and ``-`` forgiven)."""
-    from modeld.memory import KV_CACHE_TYPES
+    from modeld.model.memory import KV_CACHE_TYPES
 
     text = str(value).strip().lower().replace("-", "_")
     if text not in KV_CACHE_TYPES:

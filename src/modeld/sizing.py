@@ -17,10 +17,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from modeld import memory
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import PROMPT_CACHE_MIB, Settings
-from modeld.ctx import STEP, largest_fitting, round_up
 from modeld.errors import (
     ContextExceededError,
     InsufficientMemoryError,
@@ -28,9 +26,11 @@ from modeld.errors import (
     ModelNotFoundError,
     format_bytes,
 )
-from modeld.memory import MemoryEstimate
-from modeld.modelinfo import MODE_VERBS, ModelInfo
-from modeld.placement import FIT_CTX, Placement, Where, check_kv_type, place, planned
+from modeld.model import memory
+from modeld.model.ctx import STEP, largest_fitting, round_up
+from modeld.model.memory import MemoryEstimate
+from modeld.model.modelinfo import MODE_VERBS, ModelInfo
+from modeld.model.placement import FIT_CTX, Placement, Where, check_kv_type, place, planned
 
 #: ``parallel`` when neither the load nor the settings say: llama-server's automatic slot count.
 AUTO_PARALLEL = 4
@@ -54,14 +54,14 @@ class Sizing:
 
 def default_threads() -> int:
     """Runner threads when the config does not say: from the CPU affinity and cgroup quota."""
-    from modeld import probe
+    from modeld.model import probe
 
     return max(1, int(probe.cpu_threads()))
 
 
 def memory_budget(settings: Settings) -> tuple[int, int]:
     """(budget bytes, usable bytes): the fraction of usable RAM, capped by memory_cap."""
-    from modeld import probe
+    from modeld.model import probe
 
     usable = int(probe.usable_memory().ram_bytes)
     budget = int(usable * settings.memory_fraction)
@@ -94,10 +94,10 @@ def estimate_n(
     to ``vram``, out of the local ``total``, except the input embedding, which llama.cpp keeps
     on the CPU (read into memory: the runner loads without mmap then). ``kv_type``: the KV
     cache type; ``where`` (not with ``offload``): the cards and GPU layers, planned by
-    :func:`modeld.placement.place` (its ``kv_type`` wins)."""
+    :func:`modeld.model.placement.place` (its ``kv_type`` wins)."""
     import dataclasses
 
-    from modeld import memory
+    from modeld.model import memory
 
     if where is not None and not offload:
         return planned(info, n_ctx, where, mode=mode, parallel=parallel,
@@ -159,7 +159,7 @@ def _choose(
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
     import functools
 
-    from modeld import ctx
+    from modeld.model import ctx
 
     choice = ctx.choose_context(
         info,
@@ -246,7 +246,7 @@ def size_for(
     own value (None: the setting, else automatic); lowered until its contexts fit.
     ``offload``: the layers go to RPC workers; only what stays local is charged here.
     ``where``: the KV cache type and the cards: layers on them are charged to them, not to
-    the RAM budget (:mod:`modeld.placement`). ``projector``: the bytes of an image projector
+    the RAM budget (:mod:`modeld.model.placement`). ``projector``: the bytes of an image projector
     loaded beside the model (:func:`modeld.projector.memory_bytes`), reserved with it.
     """
     check_mode(info, mode, key.path)
@@ -385,7 +385,7 @@ def context_for_prompt(
 
 def read_info(path: str) -> ModelInfo:
     """The model's header (fast reader), with I/O errors mapped to modeld errors."""
-    from modeld.gguf import read_model_info
+    from modeld.model.gguf import read_model_info
 
     try:
         return read_model_info(path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from modeld.cache.types import Entry, ModelKey
-from modeld.memory import MiB
+from modeld.model.memory import MiB
 
 POLICIES: tuple[str, ...] = ("lru", "cost")
 HALF_LIFE_REQUESTS = 100.0  # a request's weight halves after this many later requests

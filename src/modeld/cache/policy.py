@@ -109,7 +109,8 @@ class CachePolicy:
 
     def set_vram_budgets(self, budgets: tuple[int, ...]) -> None:
         """What modeld's models may hold on each card: its total less what other processes
-        hold and a margin (:func:`modeld.placement.vram_budget`), read afresh before each plan."""
+        hold and a margin (:func:`modeld.model.placement.vram_budget`), read afresh before each
+        plan."""
         self.vram_budgets = tuple(max(0, int(b)) for b in budgets)
 
     def vram_used(self) -> tuple[int, ...]:

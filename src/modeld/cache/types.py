@@ -20,7 +20,7 @@ from modeld.errors import (
     ModeldError,
     error_from_dict,
 )
-from modeld.memory import Mode as Mode  # re-exported: the key's mode
+from modeld.model.memory import Mode as Mode  # re-exported: the key's mode
 
 Action = Literal["admit", "evict", "wait", "refuse"]
 

@@ -66,7 +66,7 @@ def _root(
 
 
 def _endpoints(text: str) -> tuple[str, ...]:
-    from modeld.rpc import parse_endpoints
+    from modeld.rpc.endpoints import parse_endpoints
 
     return parse_endpoints(text)
 

@@ -30,7 +30,7 @@ TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as t
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from modeld.replyflow import ReplyStream
+    from modeld.wire.replyflow import ReplyStream
 
 __all__ = ["fast", "main"]
 
@@ -202,7 +202,7 @@ def _run(args: list[str]) -> None:
     if len(pos) != 2:
         raise _Fallthrough  # one argument may be a model or a prompt: the full CLI decides
     from modeld.cli.stdin import read_stdin_prompt
-    from modeld.textcheck import from_argv
+    from modeld.wire.textcheck import from_argv
 
     model = _model_ref(pos[0])
     # no daemon: hand over now, before stdin is read (the full CLI reads it)

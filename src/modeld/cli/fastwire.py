@@ -4,7 +4,7 @@ Split from :mod:`modeld.cli.entry` (which uses it for ``run``, ``load`` and ``ps
 here mirrors a slower module and is checked against it by tests/test_entry.py: the endpoint and
 config path rules mirror :mod:`modeld.paths` (and platformdirs) without pathlib; the JSON
 helpers mirror :mod:`json` with its C scanner only; messages are built, and replies read, by
-:mod:`modeld.replyflow` as in :mod:`modeld.client` (protocol v1, docs/protocol.md). libzmq is
+:mod:`modeld.wire.replyflow` as in :mod:`modeld.client` (protocol v1, docs/protocol.md). libzmq is
 used through ctypes (the copy pyzmq ships, or the system one), falling back to pyzmq.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from modeld.replyflow import ReplyStream, envelope
+from modeld.wire.replyflow import ReplyStream, envelope
 
 TYPE_CHECKING = False  # typing's import costs ~2 ms; mypy treats this name as typing's
 if TYPE_CHECKING:

@@ -44,8 +44,9 @@ def rpc_worker(
     ] = False,
 ) -> None:
     """Serve this machine's memory to a model loaded elsewhere with --rpc (llama.cpp RPC)."""
-    from modeld import probe, rpc
     from modeld.errors import InvalidRequestError, RpcWorkerError
+    from modeld.model import probe
+    from modeld.rpc import endpoints as rpc
 
     asked, host = host, rpc.listen_address(host)  # what llama.cpp's server can listen on
     if not rpc.is_loopback(host):
@@ -67,7 +68,7 @@ def rpc_worker(
             hint="choose another --port, or stop what uses it",
             details={"endpoint": f"{host}:{port}", "problem": "listen"},
         ) from exc
-    from modeld import ggmlrpc
+    from modeld.rpc import ggml as ggmlrpc
 
     ggmlrpc.device(device)  # an unknown device is an error before "serving" is printed
     n_threads = threads or max(1, int(probe.cpu_threads()))

@@ -49,7 +49,7 @@ class RunOptions:
 
     def image_data(self) -> list[str]:
         """``--image`` files, read and checked, in the wire form (base64)."""
-        from modeld import images
+        from modeld.wire import images
 
         out = []
         for path in self.images:
@@ -69,7 +69,7 @@ class RunOptions:
             return self.format
         import json
 
-        from modeld.textcheck import check_text, too_deep
+        from modeld.wire.textcheck import check_text, too_deep
 
         try:
             with open(self.format, encoding="utf-8") as f:
@@ -139,7 +139,7 @@ def _load_on_workers(client: Client, model: str | None, opts: RunOptions) -> Cli
     """``--rpc``: load the model on those llama.cpp RPC workers first (one loaded otherwise
     reloads there); ``--mmproj``: with that image projector."""
     if opts.rpc is not None or opts.mmproj is not None:
-        from modeld.rpc import parse_endpoints
+        from modeld.rpc.endpoints import parse_endpoints
 
         mmproj = os.path.abspath(os.path.expanduser(opts.mmproj)) if opts.mmproj else opts.mmproj
         client.load(model, n_ctx=opts.n_ctx, keep_alive=opts.keep_alive, mmproj=mmproj,
@@ -156,7 +156,7 @@ def run_command(
     connect: Callable[[], Client],
 ) -> None:
     from modeld.registry import normalize_ref
-    from modeld.textcheck import from_argv
+    from modeld.wire.textcheck import from_argv
 
     model, prompt = split_model_and_prompt(settings, first, second)
     if prompt is not None:

@@ -21,7 +21,7 @@ def read_stdin_prompt() -> str | None:
 def stdin_text() -> str:
     """All of stdin as text; bytes that are not UTF-8 (a latin-1 file) are a clear
     invalid-request error naming the offset, not a traceback or mojibake sent to a model."""
-    from modeld.textcheck import decode_utf8
+    from modeld.wire.textcheck import decode_utf8
 
     raw = getattr(sys.stdin, "buffer", None)
     return decode_utf8(raw.read(), "stdin") if raw is not None else sys.stdin.read()

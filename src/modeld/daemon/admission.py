@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from modeld import placement, projector, sizing
+from modeld import projector, sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon.decisions import Decision, Evict, Pump, StartLoad
@@ -28,11 +28,12 @@ from modeld.errors import (
     RequestTimeoutError,
     format_bytes,
 )
-from modeld.gguf import ProjectorInfo
-from modeld.modelinfo import ModelInfo
+from modeld.model import placement
+from modeld.model.gguf import ProjectorInfo
+from modeld.model.modelinfo import ModelInfo
 
 if TYPE_CHECKING:
-    from modeld.probe import GpuMemory
+    from modeld.model.probe import GpuMemory
 
 log = logging.getLogger("modeld.daemon")
 
@@ -163,8 +164,8 @@ class Admission:
     def read_cards(self) -> tuple[GpuMemory, ...]:
         """Read the cards (NVML), charge each ready model what NVML says its runner holds
         on each, and give the cache each card's budget: its total less what other processes
-        hold and the margin (:func:`modeld.placement.vram_budget`), at most ``vram_cap``."""
-        from modeld import probe
+        hold and the margin (:func:`modeld.model.placement.vram_budget`), at most ``vram_cap``."""
+        from modeld.model import probe
 
         found = probe.gpu_memory()[: self.cuda_devices()]
         runners = self.pool.sup.runners

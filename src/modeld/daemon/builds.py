@@ -4,7 +4,7 @@ complete reply (issue 35).
 Turning a JSON Schema into a grammar and having llama.cpp's parser check it is bounded
 (:mod:`modeld.schema`) but not free: a 50,000-value enum is about a second of Python and a
 0.4 s parse. Built in the loop, that froze every stream's chunks and ``modeld ps`` for as long.
-Validating a long reply against its schema (:mod:`modeld.replycheck`) is the same kind of
+Validating a long reply against its schema (:mod:`modeld.daemon.replycheck`) is the same kind of
 work. Here it runs on a small thread pool; the loop learns of a finished build through a pipe
 it polls, and carries on with the request (or its error) itself, so all state stays the loop's.
 """
@@ -68,7 +68,7 @@ class Builds:
         if isinstance(build.result, str) and len(build.result) > TRIM_AFTER:
             # a big schema's tree and rules are garbage now: give their pages back to the OS
             # (the daemon kept 81 MiB after a 50,000-word enum without this)
-            from modeld import probe
+            from modeld.model import probe
 
             probe.malloc_trim()
         self._done.put(build)

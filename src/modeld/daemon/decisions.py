@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from modeld import sizing
 from modeld.cache.policy import EvictionReason, ModelKey
 from modeld.daemon.jobs import Job, Slot
-from modeld.modelinfo import ModelInfo
+from modeld.model.modelinfo import ModelInfo
 
 
 @dataclass(frozen=True)

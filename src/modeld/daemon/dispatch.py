@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from modeld import ctx, placement, protocol, runnerwire, sizing
+from modeld import sizing
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import crashinfo, workercheck
@@ -28,8 +28,10 @@ from modeld.errors import (
     RunnerCrashedError,
     format_bytes,
 )
-from modeld.replies import DeviceShare
-from modeld.rpc import lost_workers
+from modeld.model import ctx, placement
+from modeld.rpc.endpoints import lost_workers
+from modeld.wire import protocol, runnerwire
+from modeld.wire.replies import DeviceShare
 
 log = logging.getLogger("modeld.daemon")
 

@@ -14,15 +14,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld import ctx, grammar, placement, protocol, replycheck, requestfields
-from modeld import runnerwire as rp
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
+from modeld.daemon import grammar, replycheck
 from modeld.daemon.supervisor import RunnerHandle
-from modeld.messages import forces_call
-from modeld.modelinfo import ModelInfo
-from modeld.placement import Placement
-from modeld.replies import (
+from modeld.model import ctx, placement
+from modeld.model.modelinfo import ModelInfo
+from modeld.model.placement import Placement
+from modeld.wire import protocol, requestfields
+from modeld.wire import runnerwire as rp
+from modeld.wire.messages import forces_call
+from modeld.wire.replies import (
     DeviceShare,
     DoneBody,
     EmbedDone,

@@ -19,11 +19,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from modeld import memory, runnerwire
 from modeld.cache.policy import CachePolicy
 from modeld.config import Settings
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import format_bytes
+from modeld.model import memory
+from modeld.wire import runnerwire
 
 log = logging.getLogger("modeld.daemon")
 

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from modeld import paths, protocol, runnerwire
+from modeld import paths
 from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKey
 from modeld.config import Settings
 from modeld.daemon import workercheck
@@ -38,8 +38,9 @@ from modeld.errors import (
     error_from_dict,
     format_bytes,
 )
-from modeld.modelinfo import ModelInfo
-from modeld.replies import PsRow, UnloadedRow
+from modeld.model.modelinfo import ModelInfo
+from modeld.wire import protocol, runnerwire
+from modeld.wire.replies import PsRow, UnloadedRow
 
 log = logging.getLogger("modeld.daemon")
 #: The advice a full queue gives (HTTP ``Retry-After``): about one short generation's time.

@@ -24,10 +24,11 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, paths, probe, sizing
+from modeld import __version__, paths, sizing
 from modeld.cache.policy import CachePolicy
 from modeld.config import SETTINGS, Settings, load_settings
 from modeld.daemon.forkserver import ForkServer
+from modeld.daemon.logsafe import QuietFileHandler
 from modeld.daemon.service import Service
 from modeld.daemon.supervisor import Supervisor
 from modeld.errors import (
@@ -36,7 +37,7 @@ from modeld.errors import (
     format_bytes,
     unusable_path,
 )
-from modeld.logsafe import QuietFileHandler
+from modeld.model import probe
 from modeld.settingvalues import parse_bool
 
 log = logging.getLogger("modeld.daemon")

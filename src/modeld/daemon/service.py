@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from modeld import __version__, memory, protocol, replyflow
+from modeld import __version__
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
 from modeld.daemon import views
@@ -40,7 +40,9 @@ from modeld.errors import (
     ModelNotFoundError,
     ShuttingDownError,
 )
-from modeld.replies import Validation
+from modeld.model import memory
+from modeld.wire import protocol, replyflow
+from modeld.wire.replies import Validation
 
 log = logging.getLogger("modeld.daemon")
 
@@ -156,7 +158,7 @@ class Service:
 
     def _send_job(self, job: Job, msg: protocol.Message) -> bool:
         """Send a job's reply; a reply held to a schema keeps its text, and its ``done``
-        goes once the complete reply is validated (:mod:`modeld.replycheck`)."""
+        goes once the complete reply is validated (:mod:`modeld.daemon.replycheck`)."""
         check = job.check
         if check is not None and msg.type == "chunk":
             check.add(str(msg.body.get("text", "")))

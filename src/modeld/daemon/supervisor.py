@@ -26,9 +26,10 @@ from typing import Any, Protocol
 
 import zmq
 
-from modeld import probe, runnerwire
 from modeld.daemon.forkserver import ForkServer
-from modeld.protocol import ProtocolError
+from modeld.model import probe
+from modeld.wire import runnerwire
+from modeld.wire.protocol import ProtocolError
 
 log = logging.getLogger("modeld.daemon")
 

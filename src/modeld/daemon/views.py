@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeld import placement, planning
+from modeld import planning
 from modeld.cache.policy import ModelKey
 from modeld.daemon.scheduler import Scheduler
+from modeld.model import placement
 
 
 def ps(s: Scheduler) -> dict[str, Any]:

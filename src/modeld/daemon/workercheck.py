@@ -1,6 +1,6 @@
 """Before a loaded model is reloaded onto other llama.cpp RPC workers, each new worker is asked
-``HELLO`` (:func:`modeld.rpc.probe`), in a thread of its own so the daemon's event loop serves
-everyone else meanwhile: a port that is no worker (an HTTP server), a worker of another
+``HELLO`` (:func:`modeld.rpc.endpoints.probe`), in a thread of its own so the daemon's event
+loop serves everyone else meanwhile: a port that is no worker (an HTTP server), a worker of another
 version, a busy or an unreachable one fails the request while the working model stays loaded
 and answers. A TCP connection alone (what was checked before) let any listening port pass, and
 the healthy model was unloaded for a load that could not start. A model not loaded yet is
@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 from modeld.daemon.jobs import Job
 from modeld.errors import ModeldError, RpcWorkerError
-from modeld.rpc import probe, require_reachable, worker_error
+from modeld.rpc.endpoints import probe, require_reachable, worker_error
 
 
 def start(endpoints: Iterable[str], serving: Iterable[str]) -> Future[None]:

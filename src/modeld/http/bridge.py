@@ -19,11 +19,11 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from modeld import protocol
 from modeld.errors import DaemonUnavailableError
 from modeld.http import disconnect
 from modeld.http.disconnect import unless_gone
-from modeld.replyflow import ReplyStream
+from modeld.wire import protocol
+from modeld.wire.replyflow import ReplyStream
 
 #: Silence from the daemon this long (no chunk, no done) is answered with an error.
 REPLY_TIMEOUT_S = 3600.0

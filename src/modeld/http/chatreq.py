@@ -3,7 +3,7 @@ messages with tool calls and results, tools, tool choice, output format, thinkin
 and every field checked: one modeld does is done, one it does not is a 400 naming it.
 
 Each API's fields are declared once here (``*_FIELDS``); the sampling options come from
-:mod:`modeld.options`. The result is the body of a protocol ``generate`` request.
+:mod:`modeld.wire.options`. The result is the body of a protocol ``generate`` request.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from modeld import options
 from modeld.errors import InvalidRequestError
 from modeld.http.imageparts import Content, ollama_images, openai_url
+from modeld.wire import options
 
 #: Fields an OpenAI chat/completions body may carry besides the sampling options. Those in
 #: ``_NO_EFFECT`` change nothing a local model does (routing, storage, accounting at OpenAI).

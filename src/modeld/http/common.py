@@ -8,12 +8,12 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
-from modeld import options
 from modeld.config import Settings
 from modeld.errors import CancelledError, ErrorCode, InvalidRequestError, ModeldError
 from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
-from modeld.textcheck import check_text, too_deep
+from modeld.wire import options
+from modeld.wire.textcheck import check_text, too_deep
 
 #: HTTP status for each modeld error code: every API and route answers with these (a body
 #: over the limit, :class:`BodyTooLarge`, is a 413; Anthropic's API has no 499: a 400 there).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from modeld import images
 from modeld.errors import InvalidRequestError
+from modeld.wire import images
 
 _REMOTE = ("modeld fetches nothing on a request's behalf: send the image itself, as a "
            "base64 data: URI")  # fmt: skip

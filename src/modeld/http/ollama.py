@@ -15,10 +15,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from modeld import __version__, options
+from modeld import __version__
 from modeld.describe import list_models
 from modeld.errors import InvalidRequestError, ModeldError
-from modeld.gguf import read_chat_template
 from modeld.http.chatreq import ollama_generate, ollama_messages, ollama_tool_calls
 from modeld.http.common import (
     API,
@@ -35,7 +34,9 @@ from modeld.http.common import (
 )
 from modeld.http.imageparts import ollama_images
 from modeld.http.reply import Renderer, generation, ndjson
+from modeld.model.gguf import read_chat_template
 from modeld.replyparse import template_capabilities
+from modeld.wire import options
 
 #: Ollama's ``options`` -> modeld's: the sampling table's Ollama names, the context and the
 #: layers on the GPUs (``num_gpu``; -1 as Ollama: as many as fit).

@@ -22,10 +22,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from modeld import options
 from modeld.errors import InvalidRequestError
 from modeld.http.chatreq import refuse_unknown, tool_list, unanswered_call
 from modeld.http.imageparts import Content
+from modeld.wire import options
 
 FIELDS = frozenset({
     "model", "input", "instructions", "tools", "tool_choice", "text", "max_output_tokens",

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import llama_cpp
 import llama_cpp._internals
 
-from modeld import probe
-from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, ModeldError
+from modeld.model import probe
 from modeld.runner import microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
@@ -36,6 +35,7 @@ from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.sampling import make_sampler, plain_greedy, shortlist_top_k
 from modeld.runner.stream import Stream, call_done
 from modeld.runner.textstream import TextStream
+from modeld.wire import runnerwire as rp
 
 if TYPE_CHECKING:
     from modeld.runner.vision import Vision

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import io
 
-from modeld import images
 from modeld.errors import InvalidRequestError
+from modeld.wire import images
 
 _PIL_FORMATS = {"png": "PNG", "jpeg": "JPEG", "gif": "GIF", "webp": "WEBP"}
 

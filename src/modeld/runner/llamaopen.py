@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import llama_cpp
 
-from modeld.memory import GENERATE_N_UBATCH
+from modeld.model.memory import GENERATE_N_UBATCH
 from modeld.runner import microbatch, specs
 from modeld.runner.batch import RANDOM_SEED
 

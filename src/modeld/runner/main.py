@@ -17,7 +17,7 @@ from typing import Any
 
 import llama_cpp
 
-from modeld import ggmlrpc
+from modeld.rpc import ggml as ggmlrpc
 from modeld.runner.llamalog import install_llama_logging, llama_logger
 from modeld.runner.process import Runner
 from modeld.runner.transport import connect, heartbeats

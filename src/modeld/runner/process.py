@@ -27,8 +27,6 @@ import llama_cpp._internals
 import llama_cpp.llama
 import zmq
 
-from modeld import ggmlrpc, memory, probe, rpcplan
-from modeld import runnerwire as rp
 from modeld.errors import (
     ErrorCode,
     InsufficientMemoryError,
@@ -36,8 +34,10 @@ from modeld.errors import (
     InvalidRequestError,
     RpcWorkerError,
 )
-from modeld.memory import MiB
-from modeld.replies import RunnerHello
+from modeld.model import memory, probe
+from modeld.model.memory import MiB
+from modeld.rpc import ggml as ggmlrpc
+from modeld.rpc import layout as rpcplan
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine
 from modeld.runner.generation import PromptState
@@ -48,10 +48,13 @@ from modeld.runner.template import render_template
 from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer
 from modeld.runner.vision import Vision, image_prompt
+from modeld.wire import runnerwire as rp
+from modeld.wire.replies import RunnerHello
 
 log = logging.getLogger("modeld.runner")
 
-EMBED_CHUNK = memory.EMBED_CHUNK  # tokens per decode when embedding without pooling (memory.py)
+#: tokens per decode when embedding without pooling (model/memory.py)
+EMBED_CHUNK = memory.EMBED_CHUNK
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from modeld import replyparse
 from modeld.errors import InvalidRequestError
-from modeld.messages import ChatMessage, plain_text, template_messages, tools_prompt
 from modeld.runner import chat
 from modeld.runner.promptplan import Span
 from modeld.runner.specs import GenerateSpec
+from modeld.wire.messages import ChatMessage, plain_text, template_messages, tools_prompt
 
 #: Where an image goes in the rendered prompt: random per process, so no text a user sends
 #: can pass for one (the runner splits the prompt here and asks libmtmd for the image's tokens).
@@ -63,7 +63,7 @@ class PromptText:
         """A reader of the reply, when it has anything but text to find."""
         if not (self.tools or self.thinking or forced):
             return None
-        # a forced call is written in the family's syntax (modeld.grammar), generic's is JSON
+        # a forced call is written in the family's syntax (modeld.daemon.grammar), generic's is JSON
         return replyparse.ReplyParser(self.family, tools=self.tools, thinking=self.thinking,
                                       thinking_open=self.thinking_open,
                                       forced=forced and self.family == "generic")  # fmt: skip

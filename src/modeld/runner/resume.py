@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp
 
-from modeld import probe
-from modeld import runnerwire as rp
+from modeld.model import probe
+from modeld.wire import runnerwire as rp
 
 if TYPE_CHECKING:
     from modeld.runner.stream import Stream

@@ -1,5 +1,5 @@
 """A load onto llama.cpp RPC workers, planned before it registers them: each worker is probed
-(version, devices' memory), the model's split over them is planned (:mod:`modeld.rpcplan`),
+(version, devices' memory), the model's split over them is planned (:mod:`modeld.rpc.layout`),
 and n_ctx is lowered (when the daemon chose it) so that every worker's share fits, or the load
 fails with ``insufficient_memory`` naming the worker, before llama.cpp allocates anything."""
 
@@ -10,7 +10,9 @@ import logging
 import os
 from typing import Any
 
-from modeld import ggmlrpc, rpcplan, sizing
+from modeld import sizing
+from modeld.rpc import ggml as ggmlrpc
+from modeld.rpc import layout as rpcplan
 from modeld.runner.specs import LoadSpec
 
 log = logging.getLogger("modeld.runner")

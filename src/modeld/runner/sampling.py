@@ -17,7 +17,7 @@ import llama_cpp._internals
 import numpy as np
 
 from modeld.errors import InvalidRequestError
-from modeld.options import Sampling
+from modeld.wire.options import Sampling
 
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
 #: When the chain's pick breaks the grammar, the grammar is checked on the tokens within

@@ -1,5 +1,5 @@
 """What a runner is asked to do, validated: the daemon's ``load``, ``generate``, ``embed`` and
-``rerank`` messages (built by :mod:`modeld.runnerwire`) parsed into typed specs.
+``rerank`` messages (built by :mod:`modeld.wire.runnerwire`) parsed into typed specs.
 
 Why separate: building and encoding serve both ends; validation is the receiving runner's
 job, and its errors name the field so a daemon bug is obvious.
@@ -11,12 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import loadfields, options, requestfields
-from modeld.loadfields import LoadSpec as LoadSpec  # declared there, read here
-from modeld.messages import forces_call
-from modeld.options import Sampling
-from modeld.protocol import ProtocolError
-from modeld.requestfields import Asked, Decided
+from modeld.wire import loadfields, options, requestfields
+from modeld.wire.loadfields import LoadSpec as LoadSpec  # declared there, read here
+from modeld.wire.messages import forces_call
+from modeld.wire.options import Sampling
+from modeld.wire.protocol import ProtocolError
+from modeld.wire.requestfields import Asked, Decided
 
 #: Streamed text is sent at most this often per sequence (the first piece at once). Each message
 #: wakes the daemon and the client; on 2 cores one per token cost ~3% of the decode rate because
@@ -32,7 +32,7 @@ QUIET_INTERVAL_S = 1.0
 @dataclass(frozen=True, kw_only=True)
 class GenerateSpec(Asked, Decided):
     """A runner's generate request: what the client asked and the daemon decided (their fields
-    declared in :mod:`modeld.requestfields`), its sampling and the daemon's ``rid``."""
+    declared in :mod:`modeld.wire.requestfields`), its sampling and the daemon's ``rid``."""
 
     rid: str
     sampling: Sampling

@@ -16,14 +16,14 @@ import llama_cpp
 import llama_cpp._internals
 
 from modeld import replyparse
-from modeld import runnerwire as rp
-from modeld.replies import ToolCallDone
 from modeld.runner import specs
 from modeld.runner.generation import PromptState
 from modeld.runner.prompting import Media
 from modeld.runner.promptplan import Piece, Span
 from modeld.runner.sampling import Grammar
 from modeld.runner.textstream import TextStream
+from modeld.wire import runnerwire as rp
+from modeld.wire.replies import ToolCallDone
 
 Send = Callable[[Mapping[str, Any]], None]
 

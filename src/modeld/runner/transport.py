@@ -22,9 +22,9 @@ from typing import Any
 
 import zmq
 
-from modeld import runnerwire as rp
 from modeld.errors import ErrorCode, ModeldError
-from modeld.protocol import ProtocolError
+from modeld.wire import runnerwire as rp
+from modeld.wire.protocol import ProtocolError
 
 log = logging.getLogger("modeld.runner")
 

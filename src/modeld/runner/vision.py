@@ -32,12 +32,12 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
-from modeld import images
 from modeld.errors import InvalidModelError, InvalidRequestError
 from modeld.runner import imagefile, llamalog, prompting
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Span
 from modeld.runner.specs import GenerateSpec
+from modeld.wire import images
 
 log = logging.getLogger("modeld.runner")
 

@@ -62,7 +62,7 @@ def serve(requests: int, replies: int) -> None:
 
         gc.collect()
         gc.freeze()  # the imported objects stay in shared pages: collections never touch them
-        from modeld import probe
+        from modeld.model import probe
 
         probe.malloc_trim()  # free heap pages go back to the OS, not into every runner
         os.write(replies, encode({"ready": True}))

@@ -14,7 +14,7 @@ per optional property. This package replaces it:
 - :mod:`.pattern`: ``pattern`` regular expressions, their quantifiers bounded;
 - :mod:`.convert`: the schema walk, refusing what it cannot hold with the keyword's path.
 
-Pure: no llama_cpp (modeld.grammar has llama.cpp's parser check the result).
+Pure: no llama_cpp (modeld.daemon.grammar has llama.cpp's parser check the result).
 """
 
 from modeld.schema.convert import to_gbnf

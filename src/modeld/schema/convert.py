@@ -32,7 +32,7 @@ from modeld.schema.validate import resolve, validate
 _HINT = "see docs/protocol.md for the JSON Schema subset modeld enforces, or send " \
         "'format': 'json'"  # fmt: skip
 #: Schemas visited inside one another (nesting and $refs together) before the schema counts as
-#: too deep (the JSON itself nests at most 64 levels: modeld.textcheck).
+#: too deep (the JSON itself nests at most 64 levels: modeld.wire.textcheck).
 MAX_VISIT_DEPTH = 100
 _KINDS = {  # the type a keyword implies when a schema names none
     "properties": "object", "additionalProperties": "object", "required": "object",

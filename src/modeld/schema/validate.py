@@ -30,7 +30,7 @@ from modeld.schema.formats import CHECKS
 #: (subschema, place) pairs checked at most, for one reply.
 BUDGET = 1_000_000
 #: Levels of the reply checked at most (deeper: not checked, and said so), as deep as a
-#: request body may nest (:mod:`modeld.textcheck`).
+#: request body may nest (:mod:`modeld.wire.textcheck`).
 MAX_DEPTH = 64
 #: Problems reported at most.
 MAX_ERRORS = 10

@@ -1,8 +1,8 @@
 """Dynamic context length: the largest n_ctx that fits the memory a model may use (pure).
 
 The choice is the largest multiple of 256 in ``[floor, min(training context, ceiling)]`` whose
-:func:`modeld.memory.estimate` fits ``budget_bytes`` — the model's own bytes, without the runner
-baseline (the caller subtracts that). The estimate grows with n_ctx, so a binary search over
+:func:`modeld.model.memory.estimate` fits ``budget_bytes`` — the model's own bytes, without the
+runner baseline (the caller subtracts that). The estimate grows with n_ctx, so a binary search over
 multiples of 256 finds it in a dozen estimates. A requested n_ctx (rounded up to 256) wins when
 it fits; otherwise the error carries the numbers and the largest n_ctx that would fit.
 
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import memory
 from modeld.errors import InsufficientMemoryError, format_bytes
-from modeld.memory import MemoryEstimate
-from modeld.modelinfo import ModelInfo
+from modeld.model import memory
+from modeld.model.memory import MemoryEstimate
+from modeld.model.modelinfo import ModelInfo
 
 STEP = 256
 DEFAULT_FLOOR = 2048

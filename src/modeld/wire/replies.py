@@ -1,7 +1,7 @@
 """The shapes of replies: ``ps`` rows, ``done`` bodies and the runner's messages, as TypedDicts.
 
 Why: these are plain dicts on the wire (JSON) and in the code that builds them; declaring their
-keys once lets mypy check the builders (:mod:`modeld.daemon.jobs`, :mod:`modeld.runnerwire`)
+keys once lets mypy check the builders (:mod:`modeld.daemon.jobs`, :mod:`modeld.wire.runnerwire`)
 and tells a caller of :class:`modeld.client.Client` what it gets back. docs/protocol.md is the
 description; tests/test_replies.py checks that what the builders make has exactly these keys.
 Pure: standard library only. No ``from __future__ import annotations`` here: Python 3.11
@@ -119,7 +119,7 @@ class DeviceShare(TypedDict):
     compute_bytes: int
     free_bytes: int | None  # the device's free memory after the load (None: unknown)
     total_bytes: int | None
-    # an RPC worker's share as planned before the load (modeld.rpcplan), beside the above
+    # an RPC worker's share as planned before the load (modeld.rpc.layout), beside the above
     planned_layers: NotRequired[int]
     planned_model_bytes: NotRequired[int]
     planned_kv_bytes: NotRequired[int]
@@ -188,7 +188,7 @@ class PsReply(TypedDict):
 
 
 class RunnerMemory(TypedDict):
-    """A runner's memory in bytes as :func:`modeld.probe.own_memory` measures it (or the part
+    """A runner's memory in bytes as :func:`modeld.model.probe.own_memory` measures it (or the part
     above its baseline, a ``footprint``)."""
 
     rss: int

@@ -20,9 +20,9 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from modeld import memory
 from modeld.errors import InsufficientMemoryError, format_bytes
-from modeld.modelinfo import ModelInfo
+from modeld.model import memory
+from modeld.model.modelinfo import ModelInfo
 
 #: micro-batch of a generate-mode runner (llamaopen.open_llama: min(this, n_batch))
 N_UBATCH = memory.GENERATE_N_UBATCH

@@ -29,9 +29,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modeld import memory
-from modeld.memory import MemoryEstimate, MiB
-from modeld.modelinfo import ModelInfo
+from modeld.model import memory
+from modeld.model.memory import MemoryEstimate, MiB
+from modeld.model.modelinfo import ModelInfo
 
 #: VRAM a CUDA process holds before any weight (context, cuBLAS handles, kernels): measured on
 #: an H100 (driver 580, CUDA 13.0, llama-cpp-python 0.3.36): NVML per-process bytes of a fully

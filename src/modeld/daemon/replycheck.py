@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld.messages import Tool, forced_tool, forces_call, format_schema
-from modeld.replies import Validation, ValidationProblem
+from modeld.wire.messages import Tool, forced_tool, forces_call, format_schema
+from modeld.wire.replies import Validation, ValidationProblem
 
 log = logging.getLogger("modeld.daemon")
 

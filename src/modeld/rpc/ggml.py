@@ -22,8 +22,8 @@ from typing import Any
 import llama_cpp
 import llama_cpp.llama_cpp
 
-from modeld import rpc
 from modeld.errors import RpcWorkerError
+from modeld.rpc import endpoints as rpc
 
 log = logging.getLogger("modeld.runner")
 

@@ -23,12 +23,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from modeld import ggufarch
 from modeld.errors import InvalidModelError, ModelNotFoundError
-from modeld.ggufarch import GGML_TYPES as GGML_TYPES  # re-exported
-from modeld.ggufarch import ggml_type_size as ggml_type_size
-from modeld.ggufarch import quantization_name as quantization_name
-from modeld.modelinfo import ModelInfo, TensorInfo
+from modeld.model import ggufarch
+from modeld.model.ggufarch import GGML_TYPES as GGML_TYPES  # re-exported
+from modeld.model.ggufarch import ggml_type_size as ggml_type_size
+from modeld.model.ggufarch import quantization_name as quantization_name
+from modeld.model.modelinfo import ModelInfo, TensorInfo
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)

@@ -1,6 +1,6 @@
 """The one declaration of a runner's ``load`` message (daemon -> runner): each field of
 :class:`LoadSpec` says its check, its default and its doc line, with the machinery of
-:mod:`modeld.requestfields`. The daemon's builder (:func:`modeld.runnerwire.load`) and the
+:mod:`modeld.wire.requestfields`. The daemon's builder (:func:`modeld.wire.runnerwire.load`) and the
 runner's parser (:func:`modeld.runner.specs.parse_load`) derive from it. Adding a load field
 (a GPU setting, say): a line here, where the daemon decides it (``scheduler._start_load``) and
 its use in the runner.
@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass
 from typing import Any
 
-from modeld import requestfields
 from modeld.config import PROMPT_CACHE_MIB
-from modeld.memory import KV_CACHE_TYPES
-from modeld.protocol import MAX_PARALLEL, MODES, rpc_endpoints
-from modeld.requestfields import Fail, Fields, declare, flag, ints, nonempty, one_of, text
+from modeld.model.memory import KV_CACHE_TYPES
+from modeld.wire import requestfields
+from modeld.wire.protocol import MAX_PARALLEL, MODES, rpc_endpoints
+from modeld.wire.requestfields import Fail, Fields, declare, flag, ints, nonempty, one_of, text
 
 N_CTX_MAX = 1 << 24
 

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from modeld.modelinfo import ModelInfo, TensorInfo
+from modeld.model.modelinfo import ModelInfo, TensorInfo
 
 MiB = 1 << 20
 CELL_PAD = 256  # llama.cpp pads KV cells to 256 with flash attention (and always for SWA)

@@ -1,7 +1,7 @@
 """The typed description of a GGUF model that every policy module works from.
 
-Produced by :mod:`modeld.gguf` from the file header; consumed by :mod:`modeld.memory`,
-:mod:`modeld.ctx`, the daemon and ``modeld show``. Pure data, no I/O.
+Produced by :mod:`modeld.model.gguf` from the file header; consumed by :mod:`modeld.model.memory`,
+:mod:`modeld.model.ctx`, the daemon and ``modeld show``. Pure data, no I/O.
 """
 
 from __future__ import annotations

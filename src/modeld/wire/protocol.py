@@ -4,7 +4,7 @@ Three layers, as in jupyter_client: building messages (:func:`request`, :func:`c
 :func:`done`, :func:`error_reply`), encoding them to frames (:func:`encode` / :func:`decode`),
 and socket I/O (only in :mod:`modeld.daemon.service` and the clients: :mod:`modeld.client`,
 :mod:`modeld.http.bridge`, the CLI's fast path :mod:`modeld.cli.fastwire`; the envelope and the
-reply rules they share are :mod:`modeld.replyflow`). Keeping this layer pure lets it be tested
+reply rules they share are :mod:`modeld.wire.replyflow`). Keeping this layer pure lets it be tested
 by round-trip and lets the daemon reject any bad input with a typed error instead of
 crashing. The wire format is documented in ``docs/protocol.md``.
 
@@ -22,14 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
-from modeld import options, requestfields
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
-from modeld.messages import parse_format
-from modeld.options import DEFAULTS as DEFAULT_SAMPLING
-from modeld.options import Sampling
-from modeld.replyflow import PROTOCOL_VERSION, body_of, envelope
-from modeld.requestfields import Asked, Fail, declare, flag, ints, maybe, one_of, text
-from modeld.textcheck import check_text, too_deep
+from modeld.wire import options, requestfields
+from modeld.wire.messages import parse_format
+from modeld.wire.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.wire.options import Sampling
+from modeld.wire.replyflow import PROTOCOL_VERSION, body_of, envelope
+from modeld.wire.requestfields import Asked, Fail, declare, flag, ints, maybe, one_of, text
+from modeld.wire.textcheck import check_text, too_deep
 
 #: Request types a client may send.
 REQUEST_TYPES = frozenset(
@@ -194,7 +194,7 @@ def _leading_id(frame: bytes) -> str | None:
 
 
 def reply_object(frames: list[bytes]) -> object:
-    """The JSON value of a reply's frame, for :class:`modeld.replyflow.ReplyStream`; None when
+    """The JSON value of a reply's frame, for :class:`modeld.wire.replyflow.ReplyStream`; None when
     it is no JSON (a client skips what it cannot read unless it is a reply to its request)."""
     try:
         return json.loads(frames[-1].decode("utf-8"), parse_constant=_reject_constant)
@@ -211,7 +211,7 @@ def _reject_constant(name: str) -> Any:
 
 @dataclass(frozen=True)
 class GenerateOptions:
-    """A generate request's options: its sampling (declared in :mod:`modeld.options`) and its
+    """A generate request's options: its sampling (declared in :mod:`modeld.wire.options`) and its
     model's lifetime and context (defaults are the daemon's)."""
 
     sampling: Sampling = DEFAULT_SAMPLING
@@ -227,7 +227,7 @@ class GenerateOptions:
 @dataclass(frozen=True, kw_only=True)
 class GenerateRequest(Asked):
     """A completion of ``prompt`` or a reply to ``messages`` (the fields it shares with the
-    runner's message: :class:`modeld.requestfields.Asked`); ``format`` "json" or a JSON Schema
+    runner's message: :class:`modeld.wire.requestfields.Asked`); ``format`` "json" or a JSON Schema
     the reply must satisfy (the daemon makes it a grammar)."""
 
     mode: ClassVar[str] = "generate"  # the model mode it needs
@@ -276,7 +276,7 @@ def _keep_alive(value: Any, name: str, fail: Fail,
 def rpc_endpoints(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     """The model's llama.cpp RPC workers, a list of "HOST:PORT" (or a comma-separated
     string); absent or null: none asked."""
-    from modeld.rpc import parse_endpoints
+    from modeld.rpc.endpoints import parse_endpoints
 
     if value is None:
         return None
@@ -289,7 +289,7 @@ def rpc_endpoints(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> 
 
 
 def _kv_type(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    from modeld.memory import KV_CACHE_TYPES
+    from modeld.model.memory import KV_CACHE_TYPES
 
     if value is not None and value not in KV_CACHE_TYPES:
         raise fail(f"{name!r} must be one of {', '.join(KV_CACHE_TYPES)}")

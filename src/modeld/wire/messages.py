@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modeld.images import check_count, parse_list
+from modeld.wire.images import check_count, parse_list
 
 ROLES = ("system", "user", "assistant", "tool")
 CHOICES = ("auto", "none", "required")
@@ -41,7 +41,7 @@ class ToolCall:
 @dataclass(frozen=True)
 class ChatMessage:
     """One turn. ``tool_call_id``/``tool_name`` say which call a ``tool`` turn answers.
-    ``images``: base64 images (:mod:`modeld.images`), each shown to the model at its offset in
+    ``images``: base64 images (:mod:`modeld.wire.images`), each shown to the model at its offset in
     ``content`` (``image_at``, characters; none given: all before the text, as Ollama does)."""
 
     role: str

@@ -22,13 +22,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from modeld import loadfields, requestfields
 from modeld.errors import ErrorCode
-from modeld.options import DEFAULTS as DEFAULT_SAMPLING
-from modeld.options import NAMES as OPTION_NAMES
-from modeld.options import Sampling
-from modeld.protocol import ProtocolError
-from modeld.replies import (
+from modeld.wire import loadfields, requestfields
+from modeld.wire.options import DEFAULTS as DEFAULT_SAMPLING
+from modeld.wire.options import NAMES as OPTION_NAMES
+from modeld.wire.options import Sampling
+from modeld.wire.protocol import ProtocolError
+from modeld.wire.replies import (
     DeviceShare,
     RerankResult,
     RunnerEmbedDone,
@@ -97,16 +97,15 @@ def hello(
 
 
 def load(path: str | os.PathLike[str], **fields: Any) -> dict[str, Any]:
-    """Ask a runner to load a model: ``fields`` are those of :class:`modeld.loadfields.LoadSpec`
-    (``n_ctx`` and ``n_threads`` required; ``n_ctx`` a positive multiple of 256). Those at their
-    defaults are left out but for the few every runner message has always carried.
-
-    ``warm_up`` false: a request is about to run anyway (it pays the same first-use costs, so a
-    warm-up would only delay it). ``rpc_ctx_floor`` (with ``rpc``): the runner may lower
-    ``n_ctx`` down to it so every worker's share fits its memory (None: ``n_ctx`` was asked for;
-    a share that does not fit fails the load). ``handoff``: the file prefix the model's previous
-    runner (process ``handoff_pid``) writes its sequences' cells to (:func:`handoff`): wait for
-    them and restore them (runner/handoff.py).
+    """Ask a runner to load a model: ``fields`` are those of
+    :class:`modeld.wire.loadfields.LoadSpec` (``n_ctx`` and ``n_threads`` required; ``n_ctx`` a
+    positive multiple of 256). Those at their defaults are left out but for the few every runner
+    message has always carried. ``warm_up`` false: a request is about to run anyway (it pays the
+    same first-use costs, so a warm-up would only delay it). ``rpc_ctx_floor`` (with ``rpc``): the
+    runner may lower ``n_ctx`` down to it so every worker's share fits its memory (None: ``n_ctx``
+    was asked for; a share that does not fit fails the load). ``handoff``: the file prefix the
+    model's previous runner (process ``handoff_pid``) writes its sequences' cells to
+    (:func:`handoff`): wait for them and restore them (runner/handoff.py).
     """
     return {"type": "load", **loadfields.write({"path": os.fspath(path), **fields})}
 
@@ -173,7 +172,7 @@ def load_failed(
 
 
 def generate(rid: str, *, sampling: Sampling = DEFAULT_SAMPLING, **fields: Any) -> dict[str, Any]:
-    """A generation request: ``fields`` are those of :mod:`modeld.requestfields` (what the
+    """A generation request: ``fields`` are those of :mod:`modeld.wire.requestfields` (what the
     client asked, what the daemon decided: ``prompt`` or ``messages``, ``raw``, ``think``,
     ``grammar``, ...) and sampling options that override ``sampling``'s (``max_tokens=16``).
     The daemon adds ``n_threads`` when it sends one, and ``grow``/``resume`` when a reply
@@ -388,7 +387,7 @@ def _code(code: str | ErrorCode) -> str:
 
 
 def _memory(measured: Mapping[str, int]) -> RunnerMemory:
-    """A copy of a measurement (:func:`modeld.probe.own_memory`, or a difference of two),
+    """A copy of a measurement (:func:`modeld.model.probe.own_memory`, or a difference of two),
     typed: the probe builds it as a plain ``dict[str, int]`` of these keys."""
     return cast(RunnerMemory, dict(measured))
 

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeld.errors import InvalidRequestError
-from modeld.messages import Tool, forced_tool, forces_call, format_schema
 from modeld.replyparse import native_family
+from modeld.wire.messages import Tool, forced_tool, forces_call, format_schema
 
 #: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
 MAX_GRAMMAR_BYTES = 1 << 20
@@ -93,7 +93,7 @@ def family_of(path: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def _family_of(path: str, size: int, mtime_ns: int) -> str:
-    from modeld.gguf import read_chat_template
+    from modeld.model.gguf import read_chat_template
 
     try:
         template = read_chat_template(path)

@@ -1,17 +1,17 @@
 """The one declaration of a generate request's model-facing fields (its sampling options are
-:mod:`modeld.options`').
+:mod:`modeld.wire.options`').
 
 Each field is a dataclass field whose metadata says how it is checked, its doc line and, by its
 class, which hops carry it:
 
 - :class:`Asked`: what the client asks and the runner honours (client -> daemon -> runner);
-  the client protocol's request (:class:`modeld.protocol.GenerateRequest`) and the runner's spec
-  (:class:`modeld.runner.specs.GenerateSpec`) both subclass it.
+  the client protocol's request (:class:`modeld.wire.protocol.GenerateRequest`) and the
+  runner's spec (:class:`modeld.runner.specs.GenerateSpec`) both subclass it.
 - :class:`Decided`: what the daemon adds for the runner (daemon -> runner only): its grammar,
   the determinism it promised, the threads it shares out, a resumed reply's tokens.
 
 Everything else derives from these classes: both sides' parsers (:func:`parse`), the runner
-message's fields (:func:`to_wire`, used by :func:`modeld.runnerwire.generate`) and the daemon's
+message's fields (:func:`to_wire`, used by :func:`modeld.wire.runnerwire.generate`) and the daemon's
 copy of a request into it (:func:`asked`). Adding a field: a line here, and its use in the
 runner (and an HTTP or CLI mapping if a client should reach it).
 
@@ -25,8 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modeld.images import parse_list
-from modeld.messages import ChatMessage, Tool, parse_messages, parse_tool_choice, parse_tools
+from modeld.wire.images import parse_list
+from modeld.wire.messages import ChatMessage, Tool, parse_messages, parse_tool_choice, parse_tools
 
 Fail = Callable[[str], Exception]
 #: A field's check: (the value sent, the field's name, ``fail``, the fields checked before it)
