@@ -13,7 +13,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from modeld.runner.generation import DecodeBatch, Prepared, PromptState
+from modeld.runner.generation import DecodeBatch, PromptState, Reused
 from modeld.runner.promptplan import ALIGN
 from modeld.runner.sampling import make_sampler
 from modeld.wire.options import Sampling
@@ -35,7 +35,7 @@ class SoloState(PromptState):
         batch.decode()
         self.evaluated((start, start + len(part)), part, alone=True)
 
-    def prepare(self, prompt: list[int], reproducible: bool) -> Prepared:
+    def prepare(self, prompt: list[int], reproducible: bool) -> Reused:
         prepared, todo = self.begin(prompt, reproducible)
         for start, end in todo:
             self._decode(start, prompt[start:end])

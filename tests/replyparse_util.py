@@ -6,7 +6,7 @@ import json
 import random
 import re
 
-from modeld.replyparse import Event, ToolCall, ToolCallArgs, ToolCallEnd, ToolCallStart
+from modeld.replyparse import Event, ParsedCall, ToolCallArgs, ToolCallEnd, ToolCallStart
 
 
 def random_chunks(text: str, seed: int) -> list[str]:
@@ -19,7 +19,7 @@ def random_chunks(text: str, seed: int) -> list[str]:
     return chunks
 
 
-def shape(calls: list[ToolCall]) -> list[tuple[int, str, str]]:
+def shape(calls: list[ParsedCall]) -> list[tuple[int, str, str]]:
     return [(c.index, c.name, c.arguments) for c in calls]
 
 

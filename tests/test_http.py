@@ -229,9 +229,9 @@ def test_metrics_per_card() -> None:
     """/metrics per card, from the daemon's stats (what a CUDA build's stats carry)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from modeld.http.metrics import Snapshot
+    from modeld.http.metrics import StatsCollector
 
-    snap, registry = Snapshot(), CollectorRegistry(auto_describe=False)
+    snap, registry = StatsCollector(), CollectorRegistry(auto_describe=False)
     registry.register(snap)
     gib = 1 << 30
     snap.stats = {"backend": "CUDA", "devices": [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from modeld.runner import promptplan as pp
-from modeld.runner.promptplan import Cached, Plan
+from modeld.runner.promptplan import Cached, ReusePlan
 
 C = 4  # a small alignment keeps the sequences readable
 
@@ -94,12 +94,12 @@ def test_plan_prefers_an_exact_snapshot_then_the_longest_reuse() -> None:
     short = Cached(seq(6), 4, True, True)
     long = Cached([*seq(9), 50], 8, True, True)
     exact = Cached(seq(10), 8, True, True)
-    assert pp.plan(prompt, live, [short, long, exact], False, C) == Plan(2, 10, exact=True)
-    assert pp.plan(prompt, live, [short, long], False, C) == Plan(1, 9)
-    assert pp.plan(prompt, live, [short, long], True, C) == Plan(1, 8)
+    assert pp.plan(prompt, live, [short, long, exact], False, C) == ReusePlan(2, 10, exact=True)
+    assert pp.plan(prompt, live, [short, long], False, C) == ReusePlan(1, 9)
+    assert pp.plan(prompt, live, [short, long], True, C) == ReusePlan(1, 8)
     # a tie goes to the live KV (no restore needed)
-    assert pp.plan(prompt, Cached(seq(9), 8), [long], True, C) == Plan(-1, 8)
-    assert pp.plan(prompt, live, [], True, C) == Plan(-1, 0)
+    assert pp.plan(prompt, Cached(seq(9), 8), [long], True, C) == ReusePlan(-1, 8)
+    assert pp.plan(prompt, live, [], True, C) == ReusePlan(-1, 0)
     with pytest.raises(ValueError):
         pp.plan([], live, [], True, C)
 
@@ -107,8 +107,8 @@ def test_plan_prefers_an_exact_snapshot_then_the_longest_reuse() -> None:
 def test_plan_never_reuses_a_non_stable_snapshot_for_greedy() -> None:
     prompt = seq(10)
     unstable = Cached(seq(10), 0, logits_stable=False, has_logits=True)
-    assert pp.plan(prompt, Cached([], 0), [unstable], True, C) == Plan(-1, 0)
-    assert pp.plan(prompt, Cached([], 0), [unstable], False, C) == Plan(0, 10, exact=True)
+    assert pp.plan(prompt, Cached([], 0), [unstable], True, C) == ReusePlan(-1, 0)
+    assert pp.plan(prompt, Cached([], 0), [unstable], False, C) == ReusePlan(0, 10, exact=True)
 
 
 # --------------------------------------------------------------------------- images (issue 38)
@@ -170,9 +170,9 @@ def test_a_state_that_cannot_be_cut_there_keeps_nothing_and_a_snapshot_wins() ->
     live = Cached([*seq(8), 100, 101], stable=0, cut_min=9)
     prompt = [*seq(8), 50, 51, 52]
     assert pp.usable(live, prompt, False, C) == 0
-    assert pp.plan(prompt, live, [], False, C) == Plan(source=-1, keep=0)
+    assert pp.plan(prompt, live, [], False, C) == ReusePlan(source=-1, keep=0)
     snap = Cached(seq(8), stable=0, has_logits=True, cut_min=7)  # the previous prompt
-    assert pp.plan(prompt, live, [snap], False, C) == Plan(source=0, keep=8)  # no cut needed
+    assert pp.plan(prompt, live, [snap], False, C) == ReusePlan(source=0, keep=8)  # no cut needed
     # a cut at or past cut_min, or none at all, is fine
     assert pp.usable(Cached([*seq(8), 100, 101], stable=0, cut_min=8), prompt, False, C) == 8
     assert pp.usable(Cached(seq(8), stable=0, cut_min=99), prompt, False, C) == 8

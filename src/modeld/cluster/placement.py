@@ -51,7 +51,7 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class Choice:
+class Route:
     node: str
     rank: int
     reason: str
@@ -68,7 +68,7 @@ def rank(view: NodeView) -> int | None:
     return _RANK_OF_PLAN.get(view.plan)
 
 
-def choose(views: Sequence[NodeView]) -> Choice | None:
+def choose(views: Sequence[NodeView]) -> Route | None:
     """The best node for the model (see the module doc); None when no node can take it."""
     ranked = [(r, v) for v in views if (r := rank(v)) is not None]
     if not ranked:
@@ -78,7 +78,7 @@ def choose(views: Sequence[NodeView]) -> Choice | None:
     reason = RANK_NAMES[r]
     if r == EVICTS_IDLE:
         reason += f" ({', '.join(best.would_evict)})" if best.would_evict else ""
-    return Choice(best.name, r, f"{reason}, {best.load} request(s) there")
+    return Route(best.name, r, f"{reason}, {best.load} request(s) there")
 
 
 def least_loaded(views: Sequence[NodeView]) -> str | None:

@@ -17,7 +17,7 @@ from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKe
 from modeld.config import Settings
 from modeld.daemon import crashinfo, workercheck
 from modeld.daemon.decisions import AnswerLoad, Reload
-from modeld.daemon.jobs import Asked, Job, Send, Slot, done_body, joined
+from modeld.daemon.jobs import Job, LoadAsked, Send, Slot, done_body, joined
 from modeld.daemon.leases import RpcLeases, leased_error
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
 from modeld.errors import (
@@ -49,7 +49,7 @@ class Dispatch:
         self.slots: dict[ModelKey, Slot] = {}
         self.leases = RpcLeases()  # which runner holds which RPC worker
         self.jobs: dict[tuple[bytes, str], Job] = {}
-        self.asked: dict[ModelKey, Asked] = {}  # what ``load`` set, kept through reloads
+        self.asked: dict[ModelKey, LoadAsked] = {}  # what ``load`` set, kept through reloads
         #: where a load of a model goes (its KV type, its cards: admission.Admission.where),
         #: so a growth is sized as its load was; None: on the CPU
         self.where_of: Callable[[ModelKey, str, list[Job]], placement.Where] | None = None
@@ -120,9 +120,9 @@ class Dispatch:
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
 
-    def remember(self, job: Job) -> Asked:
-        """Keep what the ``load`` ``job`` set for its model (see :class:`Asked`)."""
-        asked = self.asked.setdefault(job.key, Asked())
+    def remember(self, job: Job) -> LoadAsked:
+        """Keep what the ``load`` ``job`` set for its model (see :class:`LoadAsked`)."""
+        asked = self.asked.setdefault(job.key, LoadAsked())
         asked.take(job)
         return asked
 

@@ -68,7 +68,7 @@ class Job:
 
 
 @dataclass
-class Asked:
+class LoadAsked:
     """What explicit ``load`` requests set for a model (None: they did not say). It outlives
     the model's reloads (a context that grows, another ``parallel``) and goes when the model
     is unloaded for any other reason."""

@@ -18,7 +18,7 @@ from modeld.http.bridge import Bridge
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class Snapshot(Collector):
+class StatsCollector(Collector):
     """Metric families built from one ``stats`` + ``ps`` answer."""
 
     def __init__(self) -> None:
@@ -100,7 +100,7 @@ class Metrics:
     def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
         self.registry = CollectorRegistry(auto_describe=False)
-        self.snapshot = Snapshot()
+        self.snapshot = StatsCollector()
         self.registry.register(self.snapshot)
         self.latency = Histogram(
             "modeld_http_request_seconds", "HTTP request latency (to the last byte).",

@@ -169,7 +169,7 @@ def choose_projector(model: str, listed: list[str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class Choice:
+class FileChoice:
     """The files a pull fetches, and how they were chosen."""
 
     files: tuple[str, ...]  # repository paths, shards in order
@@ -178,7 +178,7 @@ class Choice:
     projector: str | None = None  # the repository's image projector (mmproj) fetched with it
 
 
-def choose(ref: HubRef, listed: list[str]) -> Choice:
+def choose(ref: HubRef, listed: list[str]) -> FileChoice:
     """Pick the files for ``ref`` among the repository's paths ``listed``: the model's and its
     image projector (:func:`choose_projector`), when the repository has one.
 
@@ -189,15 +189,15 @@ def choose(ref: HubRef, listed: list[str]) -> Choice:
     choice = _choose_model(ref, listed)
     head = choice.files[0]
     projector = choose_projector(head, listed) if is_model_file(head) else None
-    return Choice(choice.files, choice.quant, choice.reason, projector)
+    return FileChoice(choice.files, choice.quant, choice.reason, projector)
 
 
-def _choose_model(ref: HubRef, listed: list[str]) -> Choice:
+def _choose_model(ref: HubRef, listed: list[str]) -> FileChoice:
     models = sorted(p for p in listed if is_model_file(p))
     if ref.filename is not None:
         if ref.filename not in listed:
             raise KeyError(f"{ref.repo_id} has no file {ref.filename}")
-        return Choice(_with_shards(ref.filename, models), quant_of(ref.filename), "file")
+        return FileChoice(_with_shards(ref.filename, models), quant_of(ref.filename), "file")
     by_quant: dict[str, list[str]] = {}
     for path in models:
         info = shard_info(path)
@@ -210,13 +210,13 @@ def _choose_model(ref: HubRef, listed: list[str]) -> Choice:
         if not heads:
             have = ", ".join(sorted(q for q in by_quant if q)) or "none tagged"
             raise KeyError(f"{ref.repo_id} has no {ref.quant.upper()} file (it has: {have})")
-        return Choice(_with_shards(heads[0], models), ref.quant.upper(), "asked")
+        return FileChoice(_with_shards(heads[0], models), ref.quant.upper(), "asked")
     for quant in QUANT_ORDER:
         if quant in by_quant:
             reason = "default" if quant == DEFAULT_QUANT else "fallback"
-            return Choice(_with_shards(by_quant[quant][0], models), quant, reason)
+            return FileChoice(_with_shards(by_quant[quant][0], models), quant, reason)
     first = sorted(by_quant.items())[0]
-    return Choice(_with_shards(first[1][0], models), first[0] or None, "fallback")
+    return FileChoice(_with_shards(first[1][0], models), first[0] or None, "fallback")
 
 
 def _with_shards(head: str, models: list[str]) -> tuple[str, ...]:

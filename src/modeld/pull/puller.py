@@ -109,13 +109,13 @@ def _pull(text: str, models_dir: Path, on_event: EventFn | None,
     return done
 
 
-def _canonical(ref: names.HubRef, choice: names.Choice) -> str:
+def _canonical(ref: names.HubRef, choice: names.FileChoice) -> str:
     if ref.filename is not None or choice.quant is None:
         return f"hf.co/{ref.repo_id}/{choice.files[0]}"
     return f"hf.co/{ref.repo_id}:{choice.quant}"
 
 
-def _linked(choice: names.Choice, path: str) -> dict[str, str]:
+def _linked(choice: names.FileChoice, path: str) -> dict[str, str]:
     """What a file's record says of the model–projector pair: the model's names its projector
     (so projector.beside finds it among several pulled quantisations), the projector's says
     it is one."""
@@ -126,7 +126,7 @@ def _linked(choice: names.Choice, path: str) -> dict[str, str]:
     return {"mmproj": choice.projector.rsplit("/", 1)[-1]} if path == choice.files[0] else {}
 
 
-def _choice_message(ref: names.HubRef, choice: names.Choice) -> str:
+def _choice_message(ref: names.HubRef, choice: names.FileChoice) -> str:
     shards = f" in {len(choice.files)} shards" if len(choice.files) > 1 else ""
     if choice.projector:
         shards += f", with its image projector {choice.projector.rsplit('/', 1)[-1]}"

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from modeld.replyparse.events import (
     Event,
+    ParsedCall,
     TextDelta,
     ThinkingDelta,
-    ToolCall,
     ToolCallArgs,
     ToolCallEnd,
     ToolCallStart,
@@ -38,10 +38,10 @@ from modeld.replyparse.templates import (
 __all__ = [
     "FAMILIES",
     "Event",
+    "ParsedCall",
     "ReplyParser",
     "TextDelta",
     "ThinkingDelta",
-    "ToolCall",
     "ToolCallArgs",
     "ToolCallEnd",
     "ToolCallStart",

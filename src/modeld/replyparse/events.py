@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class ParsedCall:
     """One completed tool call.
 
     ``index``: 0, 1, … in order of appearance in the reply. ``id``: made by the parser
@@ -64,7 +64,7 @@ class ToolCallArgs:
 class ToolCallEnd:
     """The call is complete and valid."""
 
-    call: ToolCall
+    call: ParsedCall
 
 
 Event = TextDelta | ThinkingDelta | ToolCallStart | ToolCallArgs | ToolCallEnd
@@ -86,15 +86,15 @@ class CallLog:
     """
 
     def __init__(self, make_id: IdMaker = new_call_id) -> None:
-        self.calls: list[ToolCall] = []
+        self.calls: list[ParsedCall] = []
         self._make_id = make_id
 
     def begin(self) -> tuple[int, str]:
         """Index and id for a call that is starting."""
         return len(self.calls), self._make_id()
 
-    def complete(self, index: int, call_id: str, name: str, arguments: str) -> ToolCall:
-        call = ToolCall(index=index, id=call_id, name=name, arguments=arguments)
+    def complete(self, index: int, call_id: str, name: str, arguments: str) -> ParsedCall:
+        call = ParsedCall(index=index, id=call_id, name=name, arguments=arguments)
         self.calls.append(call)
         return call
 

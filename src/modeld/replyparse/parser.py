@@ -11,9 +11,9 @@ from modeld.replyparse.events import (
     CallLog,
     Event,
     IdMaker,
+    ParsedCall,
     TextDelta,
     ThinkingDelta,
-    ToolCall,
     ToolCallEnd,
     coalesce,
     new_call_id,
@@ -95,12 +95,12 @@ class ReplyParser:
         return coalesce(events)
 
     @property
-    def calls(self) -> list[ToolCall]:
+    def calls(self) -> list[ParsedCall]:
         """All completed calls so far."""
         return list(self._log.calls)
 
 
-def fold(events: list[Event]) -> tuple[str, str, list[ToolCall]]:
+def fold(events: list[Event]) -> tuple[str, str, list[ParsedCall]]:
     """(content, thinking, calls) of a list of events."""
     content = "".join(e.text for e in events if isinstance(e, TextDelta))
     thought = "".join(e.text for e in events if isinstance(e, ThinkingDelta))
@@ -116,7 +116,7 @@ def parse_reply(
     thinking: bool,
     thinking_open: bool = False,
     forced: bool = False,
-) -> tuple[str, str, list[ToolCall]]:
+) -> tuple[str, str, list[ParsedCall]]:
     """Whole-reply convenience: (content, thinking, calls), the same as streaming gives."""
     parser = ReplyParser(
         family, tools=tools, thinking=thinking, thinking_open=thinking_open, forced=forced

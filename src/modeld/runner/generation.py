@@ -40,7 +40,7 @@ FAST_PIECE = 128
 
 
 @dataclass(frozen=True)
-class Prepared:
+class Reused:
     """How a prompt was made ready: tokens reused (not evaluated) and where they came from."""
 
     reused: int
@@ -177,7 +177,7 @@ class PromptState:
     def begin(
         self, prompt: Sequence[int], reproducible: bool,
         spans: Sequence[promptplan.Span] = (),
-    ) -> tuple[Prepared, list[promptplan.Piece]]:
+    ) -> tuple[Reused, list[promptplan.Piece]]:
         """Plan ``prompt``: restore or keep what can be reused, and return the pieces still to
         evaluate (none for an exact hit, whose logits :meth:`sample` then uses). ``spans``: the
         positions of its images (each a piece of its own, never reused in part).
@@ -200,15 +200,15 @@ class PromptState:
                 self.store.use(snap)
                 if choice.exact:
                     self._pending = snap.logits
-                    return Prepared(len(prompt), "exact"), []
+                    return Reused(len(prompt), "exact"), []
                 source = "snapshot"
             else:
-                choice = promptplan.Plan(-1, 0)
+                choice = promptplan.ReusePlan(-1, 0)
         keep = self._truncate(choice.keep)
         self._stable_before, self._last = self.stable, (keep, keep)
         todo = promptplan.pieces(keep, len(prompt), reproducible,
                                  min(self.n_batch, FAST_PIECE), self.align, self._spans)
-        return Prepared(keep, source if keep else "none"), todo
+        return Reused(keep, source if keep else "none"), todo
 
     def drop_logits(self) -> None:
         """An exact hit whose stored logits will not be sampled (a resumed reply's next token

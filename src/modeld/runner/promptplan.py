@@ -21,7 +21,7 @@ fresh evaluation (:func:`floor_cut`, :func:`next_cut`) are then a function of th
 so the rule above still gives bitwise the logits of a fresh evaluation.
 
 Everything here works on token sequences and counts; :mod:`modeld.runner.generation` applies a
-:class:`Plan` to llama.cpp and :mod:`modeld.runner.promptcache` keeps the snapshots.
+:class:`ReusePlan` to llama.cpp and :mod:`modeld.runner.promptcache` keeps the snapshots.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Cached:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ReusePlan:
     """Where a request's prompt state comes from.
 
     ``source``: -1 the live KV, else the index of the chosen snapshot. ``keep``: tokens of that
@@ -153,7 +153,7 @@ def plan(
     reproducible: bool,
     align: int = ALIGN,
     spans: Sequence[Span] = (),
-) -> Plan:
+) -> ReusePlan:
     """Choose the state to start from: an exact snapshot, else whichever of the live KV and the
     snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy). A live KV
     that cannot be cut where the prompt leaves it (``cut_min``) keeps nothing, so a snapshot of
@@ -162,12 +162,12 @@ def plan(
         raise ValueError("an empty prompt has nothing to plan")
     for i, snap in enumerate(snapshots):
         if is_exact(snap, prompt, reproducible):
-            return Plan(source=i, keep=len(prompt), exact=True)
-    best = Plan(source=-1, keep=usable(live, prompt, reproducible, align, spans))
+            return ReusePlan(source=i, keep=len(prompt), exact=True)
+    best = ReusePlan(source=-1, keep=usable(live, prompt, reproducible, align, spans))
     for i, snap in enumerate(snapshots):
         keep = usable(snap, prompt, reproducible, align, spans)
         if keep > best.keep:
-            best = Plan(source=i, keep=keep)
+            best = ReusePlan(source=i, keep=keep)
     return best
 
 

@@ -58,7 +58,7 @@ class Stream:
     unsent_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style deltas
     unsent_logprobs: list[dict[str, Any]] = field(default_factory=list)
     unsent_done: list[ToolCallDone] = field(default_factory=list)  # calls complete since
-    calls: list[replyparse.ToolCall] = field(default_factory=list)
+    calls: list[replyparse.ParsedCall] = field(default_factory=list)
     preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
     media: Media | None = None  # the prompt's images (issue 38)
     encoded: dict[int, Future[Any]] = field(default_factory=dict)  # span start -> embeddings
@@ -153,5 +153,5 @@ class Stream:
         self.unsent_calls, self.unsent_logprobs, self.unsent_done = [], [], []
 
 
-def call_done(call: replyparse.ToolCall) -> ToolCallDone:
+def call_done(call: replyparse.ParsedCall) -> ToolCallDone:
     return {"id": call.id, "name": call.name, "arguments": call.arguments}
