@@ -79,7 +79,7 @@ def test_the_daemon_checks_grammars_without_importing_llama_cpp_or_numpy() -> No
     """The daemon parses with libllama through ctypes: ``import llama_cpp`` brought numpy and
     its BLAS, 26 MiB the daemon kept after its first format (issue 35). The parser is the real
     one: a bad grammar still says why."""
-    code = ("import sys; from modeld import grammar\n"
+    code = ("import sys; from modeld.daemon import grammar\n"
             "assert grammar.check('root ::= \"x\"', 'format') == 'root ::= \"x\"'\n"
             "try: grammar.check('root ::= undefined-rule', 'format')\n"
             "except Exception as e: print(e.message)\n"
@@ -106,7 +106,7 @@ def test_the_deep_grammar_check_does_not_crash_a_process() -> None:
     """The check runs in the daemon: a schema that crashed llama.cpp's parser must fail as an
     error in a process that then goes on (checked in a child, so a crash is seen, not
     suffered)."""
-    code = ("import json; from modeld import grammar\n"
+    code = ("import json; from modeld.daemon import grammar\n"
             "for n in (100000, 1000000):\n"
             "    try: grammar.for_request({'type': 'string', 'minLength': n}, (), 'auto')\n"
             "    except Exception as e: print(type(e).__name__)\n"

@@ -19,6 +19,24 @@ def test_bad_text_names_the_field() -> None:
     assert bad_text(json.loads('{"\\udc80": 1}')) == ("\udc80", "\udc80")
 
 
+def test_long_lists_are_checked_whole_and_still_name_the_field() -> None:
+    """One encode per list or object (no path per leaf): the bad string is still found and
+    named, in document order, in containers of any kind."""
+    words = [f"w{i}" for i in range(5000)]
+    assert bad_text({"enum": words}) is None
+    assert bad_text({"enum": [*words, "x\udfff"]}) == ("enum[5000]", "x\udfff")
+    assert bad_text({"a": [{"b": "\ud83d"}, "\ude00"]}) == ("a[0].b", "\ud83d")
+    assert bad_text({"a": ["\ude00", {"b": "\ud83d"}]}) == ("a[0]", "\ude00")
+    assert bad_text({"a": [1, 2.5, None, True, ["ok", "\ud800"]]}) == ("a[4][1]", "\ud800")
+
+    class Sub(dict[str, str]):
+        pass
+
+    assert bad_text([Sub(k="\ud800")]) == ("[0].k", "\ud800")
+    with pytest.raises(InvalidRequestError):  # depth is still counted through clean lists
+        bad_text(json.loads("[" * 70 + '"ok"' + "]" * 70))
+
+
 def test_check_text_message_is_sendable() -> None:
     with pytest.raises(InvalidRequestError) as err:
         check_text(json.loads('{"\\udc80key": "v"}'))

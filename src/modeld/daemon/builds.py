@@ -1,5 +1,6 @@
 """Work the event loop hands to threads: a request's grammar, and the validation of its
-complete reply (issue 35).
+complete reply (issue 35). A big grammar's thread only waits: the build runs in a low-priority
+child (:mod:`modeld.daemon.grammarproc`).
 
 Turning a JSON Schema into a grammar and having llama.cpp's parser check it is bounded
 (:mod:`modeld.schema`) but not free: a 50,000-value enum is about a second of Python and a

@@ -16,7 +16,7 @@ from typing import Any
 
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
-from modeld.daemon import grammar, replycheck
+from modeld.daemon import grammar, grammarproc, replycheck
 from modeld.daemon.supervisor import RunnerHandle
 from modeld.model import ctx, placement
 from modeld.model.modelinfo import ModelInfo
@@ -169,12 +169,13 @@ def needs_grammar(req: protocol.GenerateRequest) -> bool:
 
 def request_grammar(req: protocol.GenerateRequest, key: ModelKey) -> str | None:
     """``req``'s grammar, built and checked (raises InvalidRequestError): bounded, but slow
-    enough to run off the event loop (:mod:`modeld.daemon.builds`)."""
+    enough to run off the event loop (:mod:`modeld.daemon.builds`), and a big one in a
+    low-priority child (:mod:`modeld.daemon.grammarproc`)."""
     if not needs_grammar(req):
         return None
     family = grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice) \
         else "generic"  # fmt: skip
-    return grammar.for_request(req.format, req.tools, req.tool_choice, family)
+    return grammarproc.for_request(req.format, req.tools, req.tool_choice, family)
 
 
 def request_job(

@@ -22,7 +22,7 @@ import zmq
 from modeld import __version__
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.daemon import views
+from modeld.daemon import grammarproc, views
 from modeld.daemon.builds import Build, Builds
 from modeld.daemon.jobs import (
     Job,
@@ -121,6 +121,7 @@ class Service:
         """Answer every open request (pending grammar builds too) with ``shutting_down``."""
         self.builds.close(ShuttingDownError("the daemon is shutting down",
                                             hint="start it again with modeld serve"))
+        grammarproc.stop_all()
         self.sched.shutdown()
 
     def _guard(self, fn: Any, *args: Any) -> None:
