@@ -9,7 +9,7 @@ ends (its reply sent, its id released). Owned by the daemon's event loop (no loc
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, cast
 
 from modeld import sizing
@@ -17,6 +17,7 @@ from modeld.cache.policy import CachePolicy, EntryState, EvictionReason, ModelKe
 from modeld.config import Settings
 from modeld.daemon import crashinfo, workercheck
 from modeld.daemon.decisions import AnswerLoad, Reload
+from modeld.daemon.growth import Growth
 from modeld.daemon.jobs import Job, LoadAsked, Send, Slot, done_body, joined
 from modeld.daemon.leases import RpcLeases, leased_error
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
@@ -50,9 +51,7 @@ class Dispatch:
         self.leases = RpcLeases()  # which runner holds which RPC worker
         self.jobs: dict[tuple[bytes, str], Job] = {}
         self.asked: dict[ModelKey, LoadAsked] = {}  # what ``load`` set, kept through reloads
-        #: where a load of a model goes (its KV type, its cards: admission.Admission.where),
-        #: so a growth is sized as its load was; None: on the CPU
-        self.where_of: Callable[[ModelKey, str, list[Job]], placement.Where] | None = None
+        self.growth = Growth(settings, cache)  # a request that outgrew its context
         self._seq = 0
         # Usable CPUs (affinity, cgroup quota): read once, not on every request.
         self.cpu_threads = sizing.default_threads()
@@ -274,7 +273,8 @@ class Dispatch:
         if isinstance(resume, list) and resume and entry is not None and not job.cancel_sent:
             self._note_peak_memory(slot, msg.get("memory"))
             self.release(slot, job)
-            self._continue(slot, job, msg, resume, entry.n_ctx, baseline)
+            self.growth.for_reply(slot, job, msg, resume, entry.n_ctx, baseline)
+            self.enqueue(slot, job, front=True)
             return
         if job.earlier is not None:
             msg = joined(job.earlier, msg)
@@ -302,74 +302,16 @@ class Dispatch:
         first with a larger one (sized with the runner ``baseline``) when that can fit; a
         cancelled request ends as cancelled whatever the runner said."""
         self.release(slot, job)
-        if (
-            isinstance(err, ContextExceededError)
-            and not job.cancel_sent
-            and self._grow_context(slot, job, err, baseline)
-        ):
-            return
+        if isinstance(err, ContextExceededError) and not job.cancel_sent:
+            grown = self.growth.for_prompt(slot, job, err, baseline)
+            if grown is True:
+                self.enqueue(slot, job, front=True)
+                return
+            if grown is not False:
+                err = grown  # no larger context fits: that says why
         if job.cancel_sent and not isinstance(err, CancelledError):
             err = CancelledError("request cancelled")
         self.finish(job, err)
-
-    def _grow_context(
-        self, slot: Slot, job: Job, err: ContextExceededError, baseline: int
-    ) -> bool:
-        """Requeue ``job`` at the head with a larger context (True), or fail it (True), or
-        return False when the error carries no token count (it is then passed on as is)."""
-        prompt_tokens = err.details.get("prompt_tokens")
-        if not isinstance(prompt_tokens, int) or job.ctx_retries >= 2:
-            return False
-        try:
-            job.n_ctx = sizing.context_for_prompt(
-                slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
-                prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
-                current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
-                **self._placed(slot, job),
-            )  # fmt: skip
-        except ContextExceededError as exc:
-            exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
-            if err.details.get("prompt_tokens_at_least"):  # counted from its bytes, a bound
-                exc.message = exc.message.replace(f"has {prompt_tokens} tokens",
-                                                  f"has at least {prompt_tokens} tokens")
-                exc.details["prompt_tokens_at_least"] = True
-            self.finish(job, exc)
-            return True
-        job.ctx_retries += 1
-        log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
-        self.enqueue(slot, job, front=True)
-        return True
-
-    def _placed(self, slot: Slot, job: Job) -> dict[str, Any]:
-        """How a larger context for ``slot`` is charged: to RPC workers, or with its layers on
-        the cards as its load placed them (context_for_prompt's ``offload`` and ``where``)."""
-        if slot.rpc or self.where_of is None:
-            return {"offload": bool(slot.rpc)}
-        return {"where": self.where_of(slot.key, slot.name, [job])}
-
-    def _continue(self, slot: Slot, job: Job, msg: dict[str, Any], resume: list[Any],
-                  loaded: int, baseline: int) -> None:
-        """Queue ``job`` again at the head to go on writing its reply (runner/resume.py): with
-        a larger context when one fits, else where it is, to end there (``grow`` false)."""
-        job.earlier = joined(job.earlier, msg) if job.earlier is not None else msg
-        written = len(resume)
-        prompt = int(msg.get("usage", {}).get("prompt_tokens", 0)) + written
-        try:
-            n_ctx = sizing.context_for_prompt(
-                slot.info, slot.name, slot.key, self.cache, baseline, self.settings, prompt,
-                max(1, int(job.payload.get("max_tokens", 256)) - written), slot.planned_parallel,
-                current=loaded, **self._placed(slot, job),
-            )  # fmt: skip
-        except ContextExceededError as exc:
-            log.info("%s: a reply of %d tokens ends at n_ctx %d: %s", slot.name, written,
-                     loaded, exc.message)
-            n_ctx = loaded
-        grow = n_ctx > loaded
-        if grow:
-            job.n_ctx = n_ctx
-            log.info("%s: a reply of %d tokens goes on in n_ctx %d", slot.name, written, n_ctx)
-        job.payload = dict(job.payload, resume=resume, grow=grow)
-        self.enqueue(slot, job, front=True)
 
     def reply_error(self, job: Job, err: ModeldError) -> None:
         """Refuse a request that was never accepted (its id stays with the request using it)."""
@@ -487,6 +429,28 @@ class Dispatch:
         slot.queue.clear()
 
     # ------------------------------------------------------------------ lookups
+
+    def stalled_on_rpc(self, now: float) -> list[str]:
+        """The runners on RPC workers whose requests made no progress for ``runner_stall_s``
+        (to be killed): a worker stopped answering without closing its connection (its host
+        hung, or it was stopped), and llama.cpp waits for it forever while the runner's
+        heartbeat goes on. Their requests then fail with ``rpc_worker`` (:meth:`runner_lost`)."""
+        stalled = []
+        for slot in self.slots.values():
+            if not slot.active:
+                slot.busy_since = None
+                continue
+            if slot.busy_since is None:
+                slot.busy_since = now
+            if not slot.rpc or slot.rpc_stalled_s is not None:
+                continue
+            silent = now - max(slot.progress_at, slot.busy_since)
+            if silent > self.settings.runner_stall_s:
+                slot.rpc_stalled_s = silent
+                log.error("%s made no progress on rpc workers %s for %.1f s: killing runner %s",
+                          slot.name, ",".join(slot.rpc), silent, slot.runner_id)  # fmt: skip
+                stalled.append(slot.runner_id)
+        return stalled
 
     def slot_of(self, runner_id: str) -> Slot | None:
         for slot in self.slots.values():

@@ -66,7 +66,7 @@ class Scheduler:
         self.pool = RunnerPool(settings, cache, supervisor, clock)
         self.dispatch = Dispatch(settings, cache, supervisor, send)
         self.admission = Admission(settings, cache, self.pool, self.dispatch, clock)
-        self.dispatch.where_of = self.admission.where
+        self.dispatch.growth.where_of = self.admission.where
         self.stopping = False
         self.prechecks = workercheck.Prechecks()  # loads onto RPC workers, asked HELLO first
         self._last_file_check = 0.0
@@ -422,7 +422,8 @@ class Scheduler:
         """Periodic work: stalled and dead runners, keep-alive, retirements, waits, load
         timeouts."""
         self.sup.kill_stalled(self.settings.runner_stall_s)
-        self._kill_stalled_rpc()
+        for runner_id in self.dispatch.stalled_on_rpc(self._clock()):
+            self.sup.kill(runner_id)
         for runner in self.sup.reap():
             self.on_runner_exit(runner)
         self.expire()
@@ -457,27 +458,6 @@ class Scheduler:
         self._retry()
         self.ensure_spare()
         self.sup.stop_idle_fork_server(self.settings.runner_fork_idle_s)
-
-    def _kill_stalled_rpc(self) -> None:
-        """A runner on RPC workers whose requests made no progress for ``runner_stall_s``: a
-        worker stopped answering without closing its connection (its host hung, or it was
-        stopped), and llama.cpp waits for it forever while the runner's heartbeat goes on.
-        Its process group is killed; its requests fail with ``rpc_worker`` (dispatch)."""
-        now = self._clock()
-        for slot in self.slots.values():
-            if not slot.active:
-                slot.busy_since = None
-                continue
-            if slot.busy_since is None:
-                slot.busy_since = now
-            if not slot.rpc or slot.rpc_stalled_s is not None:
-                continue
-            silent = now - max(slot.progress_at, slot.busy_since)
-            if silent > self.settings.runner_stall_s:
-                slot.rpc_stalled_s = silent
-                log.error("%s made no progress on rpc workers %s for %.1f s: killing runner %s",
-                          slot.name, ",".join(slot.rpc), silent, slot.runner_id)  # fmt: skip
-                self.sup.kill(slot.runner_id)
 
     def expire(self) -> None:
         """Evict the idle models whose keep-alive ran out."""
