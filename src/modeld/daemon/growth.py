@@ -55,7 +55,10 @@ class Growth:
                 exc.message = exc.message.replace(f"has {prompt_tokens} tokens",
                                                   f"has at least {prompt_tokens} tokens")
                 exc.details["prompt_tokens_at_least"] = True
-            return exc
+            # a value now, not raised: without its traceback, whose frames (this one, and the
+            # caller's holding the returned error) would form a cycle that keeps the request's
+            # payload (a 10 MB prompt) resident until the collector runs
+            return exc.with_traceback(None)
         job.ctx_retries += 1
         log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
         return True

@@ -79,8 +79,9 @@ class ProtocolError(InvalidRequestError):
 class VersionMismatchError(ProtocolMismatchError):
     """The peer speaks another protocol version; ``request_id`` as for ProtocolError."""
 
-    def __init__(self, message: str, *, hint: str = "", request_id: str | None = None) -> None:
-        super().__init__(message, hint=hint)
+    def __init__(self, message: str, *, hint: str = "", details: dict[str, object] | None = None,
+                 request_id: str | None = None) -> None:
+        super().__init__(message, hint=hint, details=details)
         self.request_id = request_id
 
 
