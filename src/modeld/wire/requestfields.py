@@ -42,10 +42,6 @@ def flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     return value
 
 
-def maybe_flag(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    return None if value is None else flag(value, name, fail, got)
-
-
 def text(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
     if value is not None and not isinstance(value, str):
         raise fail(f"{name!r} must be a string")
@@ -110,6 +106,10 @@ def one_of(choices: Sequence[str]) -> Check:
             raise fail(f"{name!r} must be one of {', '.join(choices)}, got {value!r}")
         return str(value)
     return check
+
+
+#: true, false or null (None: not said)
+maybe_flag: Check = maybe(flag)
 
 
 def _threads(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
