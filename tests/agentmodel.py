@@ -194,8 +194,11 @@ def _spell(vocab: Vocab, text: str, used: set[int]) -> tuple[str, list[int]]:
             return out + [e for ws in (b"", b" ", b"\n") for e in spellings(pos + 1, have + ws)]
         return out + spellings(pos + 1, have + data[pos:pos + 1])
 
-    edges = [sorted(((end, w, by_text[w]) for end, w in set(spellings(pos, b"")) if w in by_text),
-                    key=lambda e: (-len(e[1]), e[1], e[0])) for pos in range(len(data))]  # fmt: skip
+    def found(pos: int) -> list[tuple[int, bytes, list[int]]]:
+        return sorted(((end, w, by_text[w]) for end, w in set(spellings(pos, b""))
+                       if w in by_text), key=lambda e: (-len(e[1]), e[1], e[0]))
+
+    edges = [found(pos) for pos in range(len(data))]
     # (ties broken by text, not by the set's order: that follows the per-process hash seed,
     # and about 2% of orders spelled an earlier reply with a token the last one needed)
     for options in edges:  # a piece before the byte token of the same text

@@ -235,30 +235,47 @@ def test_streaming_through_the_ingress_ndjson_and_sse(setup: Setup) -> None:
 
 
 def test_a_client_that_leaves_cancels_on_the_daemon(setup: Setup) -> None:
-    (a_node,) = setup.holder("a")
     resp, _ = _busy(setup, "a")
-    client = setup.daemons[a_node].client
-    until(lambda: any(r["in_flight"] for r in client.ps()), what="a generating")
-    resp.close()
-    until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=30,
-          what="the generation cancelled on the daemon", show=lambda: _explain(setup))
+    node = resp.headers["x-modeld-node"]  # the daemon that serves it (not a guess from ps)
+    client = setup.daemons[node].client
+    failed = None
+    try:
+        until(lambda: any(r["in_flight"] for r in client.ps()), what=f"a generating on {node}")
+        resp.close()
+        until(lambda: not any(r["in_flight"] for r in client.ps()), timeout=30,
+              what=f"the generation cancelled on {node}")
+    except AssertionError as exc:
+        failed = f"{exc}\n{_explain(setup)}"
+    finally:
+        resp.close()
+    if failed:  # the context first, without a traceback: CI shows the start of a failure
+        pytest.fail(failed, pytrace=False)
 
 
 def _explain(setup: Setup) -> str:
-    """Each daemon's ps and log tail (a failure's context: where the cancel stopped)."""
+    """Each daemon's ps and log tail, the ingress's counts, and Serve's logs on cancels and
+    disconnects (a failure's context: where the cancel stopped), short lines first."""
     out = []
+    try:
+        nodes = setup.http.get("/cluster/ps", timeout=10).json()["nodes"]
+        out.append(f"ingress: {[(n['node'], n['in_flight'], n['up']) for n in nodes]}")
+    except Exception as exc:
+        out.append(f"ingress: no answer ({exc!r})")
     for name, d in setup.daemons.items():
-        log = (d.root / "log" / "modeld.log").read_text(errors="replace").splitlines()[-15:]
         try:
-            ps: object = d.client.ps()
+            ps: object = [{k: r.get(k) for k in ("name", "state", "in_flight", "n_ctx")}
+                          for r in d.client.ps()]
         except Exception as exc:  # the daemon does not answer: that is the context
             ps = exc
-        out.append(f"{name}: {ps!r}\n" + "\n".join(log))
+        log = (d.root / "log" / "modeld.log").read_text(errors="replace").splitlines()[-12:]
+        out.append(f"{name}: {ps!r}\n" + "\n".join(line[:240] for line in log))
     try:  # and Serve's: did the proxy see the client leave, did a replica log the cancel
         logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
         for path in sorted(logs.glob("proxy_*.log")) + sorted(logs.glob("replica_*.log")):
-            out.append(f"{path.name}:\n" + "\n".join(path.read_text(
-                errors="replace").splitlines()[-6:]))
+            lines = path.read_text(errors="replace").splitlines()
+            told = [x for x in lines if any(w in x.lower() for w in (
+                "cancel", "disconnect", "error", "exception"))][-6:]
+            out.append(f"{path.name}:\n" + "\n".join(x[:240] for x in told + lines[-3:]))
     except Exception as exc:
         out.append(f"no Serve logs: {exc!r}")
     return "\n".join(out)
