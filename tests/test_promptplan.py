@@ -176,3 +176,45 @@ def test_a_state_that_cannot_be_cut_there_keeps_nothing_and_a_snapshot_wins() ->
     # a cut at or past cut_min, or none at all, is fine
     assert pp.usable(Cached([*seq(8), 100, 101], stable=0, cut_min=8), prompt, False, C) == 8
     assert pp.usable(Cached(seq(8), stable=0, cut_min=99), prompt, False, C) == 8
+
+
+# --- Turn marks: a chat's reply starts a piece --------------------------------------------
+
+M = [90, 91]  # a reply's opening (ChatML's "<|im_end|>\n<|im_start|>assistant\n", say)
+
+
+def test_turn_marks_are_the_positions_after_each_opening_outside_images() -> None:
+    tokens = [1, 90, 91, 5, 90, 6, 90, 91, 7, 90, 91]
+    assert pp.turn_marks(tokens, M) == (3, 8, 11)
+    assert pp.turn_marks(tokens, M, spans=[(7, 9)]) == (3, 11)  # 8 falls inside an image
+    assert pp.turn_marks(tokens, []) == ()
+    assert pp.turn_marks([90], M) == ()
+
+
+def test_marks_are_boundaries_of_a_fresh_evaluation() -> None:
+    marks = (6, 9)
+    assert pp.pieces(0, 11, True, 64, C, marks=marks) == [(0, 4), (4, 6), (6, 8), (8, 9),
+                                                          (9, 11)]  # fmt: skip
+    assert pp.floor_cut(7, C, marks=marks) == 6 and pp.floor_cut(8, C, marks=marks) == 8
+    assert pp.next_cut(4, C, marks=marks) == 6 and pp.next_cut(9, C, marks=marks) == 12
+    assert pp.last_piece_start(11, C, marks=marks) == 9
+    assert pp.pieces(0, 11, False, 64, C, marks=marks) == [(0, 11)]  # sampled: unaffected
+
+
+def test_the_next_turn_keeps_the_whole_previous_prompt() -> None:
+    """Turn 1 ends with the opening at 7 (not a multiple of C): its last piece [4, 7) ends at
+    a mark, so it is stable, and turn 2 (turn 1, its reply, a new question) keeps all 7."""
+    turn1 = [1, 2, 3, 4, 5, *M]
+    marks1 = pp.turn_marks(turn1, M)
+    stable = 0
+    for piece in pp.pieces(0, len(turn1), True, 64, C, marks=marks1):
+        stable = pp.stable_after(stable, piece, C, marks=marks1)
+    assert stable == 7
+    assert pp.logits_stable(4, (4, 7), 7, C, marks=marks1)
+    turn2 = [*turn1, 40, 41, 6, 7, 8, *M]  # the reply's tokens were decoded one by one
+    cached = Cached([*turn1, 40, 41], stable)
+    marks2 = pp.turn_marks(turn2, M)
+    assert pp.usable(cached, turn2, True, C, marks=marks2) == 7
+    assert pp.usable(cached, turn2, True, C) == 4  # without marks: back to the multiple of C
+    # a prompt that shares the tokens before a mark has the same boundaries up to it
+    assert [m for m in marks2 if m <= 7] == list(marks1)

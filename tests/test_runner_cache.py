@@ -137,3 +137,26 @@ def test_snapshots_survive_the_models_eviction(
     runner.loaded(tiny_model, prompt_cache_dir=str(cache))
     text, done = runner.generate("e4", prompt=prompt, **GREEDY)
     assert done["type"] == "done" and text == first
+
+
+@pytest.mark.slow
+def test_a_greedy_chat_turn_keeps_the_whole_previous_prompt(
+    runner: Harness, tiny_chat_model: Path
+) -> None:
+    """A chat's reply starts a piece of its own (promptplan.turn_marks), so the next greedy
+    turn reuses the previous prompt whole, not only up to a multiple of ALIGN, and its reply
+    is still the fresh evaluation's."""
+    question = " ".join(f"stone {i}" for i in range(20))  # a prompt past one aligned piece
+    turn1 = [{"role": "user", "content": question}]
+    chat: dict[str, Any] = dict(max_tokens=6, temperature=0.0)
+    runner.loaded(tiny_chat_model, n_ctx=1024, prompt_cache_mib=0)
+    reply, first = runner.generate("t1", messages=turn1, **chat)
+    n1 = first["usage"]["prompt_tokens"]
+    assert n1 > ALIGN and n1 % ALIGN, n1  # the old rule would keep only a multiple of ALIGN
+    turn2 = [*turn1, {"role": "assistant", "content": reply},
+             {"role": "user", "content": "and the last?"}]  # fmt: skip
+    text, second = runner.generate("t2", messages=turn2, **chat)
+    assert second["usage"]["prompt_tokens_reused"] == n1
+    runner.loaded(tiny_chat_model, n_ctx=1024, prompt_cache_mib=0)  # nothing cached
+    fresh, alone = runner.generate("t3", messages=turn2, **chat)
+    assert alone["usage"]["prompt_tokens_reused"] == 0 and text == fresh

@@ -110,6 +110,10 @@ class PromptState:
         self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
         self._alone = True  # every piece of the prompt so far was decoded without other tokens
         self._spans: tuple[promptplan.Span, ...] = ()  # the current prompt's images
+        #: the tokens that open a reply (the runner sets them from the chat format): a
+        #: reproducible prompt's pieces also end after each (promptplan.turn_marks)
+        self.turn_marker: tuple[int, ...] = ()
+        self._marks: tuple[int, ...] = ()  # the current prompt's turn marks
         # set by persist(): where close() saves the snapshots, and what that file holds now
         self._saved_at: tuple[Path, promptfile.Identity] | None = None
         self._on_disk: tuple[Snapshot, ...] = ()
@@ -162,7 +166,8 @@ class PromptState:
         self._stable_before, self._last = self.stable, piece
         self._alone = self._alone and alone
         if alone:
-            self.stable = promptplan.stable_after(self.stable, piece, self.align, self._spans)
+            self.stable = promptplan.stable_after(self.stable, piece, self.align, self._spans,
+                                                  self._marks)
         else:
             self.stable = min(self.stable, piece[0])
         self.tokens.extend(part)
@@ -189,10 +194,11 @@ class PromptState:
         self._pending = None
         self._alone = True
         self._spans = tuple(spans)
+        self._marks = promptplan.turn_marks(prompt, self.turn_marker, self._spans)
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable, cut_min=self._cut_min())
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
-                                 self.align, self._spans)
+                                 self.align, self._spans, self._marks)
         source = "live"
         if choice.source >= 0:
             snap = snaps[choice.source]
@@ -207,7 +213,8 @@ class PromptState:
         keep = self._truncate(choice.keep)
         self._stable_before, self._last = self.stable, (keep, keep)
         todo = promptplan.pieces(keep, len(prompt), reproducible,
-                                 min(self.n_batch, FAST_PIECE), self.align, self._spans)
+                                 min(self.n_batch, FAST_PIECE), self.align, self._spans,
+                                 self._marks)
         return Reused(keep, source if keep else "none"), todo
 
     def drop_logits(self) -> None:
@@ -219,7 +226,7 @@ class PromptState:
         """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
         decode: keep a snapshot of it (if it fits)."""
         stable = self._alone and promptplan.logits_stable(
-            self._stable_before, self._last, n_prompt, self.align, self._spans
+            self._stable_before, self._last, n_prompt, self.align, self._spans, self._marks
         )
         self._snapshot(stable, logits_index)
 
@@ -278,6 +285,7 @@ class PromptState:
             "path": os.path.realpath(model_path), "size": st.st_size,
             "mtime_ns": st.st_mtime_ns, "n_ctx": int(self.llm.n_ctx()),
             "n_batch": self.n_batch, "align": self.align, "llama_cpp": llama_cpp.__version__,
+            "turn_marker": list(self.turn_marker),  # (stable counts follow the marks)
         }
         self._saved_at = (directory, identity)
         restored = self._adopt(promptfile.file_for(directory, identity), identity)

@@ -222,6 +222,11 @@ class Runner(RunnerServer):
             n_seq = int(llama_cpp.llama_n_seq_max(llm._ctx.ctx))
             states = [PromptState(llm, 0, seq=i, store=store) for i in range(n_seq)]
             self.state = states[0]
+            marker = prompting.turn_marker(  # where a chat's turns start pieces
+                self._chat_model(), render_template,
+                lambda t: llm.tokenize(t.encode(), add_bos=False, special=True))
+            for st in states:
+                st.turn_marker = marker
             # several sequences: decoded in calls of fixed shapes, so greedy replies do not
             # depend on the batch (loaded without repacked weights: llamaopen.py)
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
@@ -314,12 +319,14 @@ class Runner(RunnerServer):
             )
         return self.llm
 
+    def _chat_model(self) -> ModelChat:
+        return ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
+
     def prompt_tokens(self, spec: specs.GenerateSpec) -> tuple[list[int], PromptText]:
         """Tokens of the prompt, and its text with the stop strings of its format and how to
         read the reply (:mod:`modeld.runner.prompting`)."""
         llm = self._require("generate")
-        model = ModelChat(self.chat_format, self.template, self.bos_text, self.eos_text)
-        prompt = prompting.build(spec, model, render_template)
+        prompt = prompting.build(spec, self._chat_model(), render_template)
         if spec.has_images:
             return image_prompt(self.vision, spec, prompt)
         data = prompt.text.encode("utf-8")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +126,24 @@ def build(spec: GenerateSpec, model: ModelChat, render: chat.Renderer) -> Prompt
     thinking = markers is not None and spec.think is not False
     opened = thinking and replyparse.prompt_opens_thinking(cp.text)
     return PromptText(cp.text, cp.add_bos, cp.stop, family, bool(tools), thinking, opened)
+
+
+def turn_marker(model: ModelChat, render: chat.Renderer,
+                tokenize: Callable[[str], list[int]]) -> tuple[int, ...]:
+    """The tokens between a user's message and the reply in ``model``'s format (ChatML's
+    ``<|im_end|>\n<|im_start|>assistant\n``), as they are tokenized after a message: a
+    reproducible prompt's pieces end after them (:func:`modeld.runner.promptplan.turn_marks`).
+    () when a template cannot render the probe or the text does not split there."""
+    probe = "modeld probe"
+    try:
+        text = chat.format_messages([{"role": "user", "content": probe}], model.fmt,
+                                    template=model.template, bos_token=model.bos,
+                                    eos_token=model.eos, render=render).text  # fmt: skip
+    except Exception:  # a template that raises on one plain user turn: no marks, no harm
+        return ()
+    at = text.rfind(probe) + len(probe)
+    head, whole = tokenize(text[:at]), tokenize(text)
+    return tuple(whole[len(head):]) if at >= len(probe) and whole[:len(head)] == head else ()
 
 
 def _mistral_ids(history: list[dict[str, Any]]) -> None:

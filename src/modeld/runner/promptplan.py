@@ -20,6 +20,13 @@ aligned cut inside an image is no cut, and reuse stops at a span's start. The bo
 fresh evaluation (:func:`floor_cut`, :func:`next_cut`) are then a function of the prompt alone,
 so the rule above still gives bitwise the logits of a fresh evaluation.
 
+A chat turn's reply starts a piece too (*marks*: the position after each occurrence of the
+model's reply opening, e.g. ChatML's ``<|im_end|>\n<|im_start|>assistant\n``, :func:`turn_marks`).
+The previous turn's prompt ended there, as its own last piece, so the next turn keeps all of it
+and evaluates from the reply on, as llama-server does, instead of from the last multiple of C
+(up to C-1 tokens again). A mark depends only on the tokens before it, so a prefix shared by
+two prompts has the same boundaries in both, and the rule above holds.
+
 Everything here works on token sequences and counts; :mod:`modeld.runner.generation` applies a
 :class:`ReusePlan` to llama.cpp and :mod:`modeld.runner.promptcache` keeps the snapshots.
 """
@@ -79,9 +86,31 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def floor_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+def turn_marks(tokens: Sequence[int], marker: Sequence[int], spans: Sequence[Span] = ()
+               ) -> tuple[int, ...]:  # fmt: skip
+    """The positions right after each occurrence of ``marker`` (a reply's opening) in
+    ``tokens``, outside images: where a fresh evaluation of a chat starts a piece."""
+    want = list(marker)
+    if not want:
+        return ()
+    seq = tokens if isinstance(tokens, list) else list(tokens)
+    out: list[int] = []
+    at = 0
+    while True:
+        try:
+            at = seq.index(want[0], at)
+        except ValueError:
+            return tuple(out)
+        end = at + len(want)
+        if seq[at:end] == want and not any(s < end < e for s, e in spans):
+            out.append(end)
+        at += 1
+
+
+def floor_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = (),
+              marks: Sequence[int] = ()) -> int:  # fmt: skip
     """The last boundary of a fresh evaluation at or before ``pos``: a multiple of ``align``
-    that is not inside an image, or an image's start or end."""
+    that is not inside an image, an image's start or end, or a mark."""
     best = pos - pos % align
     for start, end in spans:
         if start < best < end:
@@ -90,19 +119,23 @@ def floor_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
         for bound in (start, end):
             if best < bound <= pos:
                 best = bound
+    for mark in marks:
+        if best < mark <= pos:
+            best = mark
     return best
 
 
-def next_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+def next_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = (),
+             marks: Sequence[int] = ()) -> int:  # fmt: skip
     """The first boundary of a fresh evaluation after ``pos`` (itself a boundary): the end of
-    the image starting there, else the next multiple of ``align`` or image start."""
+    the image starting there, else the next multiple of ``align``, image start or mark."""
     cut = (pos // align + 1) * align
     for start, end in spans:
         if start == pos:
             return end
         if pos < start < cut:
             cut = start
-    return cut
+    return min([cut, *(m for m in marks if pos < m < cut)])
 
 
 def span_at(pos: int, spans: Sequence[Span]) -> Span | None:
@@ -110,14 +143,15 @@ def span_at(pos: int, spans: Sequence[Span]) -> Span | None:
     return next((s for s in spans if s[0] == pos), None)
 
 
-def last_piece_start(n_prompt: int, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+def last_piece_start(n_prompt: int, align: int = ALIGN, spans: Sequence[Span] = (),
+                     marks: Sequence[int] = ()) -> int:  # fmt: skip
     """Start of the last piece of an ``n_prompt``-token prompt's fresh evaluation:
-    ``C*floor((N-1)/C)`` without images."""
-    return floor_cut(n_prompt - 1, align, spans) if n_prompt > 0 else 0
+    ``C*floor((N-1)/C)`` without images or marks."""
+    return floor_cut(n_prompt - 1, align, spans, marks) if n_prompt > 0 else 0
 
 
 def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int = ALIGN,
-           spans: Sequence[Span] = ()) -> int:
+           spans: Sequence[Span] = (), marks: Sequence[int] = ()) -> int:
     """Tokens of ``cached`` a request may keep (before evaluating the rest of ``prompt``, whose
     images are ``spans``).
 
@@ -132,8 +166,8 @@ def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int
         keep = min(shared, n - 1)
         keep = next((s for s, e in spans if s < keep < e), keep)
     else:
-        limit = min(shared, cached.stable, last_piece_start(n, align, spans))
-        keep = floor_cut(limit, align, spans)
+        limit = min(shared, cached.stable, last_piece_start(n, align, spans, marks))
+        keep = floor_cut(limit, align, spans, marks)
     return keep if keep >= min(cached.cut_min, len(cached.tokens)) else 0
 
 
@@ -153,6 +187,7 @@ def plan(
     reproducible: bool,
     align: int = ALIGN,
     spans: Sequence[Span] = (),
+    marks: Sequence[int] = (),
 ) -> ReusePlan:
     """Choose the state to start from: an exact snapshot, else whichever of the live KV and the
     snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy). A live KV
@@ -163,9 +198,9 @@ def plan(
     for i, snap in enumerate(snapshots):
         if is_exact(snap, prompt, reproducible):
             return ReusePlan(source=i, keep=len(prompt), exact=True)
-    best = ReusePlan(source=-1, keep=usable(live, prompt, reproducible, align, spans))
+    best = ReusePlan(source=-1, keep=usable(live, prompt, reproducible, align, spans, marks))
     for i, snap in enumerate(snapshots):
-        keep = usable(snap, prompt, reproducible, align, spans)
+        keep = usable(snap, prompt, reproducible, align, spans, marks)
         if keep > best.keep:
             best = ReusePlan(source=i, keep=keep)
     return best
@@ -173,7 +208,7 @@ def plan(
 
 def pieces(
     start: int, end: int, reproducible: bool, n_batch: int, align: int = ALIGN,
-    spans: Sequence[Span] = (),
+    spans: Sequence[Span] = (), marks: Sequence[int] = (),
 ) -> list[Piece]:
     """Decode calls that evaluate positions ``[start, end)``; each image in ``spans`` is one
     piece of its own.
@@ -187,7 +222,7 @@ def pieces(
     pos = start
     while pos < end:
         if reproducible:
-            stop = next_cut(pos, align, spans)
+            stop = next_cut(pos, align, spans, marks)
         elif (span := span_at(pos, spans)) is not None:
             stop = span[1]
         else:
@@ -198,22 +233,23 @@ def pieces(
     return out
 
 
-def stable_after(stable: int, piece: Piece, align: int = ALIGN, spans: Sequence[Span] = ()) -> int:
+def stable_after(stable: int, piece: Piece, align: int = ALIGN, spans: Sequence[Span] = (),
+                 marks: Sequence[int] = ()) -> int:  # fmt: skip
     """The stable prefix after evaluating ``piece`` on a KV state whose stable prefix was
     ``stable`` and which held exactly ``piece[0]`` tokens: it grows only by a whole piece of a
     fresh evaluation (a full aligned one, an image, or the text up to an image's start)
     evaluated right after the stable prefix."""
     start, end = piece
     stable = min(stable, start)
-    if start == stable and end == next_cut(start, align, spans):
+    if start == stable and end == next_cut(start, align, spans, marks):
         return end
     return stable
 
 
 def logits_stable(stable_before: int, piece: Piece, n_prompt: int, align: int = ALIGN,
-                  spans: Sequence[Span] = ()) -> bool:
+                  spans: Sequence[Span] = (), marks: Sequence[int] = ()) -> bool:
     """Whether the logits after evaluating the prompt's final ``piece`` equal a fresh aligned
     evaluation's: it must be exactly the last piece of one, on a stable prefix."""
     start, end = piece
-    return (end == n_prompt and start == last_piece_start(n_prompt, align, spans)
+    return (end == n_prompt and start == last_piece_start(n_prompt, align, spans, marks)
             and stable_before >= start)
