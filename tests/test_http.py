@@ -122,6 +122,8 @@ def test_openai_chat_completions_embeddings_models(served: Served) -> None:
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == r.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+    details = chunks[-1].usage.prompt_tokens_details  # the same prompt again: from the cache
+    assert details is not None and details.cached_tokens == chunks[-1].usage.prompt_tokens
     t = c.completions.create(model="tiny", prompt="1, 2, 3,", max_tokens=5, **GREEDY)
     assert t.object == "text_completion" and t.usage and t.usage.completion_tokens == 5
     # The SDK asks for base64 by default (ollama#6934): decoded, the same floats.

@@ -49,11 +49,14 @@ def error(exc: ModeldError) -> JSONResponse:
                         headers=headers_of(exc))
 
 
-def _usage(done: dict[str, Any]) -> dict[str, int]:
+def _usage(done: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens read from the prompt cache as OpenAI (and
+    llama-server) report them: ``prompt_tokens_details.cached_tokens``."""
     t = done.get("timings", {})
     prompt, completion = int(t.get("prompt_tokens") or 0), int(t.get("completion_tokens") or 0)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(t.get("prompt_tokens_reused") or 0)}}
 
 
 def _finish(done: dict[str, Any]) -> str:
@@ -136,7 +139,7 @@ class _Completion(Renderer):
         text = "" if body is None else str(body.get("text", ""))
         return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}
 
-    def _event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+    def _event(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None
                ) -> bytes:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         payload: dict[str, Any] = {"id": self.ident, "object": kind, "created": self.created,
