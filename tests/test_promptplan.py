@@ -183,12 +183,24 @@ def test_a_state_that_cannot_be_cut_there_keeps_nothing_and_a_snapshot_wins() ->
 M = [90, 91]  # a reply's opening (ChatML's "<|im_end|>\n<|im_start|>assistant\n", say)
 
 
-def test_turn_marks_are_the_positions_after_each_opening_outside_images() -> None:
+def test_turn_marks_are_the_positions_after_each_opening_outside_images(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(pp, "MIN_MARK_PIECE", 1)
     tokens = [1, 90, 91, 5, 90, 6, 90, 91, 7, 90, 91]
-    assert pp.turn_marks(tokens, M) == (3, 8, 11)
-    assert pp.turn_marks(tokens, M, spans=[(7, 9)]) == (3, 11)  # 8 falls inside an image
-    assert pp.turn_marks(tokens, []) == ()
-    assert pp.turn_marks([90], M) == ()
+    assert pp.turn_marks(tokens, M, align=64) == (3, 8, 11)
+    assert pp.turn_marks(tokens, M, spans=[(7, 9)], align=64) == (3, 11)  # 8: in an image
+    assert pp.turn_marks(tokens, [], align=64) == ()
+    assert pp.turn_marks([90], M, align=64) == ()
+
+
+def test_a_mark_just_past_a_boundary_is_not_one() -> None:
+    n = pp.MIN_MARK_PIECE
+    tokens = [7] * (2 * n) + M + [7] * (n - 3) + M + [7] * 10 + M  # at 2n+2, 3n+1, 3n+13
+    # 3n+1 is n-1 after the mark before it; 3n+13 is more than n after the last one kept
+    assert pp.turn_marks(tokens, M, align=1000) == (2 * n + 2, 3 * n + 13)
+    # 2n+2 is 2 past a multiple of align, or 3 past an image's end; then 3n+1 is a mark
+    assert pp.turn_marks(tokens, M, align=2 * n) == (3 * n + 1,)
+    assert pp.turn_marks(tokens, M, spans=[(5, 2 * n - 1)], align=1000) == (3 * n + 1,)
 
 
 def test_marks_are_boundaries_of_a_fresh_evaluation() -> None:
@@ -201,11 +213,12 @@ def test_marks_are_boundaries_of_a_fresh_evaluation() -> None:
     assert pp.pieces(0, 11, False, 64, C, marks=marks) == [(0, 11)]  # sampled: unaffected
 
 
-def test_the_next_turn_keeps_the_whole_previous_prompt() -> None:
+def test_the_next_turn_keeps_the_whole_previous_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
     """Turn 1 ends with the opening at 7 (not a multiple of C): its last piece [4, 7) ends at
     a mark, so it is stable, and turn 2 (turn 1, its reply, a new question) keeps all 7."""
+    monkeypatch.setattr(pp, "MIN_MARK_PIECE", 1)
     turn1 = [1, 2, 3, 4, 5, *M]
-    marks1 = pp.turn_marks(turn1, M)
+    marks1 = pp.turn_marks(turn1, M, align=C)
     stable = 0
     for piece in pp.pieces(0, len(turn1), True, 64, C, marks=marks1):
         stable = pp.stable_after(stable, piece, C, marks=marks1)
@@ -213,7 +226,7 @@ def test_the_next_turn_keeps_the_whole_previous_prompt() -> None:
     assert pp.logits_stable(4, (4, 7), 7, C, marks=marks1)
     turn2 = [*turn1, 40, 41, 6, 7, 8, *M]  # the reply's tokens were decoded one by one
     cached = Cached([*turn1, 40, 41], stable)
-    marks2 = pp.turn_marks(turn2, M)
+    marks2 = pp.turn_marks(turn2, M, align=C)
     assert pp.usable(cached, turn2, True, C, marks=marks2) == 7
     assert pp.usable(cached, turn2, True, C) == 4  # without marks: back to the multiple of C
     # a prompt that shares the tokens before a mark has the same boundaries up to it

@@ -194,7 +194,7 @@ class PromptState:
         self._pending = None
         self._alone = True
         self._spans = tuple(spans)
-        self._marks = promptplan.turn_marks(prompt, self.turn_marker, self._spans)
+        self._marks = promptplan.turn_marks(prompt, self.turn_marker, self._spans, self.align)
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable, cut_min=self._cut_min())
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
