@@ -222,6 +222,7 @@ class RunnerLoaded(TypedDict):
     footprint: RunnerMemory  # memory above the runner's baseline
     parallel: NotRequired[int]  # sequences decoded together (absent: 1)
     greedy_batch_invariant: NotRequired[bool]  # batching never changes greedy tokens
+    kv_unified: NotRequired[bool]  # one pool of n_ctx cells shared by the sequences
     mode: NotRequired[str]
     architecture: NotRequired[str]
     has_chat_template: NotRequired[bool]
