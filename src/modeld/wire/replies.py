@@ -137,6 +137,7 @@ class PsRow(TypedDict):
     n_ctx: int | None
     ctx_reason: str | None
     parallel: int | None
+    kv_unified: bool  # its sequences share one pool of n_ctx cells
     parallel_reason: str | None
     measured_bytes: int | None
     estimate_bytes: int | None
