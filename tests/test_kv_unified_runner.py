@@ -93,3 +93,19 @@ def test_idle_cached_cells_are_freed_to_make_room(runner: Harness, tiny_model: P
     assert got["long"][1]["usage"]["completion_tokens"] == 5
     again, done = runner.generate("again", **_opts(LONG, max_tokens=5))
     assert done["type"] == "done" and again == solo
+
+
+def test_a_full_pool_pauses_a_reply_that_may_grow(runner: Harness, tiny_model: Path) -> None:
+    """With ``grow`` (the daemon has a larger context for it) the request the full pool stops
+    is paused with its tokens, for the daemon to continue it after a reload (runner/resume.py)."""
+    runner.loaded(tiny_model, n_ctx=512, parallel=2, kv_unified=True)
+    runner.send(rp.generate("long", **_opts(LONG, max_tokens=400, grow=True)))
+    runner.send(rp.generate("short", **_opts(SHORT, max_tokens=150)))
+    got = _replies(runner, ["long", "short"])
+    long_done, short_done = got["long"][1], got["short"][1]
+    assert long_done["finish_reason"] == "length", long_done
+    assert long_done["length_reason"] == "context_window"
+    written = long_done["resume"]
+    assert len(written) == long_done["usage"]["completion_tokens"] > 0
+    assert long_done["usage"]["prompt_tokens"] + len(written) < 512 - 20  # the pool, not its end
+    assert short_done["usage"]["completion_tokens"] == 150

@@ -27,7 +27,7 @@ import llama_cpp._internals
 
 from modeld.errors import ErrorCode, ModeldError
 from modeld.model import probe
-from modeld.runner import decodecall, microbatch, resume, specs
+from modeld.runner import decodecall, kvpool, microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
@@ -206,6 +206,8 @@ class BatchEngine:
                                     f"the prompt could not be prepared: {type(exc).__name__}: "
                                     f"{_printable(str(exc))}"))
             return
+        if self.unified and spec.deterministic and not self.streams:
+            kvpool.free_idle(self.states, set())  # alone in a pool as fresh as a new context's
         state = self._free_state(target)
         sampling = spec.sampling
         self.llm.set_seed(sampling.seed if sampling.seed >= 0 else RANDOM_SEED)

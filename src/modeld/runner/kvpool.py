@@ -15,7 +15,10 @@ context while short requests decode beside it. Two consequences the engine handl
 - A sequence's attention spans the pool, the other sequences' cells masked out: its logits
   differ from a solo evaluation's in the last bits (measured: 6e-4 at most on an 8-layer
   model), so greedy replies may differ from solo ones and the runner does not claim batch
-  invariance (the daemon then runs ``deterministic`` greedy requests alone).
+  invariance (the daemon then runs ``deterministic`` greedy requests alone). Even alone, the
+  others' cached cells change where its cells go and so its sums: a ``deterministic`` request
+  that starts with no other request running drops them first (the prompt cache's snapshots
+  stay), so its reply is the one a fresh runner gives.
 
 Pure policy: nothing native is imported here.
 """
