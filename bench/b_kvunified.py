@@ -77,8 +77,9 @@ def kv_unified(ctx: Context) -> dict[str, Any]:
         for n, unified in ((n_ctx, False), (n_ctx, True), (4 * n_ctx, True)):
             rows.append(_memory(d, str(model), n, unified))
             r = rows[-1]
-            ctx.log(f"   {r['layout']} n_ctx {r['n_ctx']} (asked {n}) x4: measured {r['measured_bytes'] >> 20} MiB, "
-                    f"estimate {r['estimate_bytes'] >> 20} MiB, error {r['error']:+.3f}")
+            ctx.log(f"   {r['layout']} n_ctx {r['n_ctx']} (asked {n}) x4: measured "
+                    f"{r['measured_bytes'] >> 20} MiB, estimate {r['estimate_bytes'] >> 20} "
+                    f"MiB, error {r['error']:+.3f}")
     for unified in (False, True):
         with daemon("--prompt-cache-mib", "0") as d:
             mixed.append(_mixed(d, str(model), pool, unified, words))
