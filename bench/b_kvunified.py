@@ -92,8 +92,8 @@ def kv_unified(ctx: Context) -> dict[str, Any]:
     return {
         "title": "One KV pool shared by the sequences (kv_unified) vs a stream each",
         "what": f"{model.name}, parallel 4, prompt cache off: estimate vs measured RSS for "
-        f"n_ctx {n_ctx} separate, {n_ctx} shared and {4 * n_ctx} shared; then a ~{words * 4}"
-        f"-token prompt sent with 3 short requests at once, {pool} cells either way "
+        f"n_ctx {n_ctx} separate, {n_ctx} shared and {4 * n_ctx} shared; then a long prompt "
+        f"({words} numbered phrases) sent with 3 short requests at once, {pool} cells either way "
         f"({pool // 4} x 4 separate: the long one grows the context; one pool of {pool})",
         "model": model.name,
         "rounds": 1,
