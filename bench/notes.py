@@ -15,6 +15,17 @@ NOTES: dict[str, str] = {
         "was 2 points further off: the compute pages the estimate counts are touched only by "
         "a full batch, as in use."
     ),
+    "kv_unified": (
+        "The shared pool costs the memory of its cells: 4096 shared by 4 measured 57 MiB under "
+        "4096 x 4 separate, and 16384 shared (the same cells as 4096 x 4) within 3%. With the "
+        "same 8192 cells the long prompt (over a separate share of 2048) is served in the pool "
+        "without a reload, while the separate layout grew to 8192 per sequence (four times "
+        "the cells) after the short ones ended. But the short requests sent at the same time "
+        "waited for the long prompt: a step fills its batch with prompt pieces oldest first "
+        "(batch.py), so their prompts were evaluated after its ~10 pieces, and each decode "
+        "attends over the pool. Not changed here: a step that gives the short prompts room "
+        "first would be the next measure."
+    ),
     "_summary": (
         "What changed to reach the targets (each measured before and after in development runs "
         "on this machine; each table below is the latest run of its benchmark):\n\n"

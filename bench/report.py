@@ -27,7 +27,7 @@ from sections import agent_session, cli_floor, gpu, heavy, kv_cache_type, rpc, t
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
-         "agent_session", "agent_session_peer", "kv_cache_type", "gpu", "chaos",
+         "agent_session", "agent_session_peer", "kv_cache_type", "kv_unified", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
          "cluster", "heavy", "vision")  # fmt: skip
 
@@ -447,7 +447,8 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "parallel_sampled": _sampled,
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
            "heavy": heavy, "vision": sections.vision,
-           "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu}
+           "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu,
+           "kv_unified": sections.kv_unified}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -14,6 +14,7 @@ agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages
 agent_session (its own daemons: a 10-turn session that outgrows its context),
 agent_session_peer (a shorter session: modeld vs llama-server --jinja, bench/peer.py),
 kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured),
+kv_unified (its own daemons: one KV pool shared by 4 sequences vs a stream each),
 vision (its own daemon beside llama-server --mmproj: a 1-image question, the repeated image).
 """
 
@@ -34,8 +35,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "agent_session_peer", "kv_cache_type", "parallel", "parallel_sampled", "tree_memory",
-       "cli_floor", "pull", "rpc", "heavy", "vision")
+       "agent_session_peer", "kv_cache_type", "kv_unified", "parallel", "parallel_sampled",
+       "tree_memory", "cli_floor", "pull", "rpc", "heavy", "vision")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -124,6 +125,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_kvtype
 
         _record(ctx, "kv_cache_type", b_kvtype.kv_cache_type)
+    if "kv_unified" in names:  # its own daemons, the prompt cache off
+        import b_kvunified
+
+        _record(ctx, "kv_unified", b_kvunified.kv_unified)
     if "trace" in names:
         if ctx.smoke:
             _record(ctx, "trace", b_trace.trace_bench, n=trace_n, subset_a=2, load_seeds=2)

@@ -155,6 +155,20 @@ def kv_cache_type(doc: dict[str, Any]) -> list[str]:
     return rows
 
 
+def kv_unified(doc: dict[str, Any]) -> list[str]:
+    rows = ["| layout | n_ctx x 4 | estimate MiB | measured MiB | error |",
+            "|---|---:|---:|---:|---:|"]
+    rows += [f"| {r['layout']} | {r['n_ctx']} | {_mib(r['estimate_bytes'])} | "
+             f"{_mib(r['measured_bytes'])} | {r['error'] * 100:+.1f}% |"
+             for r in doc.get("rows", [])]
+    rows += ["", "| layout | cells | long prompt tokens | long s | its n_ctx | short median s | "
+             "reloads |", "|---|---:|---:|---:|---:|---:|---:|"]
+    rows += [f"| {m['layout']} | {m['pool_cells']} | {m['long_prompt_tokens']} | "
+             f"{m['long_s']:.2f} | {m['long_n_ctx']} | {m['short_median_s']:.2f} | "
+             f"{m['reloads']} |" for m in doc.get("mixed", [])]
+    return rows
+
+
 def gpu(doc: dict[str, Any]) -> list[str]:
     """The card run (bench/gpu_bench.py on scripts/gpu-check.sh's machine)."""
     rows = [f"Card: {doc.get('card')}.", "", "| n_ctx x sequences | NVML per process MiB | "

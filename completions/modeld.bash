@@ -39,7 +39,7 @@ _modeld_spec() {
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers --help -h"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-unified --kv-separate --kv-cache-type --gpu-layers --help -h"
             value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers"
             positional=()
             ;;
@@ -66,7 +66,7 @@ _modeld_spec() {
             _modeld_variadic=1
             ;;
         "load")
-            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --kv-cache-type --gpu-layers --mmproj --help -h"
+            opts="--ctx --keep-alive --pin --embed --rerank --parallel --json --no-pull --rpc --kv-unified --kv-separate --kv-cache-type --gpu-layers --mmproj --help -h"
             value_opts="--ctx --keep-alive --parallel --rpc --kv-cache-type --gpu-layers --mmproj"
             positional=(model)
             ;;

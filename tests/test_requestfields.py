@@ -119,7 +119,8 @@ def test_exactly_one_of_prompt_or_messages_on_both_sides() -> None:
 LOAD_SAMPLES: dict[str, Any] = {
     "path": "/m.gguf", "mode": "embed", "n_ctx": 1024, "n_threads": 2, "n_batch": 256,
     "seed": 5, "chat_format": "gemma", "prompt_cache_mib": 0, "warm_up": False,
-    "prompt_cache_dir": "/c", "parallel": 4, "rpc": ["10.0.0.1:50052"], "rpc_ctx_floor": 512,
+    "prompt_cache_dir": "/c", "parallel": 4, "kv_unified": True, "rpc": ["10.0.0.1:50052"],
+    "rpc_ctx_floor": 512,
     "rpc_memory": 1 << 30, "gpu_layers": -1, "tensor_split": [1, 2.5], "type_k": "q8_0",
     "type_v": "q4_0", "handoff": "/c/h-1", "handoff_pid": 42, "mmproj": "/p.gguf",
 }  # fmt: skip

@@ -333,6 +333,7 @@ class Client:
         keep_alive: str | int | float | None = None,
         pinned: bool = False,
         parallel: int | None = None,
+        kv_unified: bool | None = None,
         rpc: Sequence[str] | None = None,
         kv_cache_type: str | None = None,
         gpu_layers: int | None = None,
@@ -340,13 +341,15 @@ class Client:
     ) -> PsRow | UnloadedRow:
         """Load (or touch) a model; returns its entry as one ``ps`` row. ``mode`` None: what
         the model is made for (rerank for a reranker, else generate). ``parallel``: the
-        requests it decodes together (None: the daemon's setting, else automatic). ``rpc``:
+        requests it decodes together (None: the daemon's setting, else automatic);
+        ``kv_unified``: they share one pool of ``n_ctx`` cells (None: the config's). ``rpc``:
         llama.cpp RPC workers ("HOST:PORT") that get every layer (None: the config's).
         ``kv_cache_type`` (f16, q8_0, q4_0) and ``gpu_layers`` (-1: auto, 0: CPU only): None
         is the config's (per model, else the setting). ``mmproj``: the image projector to load
         with ("": none; None: the config's, else the one beside the model)."""
         extra: dict[str, Any] = {k: v for k, v in (("kv_cache_type", kv_cache_type),
                                                    ("gpu_layers", gpu_layers),
+                                                   ("kv_unified", kv_unified),
                                                    ("mmproj", mmproj)) if v is not None}
         reply = self._call(
             "load", model=model, mode=mode, n_ctx=n_ctx, keep_alive=keep_alive, pinned=pinned,

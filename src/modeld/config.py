@@ -227,8 +227,8 @@ class Settings:
         " in [model_options.NAME]."))
     model_options: dict[str, dict[str, object]] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_model_options,
-        help="Options per model name: tables [model_options.NAME] with kv_cache_type and"
-        " gpu_layers."))
+        help="Options per model name: tables [model_options.NAME] with kv_cache_type,"
+        " gpu_layers and kv_unified."))
     http_header_timeout_s: float = field(default=10.0, metadata=_spec(
         env="MODELD_HTTP_HEADER_TIMEOUT", parse=parse_float, synonyms=("http_header_timeout",),
         check=_positive,
@@ -248,6 +248,11 @@ class Settings:
         check=lambda v: None if 1 <= v <= 64 else "must be between 1 and 64 (or 0/auto)",
         help="Requests one generating model decodes together, each with its own context; auto"
         " or 0 is 4 (as llama-server); fewer when memory cannot hold them."))
+    kv_unified: bool = field(default=False, metadata=_spec(
+        env="MODELD_KV_UNIFIED", parse=parse_bool,
+        help="The parallel requests of a model share one pool of n_ctx cells (llama-server's"
+        " --kv-unified; true or false): one may use the whole context. Per model in"
+        " [model_options.NAME]."))
 
     @property
     def prompt_cache_bytes(self) -> int:

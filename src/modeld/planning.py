@@ -31,12 +31,14 @@ def show_data(
     loaded_parallel: tuple[int, str] | None = None,
     where: Where | None = None,
     mmproj: str | None = None,
+    unified: bool = False,
 ) -> dict[str, Any]:
     """The show document for ``key`` planned against ``cache`` (not mutated);
     ``loaded_parallel``: (N, why) of the loaded model, when it is (the daemon knows it);
     ``where``: its KV cache type and the room on each card (None: CPU only, f16);
     ``mmproj``: the image projector it was loaded with ("": none; None: the one it would
-    find, :func:`projector.find`)."""
+    find, :func:`projector.find`); ``unified``: the sequences share one pool of n_ctx cells
+    (the loaded model's layout, else what a load would get)."""
     out: dict[str, Any] = {
         "name": name,
         "path": key.path,
@@ -58,14 +60,16 @@ def show_data(
         out.update(mmproj=proj.path, mmproj_bytes=vision)
     loaded = cache.get(key)
     if loaded is not None and (requested is None or requested <= loaded.n_ctx):
-        out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, "")))
+        out.update(_already_loaded(info, loaded, name, settings, loaded_parallel or (1, ""),
+                                   unified))
         return _with_max(out, info, key, cache, baseline, settings)
     workers = settings.rpc.get(name)  # the config puts this name on llama.cpp RPC workers
     if workers:
         out["rpc"] = list(workers)
     try:
         size = sizing.size_for(info, key.mode, cache, key, baseline, requested, settings,
-                               offload=bool(workers), where=where, projector=vision)  # fmt: skip
+                               offload=bool(workers), where=where, projector=vision,
+                               unified=unified)  # fmt: skip
     except ModeldError as exc:
         out["fits"] = False
         out["error"] = exc.to_dict()
@@ -77,10 +81,11 @@ def show_data(
         ctx_reason=size.reason,
         parallel=size.parallel,
         parallel_reason=size.parallel_reason,
+        kv_unified=size.kv_unified,
         estimate_bytes=size.estimate_bytes,
         need_bytes=size.need_bytes,
         estimate=sizing.breakdown(info, size.n_ctx, key.mode, settings, size.parallel,
-                                  offload=bool(workers), where=where),
+                                  offload=bool(workers), where=where, unified=size.kv_unified),
         naive_estimate_bytes=memory.naive_estimate(info, size.n_ctx),
         plan=plan.action,
         plan_reason=plan.reason,
@@ -113,7 +118,8 @@ def _with_max(out: dict[str, Any], info: ModelInfo, key: ModelKey, cache: CacheP
     if key.mode != "generate" or not isinstance(out.get("n_ctx"), int):
         return out
     grown = sizing.max_context(info, key.mode, cache, key, baseline, settings,
-                               int(out.get("parallel") or 1))  # fmt: skip
+                               int(out.get("parallel") or 1),
+                               unified=bool(out.get("kv_unified")))  # fmt: skip
     if info.context_length > 0:
         grown = min(grown, ctx.round_down(info.context_length))
     out["n_ctx_max"] = max(int(out["n_ctx"]), grown)
@@ -137,17 +143,21 @@ def _rpc_shares(
 
 
 def _already_loaded(
-    info: ModelInfo, entry: Entry, name: str, settings: Settings, parallel: tuple[int, str]
+    info: ModelInfo, entry: Entry, name: str, settings: Settings, parallel: tuple[int, str],
+    unified: bool = False,
 ) -> dict[str, Any]:
     """A model loaded with enough context: the dry run plans nothing (it is never its own
     victim); the figures are the entry's own."""
-    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings, parallel[0])
+    unified = unified and parallel[0] > 1
+    estimate = sizing.breakdown(info, entry.n_ctx, entry.key.mode, settings, parallel[0],
+                                unified=unified)
     return {
         "fits": True,
         "n_ctx": entry.n_ctx,
         "ctx_reason": entry.ctx_reason,
         "parallel": parallel[0],
         "parallel_reason": parallel[1],
+        "kv_unified": unified,
         "estimate_bytes": estimate["total"],
         "need_bytes": 0,
         "accounted_bytes": entry.accounted_bytes,

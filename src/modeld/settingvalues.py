@@ -10,7 +10,7 @@ import ipaddress
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from modeld.cache.policy import parse_keep_alive
@@ -254,19 +254,23 @@ def parse_gpu_layers(value: object) -> int | None:
 
 
 #: what a ``[model_options.NAME]`` table may set, and how each value is read
-MODEL_OPTIONS = {"kv_cache_type": parse_kv_cache_type, "gpu_layers": parse_gpu_layers}
+MODEL_OPTIONS: dict[str, Callable[[object], object]] = {
+    "kv_cache_type": parse_kv_cache_type, "gpu_layers": parse_gpu_layers,
+    "kv_unified": parse_bool,
+}
 
 
 def parse_model_options(value: object) -> dict[str, dict[str, object]]:
     """``[model_options.NAME]`` tables: per model name (alias, models-dir name), its own
-    ``kv_cache_type`` and ``gpu_layers``."""
+    ``kv_cache_type``, ``gpu_layers`` and ``kv_unified``."""
     if not isinstance(value, Mapping):
         raise ValueError("model_options must be a table of [model_options.NAME] tables")
     out: dict[str, dict[str, object]] = {}
     for name, opts in value.items():
         if not isinstance(opts, Mapping) or not str(name).strip():
             raise ValueError(
-                f"model_options entry {name!r} must be a table (kv_cache_type, gpu_layers)"
+                f"model_options entry {name!r} must be a table (kv_cache_type, gpu_layers, "
+                "kv_unified)"
             )
         row: dict[str, object] = {}
         for key, raw in opts.items():

@@ -9,7 +9,9 @@ evictable entry (:meth:`CachePolicy.budget_available_for`).
 With ``parallel`` N a generate-mode runner decodes N sequences together and each has n_ctx
 cells of its own: the KV cache and buffers are those of N x n_ctx cells in N sequences. The
 automatic N is :data:`AUTO_PARALLEL` (llama-server's 4); an explicit N is lowered
-to the largest one whose N contexts of at least ``ctx_floor`` fit.
+to the largest one whose N contexts of at least ``ctx_floor`` fit. With ``kv_unified`` the N
+sequences share one pool of n_ctx cells (any one may fill it): the context is sized as for
+one sequence and N is never lowered for memory.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Sizing:
     reason: str
     parallel: int = 1  # sequences decoded together, each with n_ctx cells
     parallel_reason: str = "one sequence"
+    kv_unified: bool = False  # the sequences share one pool of n_ctx cells instead
     kv_type: str = "f16"
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers on GPUs
     vram_bytes: int = 0  # what the GPUs hold (the CUDA context included)
@@ -87,9 +90,11 @@ def estimate_n(
     offload: bool = False,
     kv_type: str = "f16",
     where: Where | None = None,
+    unified: bool = False,
 ) -> MemoryEstimate:
     """The estimate of ``parallel`` sequences of ``n_ctx`` cells each (one context of
-    ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it).
+    ``n_ctx x parallel`` cells with ``n_seq`` = ``parallel``, as the runner creates it), or
+    with ``unified`` sharing one pool of ``n_ctx`` cells.
     ``offload``: every layer on other devices (RPC workers): their weights and KV cache move
     to ``vram``, out of the local ``total``, except the input embedding, which llama.cpp keeps
     on the CPU (read into memory: the runner loads without mmap then). ``kv_type``: the KV
@@ -101,13 +106,14 @@ def estimate_n(
 
     if where is not None and not offload:
         return planned(info, n_ctx, where, mode=mode, parallel=parallel,
-                       prompt_cache=prompt_cache)[0]  # fmt: skip
+                       prompt_cache=prompt_cache, unified=unified)[0]  # fmt: skip
     kind = memory.mode_of(mode)
     n = max(1, parallel)
+    unified = unified and n > 1
     layers = info.block_count + 1 if offload else 0
     est = memory.estimate(
-        info, n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers,
-        type_k=kv_type, type_v=kv_type,
+        info, n_ctx if unified else n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache,
+        gpu_layers=layers, type_k=kv_type, type_v=kv_type, kv_unified=unified,
     )
     if not offload:
         return est
@@ -120,11 +126,10 @@ def estimate_n(
 
 def _estimate(
     info: ModelInfo, n_ctx: int, mode: str, parallel: int = 1, offload: bool = False,
-    where: Where | None = None,
+    where: Where | None = None, unified: bool = False,
 ) -> int:
-    return int(
-        estimate_n(info, n_ctx, mode=mode, parallel=parallel, offload=offload, where=where).total
-    )
+    return int(estimate_n(info, n_ctx, mode=mode, parallel=parallel, offload=offload,
+                          where=where, unified=unified).total)  # fmt: skip
 
 
 def breakdown(
@@ -135,6 +140,7 @@ def breakdown(
     parallel: int = 1,
     offload: bool = False,
     where: Where | None = None,
+    unified: bool = False,
 ) -> dict[str, object]:
     """The estimate's components (weights, KV cache, compute, prompt cache, ...) for ``show``;
     without ``settings`` the prompt cache is counted at its default size. ``offload``: on
@@ -142,7 +148,7 @@ def breakdown(
     cache = prompt_cache_bytes(mode, settings)
     return estimate_n(
         info, n_ctx, mode=mode, parallel=parallel, prompt_cache=cache, offload=offload,
-        where=where,
+        where=where, unified=unified,
     ).to_dict()
 
 
@@ -155,6 +161,7 @@ def _choose(
     parallel: int = 1,
     offload: bool = False,
     where: Where | None = None,
+    unified: bool = False,
 ) -> tuple[int, int, str]:
     """(n_ctx, estimate, reason) within ``budget`` model bytes, or InsufficientMemoryError."""
     import functools
@@ -167,7 +174,7 @@ def _choose(
         floor=settings.ctx_floor,
         ceiling=settings.ctx_ceiling,
         requested=requested,
-        estimate_fn=functools.partial(estimate_n, offload=offload, where=where),
+        estimate_fn=functools.partial(estimate_n, offload=offload, where=where, unified=unified),
         mode=memory.mode_of(mode),
         parallel=parallel,
     )
@@ -198,9 +205,14 @@ def _fitting_parallel(
     want: int,
     offload: bool = False,
     where: Where | None = None,
+    unified: bool = False,
 ) -> tuple[int, int, int, str]:
     """(N, n_ctx, estimate, ctx reason) for the largest N <= ``want`` whose N contexts fit
-    ``budget``; InsufficientMemoryError (of N = 1) when not even one does."""
+    ``budget``; InsufficientMemoryError (of N = 1) when not even one does. ``unified``: the N
+    share one pool, sized whatever N is: N is ``want``."""
+    if unified and want > 1:
+        return (want, *_choose(info, mode, budget, requested, settings, want, offload, where,
+                               unified=True))  # fmt: skip
     for n in range(want, 1, -1):
         try:
             return (n, *_choose(info, mode, budget, requested, settings, n, offload, where))
@@ -237,6 +249,7 @@ def size_for(
     offload: bool = False,
     where: Where | None = None,
     projector: int = 0,
+    unified: bool = False,
 ) -> Sizing:
     """The n_ctx (per sequence), ``parallel`` and reservation for loading ``key`` now.
 
@@ -248,6 +261,7 @@ def size_for(
     ``where``: the KV cache type and the cards: layers on them are charged to them, not to
     the RAM budget (:mod:`modeld.model.placement`). ``projector``: the bytes of an image projector
     loaded beside the model (:func:`modeld.projector.memory_bytes`), reserved with it.
+    ``unified``: the sequences share one pool of n_ctx cells (kv_unified).
     """
     check_mode(info, mode, key.path)
     if where is not None:
@@ -256,16 +270,17 @@ def size_for(
     extra = baseline + prompt_cache_bytes(mode, settings) + projector
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)
+    unified = unified and want > 1
     try:
         n, n_ctx, est, reason = _fitting_parallel(
-            info, mode, available, requested, settings, want, offload, where
+            info, mode, available, requested, settings, want, offload, where, unified
         )
     except InsufficientMemoryError:
         pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
         whole = cache.budget_bytes - pinned - extra
         try:
             n, n_ctx, est, reason = _fitting_parallel(
-                info, mode, whole, requested, settings, want, offload, where
+                info, mode, whole, requested, settings, want, offload, where, unified
             )
         except InsufficientMemoryError as exc:
             exc.details.setdefault("budget_bytes", cache.budget_bytes)
@@ -276,25 +291,28 @@ def size_for(
             )
             raise
         small = round_up(requested) if requested else min(n_ctx, round_up(settings.ctx_floor))
-        n_ctx, est = small, _estimate(info, small, mode, n, offload, where)
+        n_ctx, est = small, _estimate(info, small, mode, n, offload, where, unified)
         reason = f"smallest context while waiting for busy models ({reason})"
     why = source if n == want else (
         f"{source} asked for {want}; {n} contexts of {n_ctx} tokens are what fit in memory"
     )
     if where is None or offload:
         cpu = Placement(0, info.block_count + 1, reason="on RPC workers" if offload else "no GPU")
-        return Sizing(n_ctx, est, est + extra, reason, n, why, placement=cpu)
+        return Sizing(n_ctx, est, est + extra, reason, n, why, unified, placement=cpu)
     if requested is None:  # an automatic context may shrink to keep layers on the cards
-        kept = keep_on_cards(info, mode, n_ctx, n, where, max(settings.ctx_floor, FIT_CTX))
+        kept = keep_on_cards(info, mode, n_ctx, n, where, max(settings.ctx_floor, FIT_CTX),
+                             unified)  # fmt: skip
         if kept is not None:
             n_ctx, reason = kept
-            est = _estimate(info, n_ctx, mode, n, offload, where)
-    full, place = planned(info, n_ctx, where, mode=mode, parallel=n)
-    return Sizing(n_ctx, est, est + extra, reason, n, why, where.kv_type, place, full.vram)
+            est = _estimate(info, n_ctx, mode, n, offload, where, unified)
+    full, place = planned(info, n_ctx, where, mode=mode, parallel=n, unified=unified)
+    return Sizing(n_ctx, est, est + extra, reason, n, why, unified, where.kv_type, place,
+                  full.vram)  # fmt: skip
 
 
 def keep_on_cards(
-    info: ModelInfo, mode: str, n_ctx: int, parallel: int, where: Where, floor: int
+    info: ModelInfo, mode: str, n_ctx: int, parallel: int, where: Where, floor: int,
+    unified: bool = False,
 ) -> tuple[int, str] | None:
     """(n_ctx, reason) when a smaller automatic context, not below ``floor`` (or ``n_ctx``),
     puts more layers on the cards: the largest context that keeps as many as the floor would.
@@ -306,7 +324,8 @@ def keep_on_cards(
     what is free; here the cards' room is what the other resident models leave."""
     def layers(n: int) -> int:
         return place(info, n, where.gpus, where.gpu_layers, mode=mode, parallel=parallel,
-                     kv_type=where.kv_type, margin=where.margin).gpu_layers  # fmt: skip
+                     kv_type=where.kv_type, margin=where.margin,
+                     unified=unified).gpu_layers  # fmt: skip
 
     lower = min(n_ctx, round_up(floor))
     now, best = layers(n_ctx), layers(lower)
@@ -328,14 +347,16 @@ def max_context(
     parallel: int = 1,
     offload: bool = False,
     where: Where | None = None,
+    unified: bool = False,
 ) -> int:
-    """The largest n_ctx (per sequence of ``parallel``) ``key`` could ever get in this budget
-    (0 when nothing fits)."""
+    """The largest n_ctx (per sequence of ``parallel``; ``unified``: their shared pool's)
+    ``key`` could ever get in this budget (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
     budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
     limit = info.context_length or (1 << 20)
     found = largest_fitting(
-        lambda n: _estimate(info, n, mode, parallel, offload, where) <= budget, STEP, limit
+        lambda n: _estimate(info, n, mode, parallel, offload, where, unified) <= budget,
+        STEP, limit,
     )
     return found or 0
 
@@ -353,6 +374,7 @@ def context_for_prompt(
     offload: bool = False,
     where: Where | None = None,
     current: int = 0,
+    unified: bool = False,
 ) -> int:
     """The n_ctx to reload ``key`` with so a prompt of ``prompt_tokens`` fits (and room to
     answer, up to ``max_tokens`` or 1024), or ContextExceededError saying how many fit.
@@ -367,7 +389,8 @@ def context_for_prompt(
             hint="shorten the prompt",
             details={"prompt_tokens": prompt_tokens, "n_ctx_train": train},
         )
-    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel, offload, where)
+    fits = max_context(info, key.mode, cache, key, baseline, settings, parallel, offload, where,
+                       unified)
     if fits < prompt_tokens + 1:
         raise ContextExceededError(
             f"the prompt has {prompt_tokens} tokens but at most {fits} fit in the memory "

@@ -27,6 +27,7 @@ from modeld.cli.opts import (
     ModelArg,
     NoPullOpt,
     RpcOpt,
+    UnifiedOpt,
 )
 from modeld.cli.opts import connect as _client
 from modeld.cli.opts import settings_with as _settings
@@ -258,6 +259,7 @@ def load(
     json_out: JsonOpt = False,
     no_pull: NoPullOpt = False,
     rpc: RpcOpt = None,
+    kv_unified: UnifiedOpt = None,
     kv_cache_type: KvOpt = None,
     gpu_layers: GpuOpt = None,
     mmproj: MmprojOpt = None,
@@ -277,6 +279,7 @@ def load(
             keep_alive=keep_alive,
             pinned=pin,
             parallel=parallel,
+            kv_unified=kv_unified,
             rpc=None if rpc is None else _endpoints(rpc),
             mmproj=_mmproj(mmproj),
             **_placement_opts(kv_cache_type, gpu_layers),

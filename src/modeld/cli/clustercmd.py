@@ -102,7 +102,8 @@ def ps_text(data: dict[str, Any]) -> list[str]:
         for m in models:
             rows.append((name, str(m.get("name")), str(m.get("state")),
                          pstable.mem_pair(m.get("measured_bytes"), m.get("estimate_bytes")),
-                         pstable.ctx_cell(m.get("n_ctx"), m.get("parallel")),
+                         pstable.ctx_cell(m.get("n_ctx"), m.get("parallel"),
+                                          m.get("kv_unified")),
                          f"{m.get('in_flight', 0)}/{m.get('queued', 0)}", pstable.until(m)))
     widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()

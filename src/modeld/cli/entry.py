@@ -86,6 +86,8 @@ _LOAD_OPTS: dict[str, Callable[[str], object] | None] = {
     "--embed": None,
     "--rerank": None,
     "--parallel": int,
+    "--kv-unified": None,
+    "--kv-separate": None,
     "--json": None,
 }
 
@@ -262,7 +264,7 @@ def _run(args: list[str]) -> None:
 
 def _load(args: list[str]) -> None:
     """``modeld load [MODEL] [--ctx N] [--keep-alive D] [--pin] [--embed|--rerank]
-    [--parallel N] [--json]``."""
+    [--parallel N] [--kv-unified|--kv-separate] [--json]``."""
     import json
     import time
 
@@ -280,6 +282,7 @@ def _load(args: list[str]) -> None:
         keep_alive=o.get("--keep-alive"),
         pinned=bool(o.get("--pin")),
         parallel=o.get("--parallel"),
+        kv_unified=True if o.get("--kv-unified") else False if o.get("--kv-separate") else None,
     )
     try:  # sent: an error is reported here (by fast()), never sent again
         body = _wait_streaming(

@@ -26,6 +26,9 @@ KeepAliveOpt = Annotated[
 CtxOpt = Annotated[int | None, typer.Option("--ctx", help="Context length (rounded up to 256).")]
 KvOpt = Annotated[str | None, typer.Option(
     "--kv-cache-type", help="KV cache type: f16, q8_0 or q4_0 (default: the config's).")]
+UnifiedOpt = Annotated[bool | None, typer.Option(
+    "--kv-unified/--kv-separate", help="The parallel requests share one pool of n_ctx cells "
+    "(one may use it all), or each has its own (default: the config's).")]
 GpuOpt = Annotated[str | None, typer.Option(
     "--gpu-layers", help="Layers on the GPUs: N, auto or 0 (CPU only; default: the config's).")]
 RpcOpt = Annotated[

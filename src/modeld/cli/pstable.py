@@ -72,11 +72,14 @@ def until(m: dict[str, object]) -> str:
     return compact_duration(float(left))
 
 
-def ctx_cell(n_ctx: object, parallel: object) -> str:
-    """``8192``, or ``2048x4`` for four sequences of 2048 tokens each."""
+def ctx_cell(n_ctx: object, parallel: object, unified: object = False) -> str:
+    """``8192``, ``2048x4`` for four sequences of 2048 tokens each, or ``8192 shared by 4``
+    for four sequences sharing one pool of 8192 cells (kv_unified)."""
     if n_ctx is None:
         return "-"
-    return f"{n_ctx}x{parallel}" if isinstance(parallel, int) and parallel > 1 else str(n_ctx)
+    if not isinstance(parallel, int) or parallel <= 1:
+        return str(n_ctx)
+    return f"{n_ctx} shared by {parallel}" if unified is True else f"{n_ctx}x{parallel}"
 
 
 def on_gpu(models: list[dict[str, object]]) -> bool:
@@ -88,8 +91,9 @@ def rows(
     models: list[dict[str, object]], now: float, processor: bool = False
 ) -> list[tuple[str, ...]]:
     """The table cells; CTX is n_ctx, ``x N`` when N sequences of it decode together
-    (``parallel``), REQ active (decoding) / queued requests, MODE ``gen`` or ``embed``;
-    ``processor``: with the PROCESSOR cell."""
+    (``parallel``; ``shared by N`` when they share one pool of it: ``kv_unified``), REQ
+    active (decoding) / queued requests, MODE ``gen`` or ``embed``; ``processor``: with the
+    PROCESSOR cell."""
     out: list[tuple[str, ...]] = []
     for m in models:
         last = m.get("last_used")
@@ -101,7 +105,7 @@ def rows(
                 "gen" if mode == "generate" else mode,
                 str(m.get("state")),
                 mem_pair(m.get("measured_bytes"), m.get("estimate_bytes")),
-                ctx_cell(n_ctx, m.get("parallel")),
+                ctx_cell(n_ctx, m.get("parallel"), m.get("kv_unified")),
                 f"{m.get('in_flight', 0)}/{m.get('queued', 0)}",
                 until(m),
                 ago(now - float(last)) if isinstance(last, (int, float)) else "-",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from modeld.cli.opts import GpuOpt, JsonOpt, KeepAliveOpt, KvOpt
+from modeld.cli.opts import GpuOpt, JsonOpt, KeepAliveOpt, KvOpt, UnifiedOpt
 from modeld.cli.opts import connect as _client
 from modeld.cli.opts import settings_with as _settings
 
@@ -44,6 +44,7 @@ def serve(
         int | None,
         typer.Option(help="Requests one model decodes together (0: auto, 4 if memory allows)."),
     ] = None,
+    kv_unified: UnifiedOpt = None,
     kv_cache_type: KvOpt = None,
     gpu_layers: GpuOpt = None,
 ) -> None:
@@ -61,6 +62,7 @@ def serve(
         runner_stall_s=runner_stall,
         http=http,
         parallel=parallel,
+        kv_unified=kv_unified,
         kv_cache_type=kv_cache_type,
         gpu_layers=gpu_layers,
     )

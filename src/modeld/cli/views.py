@@ -72,6 +72,8 @@ def show_view(data: dict[str, Any]) -> list[Any]:
     mem_rows = [
         ("context (n_ctx)", f"{data.get('n_ctx')}  ({data.get('ctx_reason')})"),
         ("parallel", f"{data.get('parallel', 1)}  ({data.get('parallel_reason') or '-'})"),
+        ("KV layout", "one pool of n_ctx cells shared by the sequences" if data.get("kv_unified")
+         else "n_ctx cells per sequence"),
         ("estimate", fmt_bytes(data.get("estimate_bytes"))),
     ]
     for part in ("weights_file", "weights_anon", "kv_cache", "compute", "output", "prompt_cache"):

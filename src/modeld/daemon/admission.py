@@ -130,6 +130,15 @@ class Admission:
                           for g, room in zip(found, rooms, strict=False))  # fmt: skip
         return placement.Where(str(kv), cards, layers, margin=0)
 
+    def unified(self, key: ModelKey, name: str, jobs: list[Job]) -> bool:
+        """Whether a load's sequences share one pool of cells: its own ``kv_unified``, what an
+        earlier ``load`` set (reloads keep it), ``[model_options.NAME]``'s or the setting."""
+        before = self.dispatch.asked.get(key)
+        return bool(placement.option(
+            next((j.kv_unified for j in jobs if j.kv_unified is not None),
+                 before.kv_unified if before else None),
+            name, "kv_unified", self.settings))  # fmt: skip
+
     def cuda_devices(self) -> int:
         """How many cards llama.cpp uses: what the last runner's hello counted; before any
         hello (the first load may be sent before it), every card NVML finds when a CUDA
@@ -210,6 +219,7 @@ class Admission:
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
                 asked, offload=bool(rpc), where=self.where(key, name, jobs),
                 projector=projector.memory_bytes(proj, info.embedding_length) if proj else 0,
+                unified=self.unified(key, name, jobs),
             )  # fmt: skip
         except ModeldError as exc:
             self.fail(key, jobs, exc)

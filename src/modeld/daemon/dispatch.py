@@ -160,7 +160,8 @@ class Dispatch:
 
     @staticmethod
     def needs_reload(slot: Slot, job: Job, n_ctx: int) -> bool:
-        """A larger context, or (an explicit ``load``) another ``parallel`` than loaded."""
+        """A larger context, or (an explicit ``load``) another ``parallel`` or KV layout
+        than loaded."""
         if job.n_ctx is not None and ctx.cap_at_training(
                 job.n_ctx, slot.info.context_length) > n_ctx:
             return True  # a larger context (never past training: that one would loop)
@@ -170,6 +171,9 @@ class Dispatch:
             return True  # another KV cache type
         if slot.placement.wants_reload(job.gpu_layers):
             return True  # other GPU layers asked than loaded with (num_gpu, --gpu-layers)
+        if job.kind == "load" and job.kv_unified not in (None, slot.kv_unified) and (
+                job.parallel or slot.parallel) > 1:
+            return True  # the other KV layout (one pool shared, or a stream per sequence)
         if job.kind == "load" and job.mmproj not in (None, slot.mmproj or ""):
             return True  # another image projector (or none) than loaded with
         return (
@@ -224,6 +228,7 @@ class Dispatch:
         parallel = msg.get("parallel")  # absent: a runner that decodes one sequence
         slot.parallel = parallel if isinstance(parallel, int) and parallel >= 1 else 1
         slot.batch_invariant = msg.get("greedy_batch_invariant") is True
+        slot.kv_unified = msg.get("kv_unified") is True
         devices = msg.get("devices")
         if isinstance(devices, list):
             slot.devices = [cast(DeviceShare, d) for d in devices if isinstance(d, dict)]

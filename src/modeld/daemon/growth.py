@@ -47,7 +47,7 @@ class Growth:
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
                 prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
                 current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
-                **self._placed(slot, job),
+                unified=slot.kv_unified, **self._placed(slot, job),
             )  # fmt: skip
         except ContextExceededError as exc:
             exc.details.setdefault("n_ctx", err.details.get("n_ctx"))
@@ -74,7 +74,7 @@ class Growth:
             n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings, prompt,
                 max(1, int(job.payload.get("max_tokens", 256)) - written), slot.planned_parallel,
-                current=loaded, **self._placed(slot, job),
+                current=loaded, unified=slot.kv_unified, **self._placed(slot, job),
             )  # fmt: skip
         except ContextExceededError as exc:
             log.info("%s: a reply of %d tokens ends at n_ctx %d: %s", slot.name, written,

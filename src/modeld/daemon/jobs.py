@@ -57,6 +57,7 @@ class Job:
     cancel_sent: bool = False
     client_gone: bool = False
     parallel: int | None = None  # a load's own ``parallel`` (None: the setting)
+    kv_unified: bool | None = None  # a load's own: one pool of cells shared (None: the config's)
     rpc: tuple[str, ...] | None = None  # llama.cpp RPC workers to load with (None: none)
     kv_cache_type: str | None = None  # a load's own KV cache type (None: the config's)
     gpu_layers: int | None = None  # a load's own GPU layers, -1 auto (None: the config's)
@@ -74,6 +75,7 @@ class LoadAsked:
     is unloaded for any other reason."""
 
     parallel: int | None = None
+    kv_unified: bool | None = None
     n_ctx: int | None = None  # a floor: a reload never gives less
     keep_alive_s: float | None = None  # also what requests without their own get
     pinned: bool = False
@@ -84,6 +86,7 @@ class LoadAsked:
     def take(self, job: Job) -> None:
         """Remember what the ``load`` ``job`` set."""
         self.parallel = job.parallel if job.parallel is not None else self.parallel
+        self.kv_unified = job.kv_unified if job.kv_unified is not None else self.kv_unified
         self.n_ctx = job.n_ctx if job.n_ctx is not None else self.n_ctx
         self.keep_alive_s = job.keep_alive_s if job.keep_alive_s is not None else \
             self.keep_alive_s
@@ -109,6 +112,8 @@ class Slot:
     parallel_reason: str = "one sequence"
     asked_parallel: int | None = None  # the load request's own value (a different one reloads)
     batch_invariant: bool = False  # the runner says batching never changes greedy tokens
+    kv_unified: bool = False  # its sequences share one pool of n_ctx cells (planned, then the
+    # runner's ``loaded``)
     retire: EvictionReason | None = None  # evict once idle (file changed, explicit unload)
     load_started: float = 0.0  # the scheduler's clock when its load was sent
     runner_pid: int | None = None
@@ -305,6 +310,8 @@ def _parallel_reason(slot: Slot | None) -> str | None:
     why = slot.parallel_reason
     if slot.parallel != slot.planned_parallel:
         why = f"{slot.parallel} in effect (the runner's), {slot.planned_parallel} planned: {why}"
+    if slot.kv_unified and slot.parallel > 1:
+        why += "; one pool of n_ctx cells shared (kv_unified)"
     if not slot.batch_invariant and slot.parallel > 1:
         why += "; deterministic greedy requests run alone"
     return why
@@ -333,6 +340,7 @@ def ps_rows(
             "n_ctx": entry.n_ctx,
             "ctx_reason": entry.ctx_reason,
             "parallel": slot.parallel if slot else None,
+            "kv_unified": bool(slot and slot.kv_unified and slot.parallel > 1),
             "parallel_reason": _parallel_reason(slot),
             "measured_bytes": entry.measured_bytes,
             "estimate_bytes": entry.estimate_bytes,
@@ -361,7 +369,8 @@ def ps_rows(
     for w in waiting.values():  # a model waiting for room: nothing of it is loaded yet
         rows.append({
             "name": w.name, "path": w.key.path, "mode": w.key.mode, "state": "waiting",
-            "n_ctx": None, "ctx_reason": w.reason, "parallel": None, "parallel_reason": None,
+            "n_ctx": None, "ctx_reason": w.reason, "parallel": None, "kv_unified": False,
+            "parallel_reason": None,
             "measured_bytes": None, "estimate_bytes": None, "accounted_bytes": 0,
             "in_flight": 0, "queued": len(w.jobs), "use_count": 0, "last_used": None,
             "keep_alive_s": None, "keep_alive_left_s": None, "forever": False, "pinned": False,

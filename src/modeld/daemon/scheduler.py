@@ -204,6 +204,7 @@ class Scheduler:
         slot.load_started = self._clock()
         slot.parallel = slot.planned_parallel = size.parallel
         slot.parallel_reason = size.parallel_reason
+        slot.kv_unified = size.kv_unified  # planned; the runner's ``loaded`` says what it did
         slot.asked_parallel = asked.parallel if asked is not None else None
         slot.asked_kv_type = asked.kv_cache_type if asked is not None else None
         slot.kv_type, slot.placement = size.kv_type, size.placement
@@ -214,9 +215,10 @@ class Scheduler:
         for job in jobs:
             self.dispatch.enqueue(slot, job)
         log.info(
-            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s), estimate %s, KV %s, "
+            "loading %s in runner %s: n_ctx %d (%s), parallel %d (%s%s), estimate %s, KV %s, "
             "%d GPU layers (%s)%s",
             name, runner.id, size.n_ctx, size.reason, size.parallel, size.parallel_reason,
+            "; one pool of n_ctx cells shared" if size.kv_unified else "",
             format_bytes(size.need_bytes), size.kv_type, size.placement.gpu_layers,
             size.placement.reason, f", rpc workers {','.join(rpc)}" if rpc else "",
         )  # fmt: skip
@@ -226,6 +228,7 @@ class Scheduler:
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,
+            kv_unified=size.kv_unified,
             gpu_layers=size.placement.gpu_layers, tensor_split=size.placement.tensor_split,
             type_k=size.kv_type, type_v=size.kv_type, mmproj=load.mmproj,
             **self.admission.rpc_sizing(jobs, size.n_ctx), **self._handoff_for(key, rpc),

@@ -298,7 +298,8 @@ class Service:
         keep_alive = keep_alive_of(req.keep_alive, self.settings)
         return Job(client=client, rid=rid, kind="load", key=key, name=name,
                    keep_alive_s=keep_alive, n_ctx=requested_ctx(req.n_ctx), pinned=req.pinned,
-                   parallel=req.parallel, kv_cache_type=req.kv_cache_type,
+                   parallel=req.parallel, kv_unified=req.kv_unified,
+                   kv_cache_type=req.kv_cache_type,
                    gpu_layers=req.gpu_layers, mmproj=req.mmproj,
                    rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
 

@@ -50,6 +50,7 @@ def show(s: Scheduler, key: ModelKey, name: str, n_ctx: int | None) -> dict[str,
         None if slot is None else (slot.parallel, slot.parallel_reason),
         s.admission.where(key, name, []),
         None if slot is None else slot.mmproj or "",  # what it loaded with (load --mmproj)
+        slot.kv_unified if slot is not None else s.admission.unified(key, name, []),
     )  # fmt: skip
     if slot is not None and out.get("plan") == "loaded":
         out["placement"] = placement.describe(slot.placement, slot.kv_type)

@@ -397,6 +397,7 @@ def estimate(
     gpu_layers: int = 0,
     repack: bool = True,
     prompt_cache: int = 0,
+    kv_unified: bool = False,
 ) -> MemoryEstimate:
     """Predict the resident memory of ``info`` loaded with ``n_ctx`` (rounded up to 256).
 
@@ -408,6 +409,7 @@ def estimate(
     without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV
     to :attr:`MemoryEstimate.vram` (not calibrated). ``prompt_cache``: bytes of the runner's
     prompt-state cache (the daemon passes its ``prompt_cache_mib``; ignored in embed mode).
+    ``kv_unified``: the ``n_seq`` sequences share one KV stream of ``n_ctx`` cells.
     """
     if n_ctx <= 0:
         raise ValueError(f"n_ctx must be positive, got {n_ctx}")
@@ -435,9 +437,9 @@ def estimate(
     approximate = False
 
     w_file, w_anon = weight_bytes(info, mmap=mmap, repack=repack)
-    # the runner's parallel sequences have a KV stream each; llama-cpp-python's embedding
-    # context keeps its n_seq_max sequences in one unified cache
-    unified = embed
+    # the runner's parallel sequences have a KV stream each (unless it shares one: kv_unified);
+    # llama-cpp-python's embedding context keeps its n_seq_max sequences in one unified cache
+    unified = embed or kv_unified
     if has_kv_cache(info):
         kv = kv_cache_bytes(
             info, n_ctx, type_k=type_k, type_v=type_v, swa_full=swa_full, n_ubatch=n_ubatch,

@@ -135,27 +135,30 @@ def processor(gpu_layers: int, n_layers: int) -> str:
 
 def planned(
     info: ModelInfo, n_ctx: int, where: Where, *, mode: str = "generate", parallel: int = 1,
-    prompt_cache: int = 0,
+    prompt_cache: int = 0, unified: bool = False,
 ) -> tuple[MemoryEstimate, Placement]:
     """The estimate (RAM in ``total``, the cards in ``vram``) and the placement of a load."""
     place_ = place(info, n_ctx, where.gpus, where.gpu_layers, mode=mode, parallel=parallel,
-                   kv_type=where.kv_type, margin=where.margin)  # fmt: skip
+                   kv_type=where.kv_type, margin=where.margin, unified=unified)  # fmt: skip
     est = with_layers(info, n_ctx, place_.gpu_layers, mode=mode, parallel=parallel,
-                      kv_type=where.kv_type, prompt_cache=prompt_cache)  # fmt: skip
+                      kv_type=where.kv_type, prompt_cache=prompt_cache,
+                      unified=unified)  # fmt: skip
     return est, place_
 
 
 def with_layers(
     info: ModelInfo, n_ctx: int, layers: int, *, mode: str = "generate", parallel: int = 1,
-    kv_type: str = "f16", prompt_cache: int = 0,
+    kv_type: str = "f16", prompt_cache: int = 0, unified: bool = False,
 ) -> MemoryEstimate:
     """The estimate of ``parallel`` sequences of ``n_ctx`` with ``layers`` on the GPUs: those
     layers' weights and KV cache and the compute buffer in ``vram`` (plus the CUDA context),
-    the rest in RAM. The input embedding stays in RAM (llama.cpp keeps it on the CPU)."""
+    the rest in RAM. The input embedding stays in RAM (llama.cpp keeps it on the CPU).
+    ``unified``: the sequences share one pool of ``n_ctx`` cells (kv_unified)."""
     n = max(1, parallel)
-    est = memory.estimate(info, n_ctx * n, mode=memory.mode_of(mode), n_seq=n,
-                          prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
-                          type_v=kv_type)  # fmt: skip
+    unified = unified and n > 1
+    est = memory.estimate(info, n_ctx if unified else n_ctx * n, mode=memory.mode_of(mode),
+                          n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
+                          type_v=kv_type, kv_unified=unified)  # fmt: skip
     if layers <= 0:
         return est
     embd = sum(t.n_bytes for t in info.tensors if t.name == "token_embd.weight")
@@ -242,7 +245,7 @@ def budgets(gpus: Sequence[Gpu], margin: int = VRAM_MARGIN) -> list[int]:
 def place(
     info: ModelInfo, n_ctx: int, gpus: Sequence[Gpu], asked: int | None, *,
     mode: str = "generate", parallel: int = 1, kv_type: str = "f16",
-    margin: int = VRAM_MARGIN,
+    margin: int = VRAM_MARGIN, unified: bool = False,
 ) -> Placement:
     """How many layers go on the cards: ``asked`` (None: as many as fit), never more than fit
     the cards' budgets; split between the cards by their budgets."""
@@ -258,7 +261,8 @@ def place(
         return none(reason="no card has room for the CUDA context and a layer")
 
     def fits(layers: int) -> tuple[int, ...] | None:
-        est = with_layers(info, n_ctx, layers, mode=mode, parallel=parallel, kv_type=kv_type)
+        est = with_layers(info, n_ctx, layers, mode=mode, parallel=parallel, kv_type=kv_type,
+                          unified=unified)
         per_card_fixed = CUDA_PROCESS_BYTES + est.compute
         movable = est.vram - per_card_fixed  # weights + KV of the layers, split by room
         spare = [room[i] - per_card_fixed for i in usable]

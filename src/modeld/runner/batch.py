@@ -27,7 +27,7 @@ import llama_cpp._internals
 
 from modeld.errors import ErrorCode, ModeldError
 from modeld.model import probe
-from modeld.runner import microbatch, resume, specs
+from modeld.runner import decodecall, kvpool, microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
@@ -65,8 +65,10 @@ class BatchEngine:
     """Runs generate requests on ``parallel`` sequences of one context until none is left."""
 
     def __init__(self, llm: llama_cpp.Llama, states: list[PromptState], host: Host,
-                 *, invariant: bool = False, max_rows: int = microbatch.MAX_ROWS) -> None:
+                 *, invariant: bool = False, max_rows: int = microbatch.MAX_ROWS,
+                 unified: bool = False) -> None:
         self.llm = llm
+        self.unified = unified  # the sequences share one pool of cells (kvpool.py)
         # greedy replies must not depend on the batch: decode calls of fixed shapes, at most
         # max_rows sequences each (microbatch.py); the model was loaded without repacked weights
         self.invariant, self.max_rows = invariant, max_rows
@@ -204,6 +206,8 @@ class BatchEngine:
                                     f"the prompt could not be prepared: {type(exc).__name__}: "
                                     f"{_printable(str(exc))}"))
             return
+        if self.unified and spec.deterministic and not self.streams:
+            kvpool.free_idle(self.states, set())  # alone in a pool as fresh as a new context's
         state = self._free_state(target)
         sampling = spec.sampling
         self.llm.set_seed(sampling.seed if sampling.seed >= 0 else RANDOM_SEED)
@@ -336,20 +340,27 @@ class BatchEngine:
         if len(pieces) == 1 and pieces[0][1][0] in pieces[0][0].encoded:
             self._decode_image(*pieces[0])
             return
-        batch = self.batch
-        complete: list[tuple[Stream, int]] = []
-        for stream, (start, end) in pieces:
-            last = end == len(stream.prompt)
-            for pos in range(start, end):
-                index = batch.add(stream.prompt[pos], pos, stream.seq, last and pos == end - 1)
-            if last:
-                complete.append((stream, index))
-        if not self._decode([s for s, _ in pieces]):
-            return
+
+        def fill(part: list[tuple[Stream, Piece]]) -> list[tuple[Stream, int]]:
+            complete: list[tuple[Stream, int]] = []
+            for stream, (start, end) in part:
+                last = end == len(stream.prompt)
+                for pos in range(start, end):
+                    index = self.batch.add(stream.prompt[pos], pos, stream.seq,
+                                           last and pos == end - 1)
+                if last:
+                    complete.append((stream, index))
+            return complete
+
+        def wait(part: list[tuple[Stream, Piece]]) -> None:  # back to the front, whole
+            for stream, piece in part:
+                stream.todo.appendleft(piece)
+
+        pieces, complete = decodecall.decode(self, pieces, fill, wait)
         for stream, (start, end) in pieces:
             stream.state.evaluated((start, end), stream.prompt[start:end],
                                    alone=len(pieces) == 1)
-        for stream, index in complete:
+        for stream, index in complete or ():
             if stream.resume_next is not None:  # a resumed reply: its next token is known
                 stream.next_token, stream.resume_next = stream.resume_next, None
                 continue
@@ -386,42 +397,28 @@ class BatchEngine:
         """The next token of each of ``streaming`` in one call. ``pad``: the one sequence gets
         a second query row at its next position (dropped after the call), so its attention is
         computed as beside other sequences (microbatch.py)."""
-        batch = self.batch
-        rows: list[tuple[Stream, int, int]] = []
+        tokens: list[tuple[Stream, int]] = []
         for stream in streaming:
             assert stream.next_token is not None
-            pos = len(stream.state.tokens)
-            index = batch.add(stream.next_token, pos, stream.seq, True)
-            rows.append((stream, stream.next_token, index))
+            tokens.append((stream, stream.next_token))
             stream.next_token = None
             stream.batched_max = max(stream.batched_max, len(streaming))
-        if pad:  # its position is free: a stream decodes at most at n_ctx_seq - 2
-            (stream, token, _), = rows
-            batch.add(token, len(stream.state.tokens) + 1, stream.seq, False)
-        ok = self._decode(streaming)
-        if pad and ok:
-            (stream, _, _), = rows
+
+        def fill(part: list[tuple[Stream, int]]) -> list[int]:
+            indices = [self.batch.add(token, len(s.state.tokens), s.seq, True) for s, token in part]
+            if pad:  # its position is free: a stream decodes at most at n_ctx_seq - 2
+                (stream, token), = part
+                self.batch.add(token, len(stream.state.tokens) + 1, stream.seq, False)
+            return indices
+
+        decoded, indices = decodecall.decode(self, tokens, fill)
+        if pad and decoded:
+            (stream, _), = decoded
             llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.llm._ctx.ctx),
                                           stream.seq, len(stream.state.tokens) + 1, -1)
-        if not ok:
-            return
-        for stream, token, index in rows:
+        for (stream, token), index in zip(decoded, indices or (), strict=True):
             stream.state.decoded(token)
             self._sampled(stream, self._sample(stream, index))
-
-    def _decode(self, streams: list[Stream]) -> bool:
-        """Evaluate the batch; when llama.cpp fails, the requests in it end with the error
-        (their cells are unknown: forgotten) and the other sequences go on."""
-        try:
-            self.batch.decode()
-        except Exception as exc:
-            log.exception("a decode of %d sequence(s) failed", len(streams))
-            for stream in streams:
-                stream.state.failed()
-                self.end(stream, rp.error(stream.rid, ErrorCode.INTERNAL,
-                                           f"{type(exc).__name__}: {exc}"))
-            return False
-        return True
 
     @staticmethod
     def _sample(stream: Stream, index: int = -1) -> int:

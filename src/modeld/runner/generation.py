@@ -72,6 +72,15 @@ class DecodeBatch:
         self.batch.n_tokens, self.n = self.n, 0
         self.llm._ctx.decode(self.llm._batch)
 
+    def try_decode(self) -> int:
+        """:meth:`decode`, but ``llama_decode``'s 1 (no cells for the batch, nothing written:
+        runner/kvpool.py) is returned, not raised; other failures raise as there."""
+        self.batch.n_tokens, self.n = self.n, 0
+        code = int(llama_cpp.llama_decode(self.llm._ctx.ctx, self.batch))
+        if code not in (0, 1):
+            raise RuntimeError(f"llama_decode returned {code}")
+        return code
+
 
 class PromptState:
     """One sequence of a generate-mode context (``seq``), tracked token by token.

@@ -73,14 +73,16 @@ def max_rows(n_seq: int) -> int:
 
 def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     """The one place a Llama is created: flash attention on, SWA caches at window size, and
-    ``parallel`` sequences (generate mode) of ``n_ctx`` cells each."""
+    ``parallel`` sequences (generate mode) of ``n_ctx`` cells each, or with ``kv_unified``
+    sharing one pool of ``n_ctx`` cells."""
     n_seq = spec.parallel if spec.mode == "generate" else 1
+    unified = spec.kv_unified and n_seq > 1
     _choose_tiled(n_seq)
     cpu_only = spec.gpu_layers == 0 and not spec.rpc
-    with _sequences(n_seq), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
+    with _sequences(n_seq, unified), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
         llm = llama_cpp.Llama(
             model_path=spec.path,
-            n_ctx=spec.n_ctx * n_seq,
+            n_ctx=spec.n_ctx if unified else spec.n_ctx * n_seq,
             n_batch=n_batch,
             n_ubatch=n_batch if spec.mode != "generate" else min(GENERATE_N_UBATCH, n_batch),
             n_threads=spec.n_threads,
@@ -107,11 +109,14 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
 
 
 @contextlib.contextmanager
-def _sequences(n_seq: int) -> Iterator[None]:
+def _sequences(n_seq: int, unified: bool) -> Iterator[None]:
     """Make the context ``Llama`` creates hold ``n_seq`` sequences, each in its own KV stream
     of ``n_ctx / n_seq`` cells (llama-server's layout without ``--kv-unified``: a sequence
-    attends only to its own cells). ``Llama`` has no such argument, and its context is created
-    in its constructor, so its source of default context parameters answers for it meanwhile."""
+    attends only to its own cells), or with ``unified`` all in one stream of ``n_ctx`` cells
+    (any sequence may fill it; its attention then spans the others' cells too, masked, so its
+    logits differ in the last bits: runner/kvpool.py). ``Llama`` has no such argument, and its
+    context is created in its constructor, so its source of default context parameters
+    answers for it meanwhile."""
     if n_seq <= 1:
         yield
         return
@@ -119,7 +124,7 @@ def _sequences(n_seq: int) -> Iterator[None]:
 
     def with_sequences() -> llama_cpp.llama_context_params:
         params: llama_cpp.llama_context_params = default()
-        params.n_seq_max, params.kv_unified = n_seq, False
+        params.n_seq_max, params.kv_unified = n_seq, unified
         return params
 
     llama_cpp.llama_cpp.llama_context_default_params = with_sequences

@@ -229,8 +229,11 @@ class Runner(RunnerServer):
                 st.turn_marker = marker
             # several sequences: decoded in calls of fixed shapes, so greedy replies do not
             # depend on the batch (loaded without repacked weights: llamaopen.py)
-            self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1,
-                                      max_rows=llamaopen.max_rows(n_seq))
+            # one pool shared (kv_unified): a sequence's logits depend on the others' cells,
+            # so no decode shape keeps greedy replies invariant (runner/kvpool.py)
+            unified = n_seq > 1 and spec.kv_unified
+            self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1 and not unified,
+                                      max_rows=llamaopen.max_rows(n_seq), unified=unified)
             self.engine.chat_qa = self.chat_format == chat.QA
             self.engine.vision = self.vision
             self.token_bound = TokenBound(llm)
@@ -245,14 +248,18 @@ class Runner(RunnerServer):
         """Tell the daemon what was loaded: its context, sequences, memory and placement."""
         memory = probe.own_memory(gpu=True)
         parallel = len(self.engine.states) if self.engine is not None else 1
+        n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(llm._ctx.ctx))  # the pool's, when unified
         self.send(
             rp.loaded(
-                n_ctx=llm.n_ctx() // parallel,
+                n_ctx=n_ctx_seq,
                 parallel=parallel,
                 # one sequence, or decode calls of fixed shapes (runner/microbatch.py; tested
                 # on this CPU backend: tests/test_batch_invariance.py): batching never changes
-                # a greedy token. Not claimed for RPC workers' backends (untested there).
-                greedy_batch_invariant=parallel == 1 or not spec.rpc,
+                # a greedy token. Not claimed for RPC workers' backends (untested there), nor
+                # for one pool of cells shared by the sequences (runner/kvpool.py).
+                greedy_batch_invariant=parallel == 1 or (not spec.rpc and not (
+                    self.engine is not None and self.engine.unified)),
+                kv_unified=self.engine is not None and self.engine.unified,
                 n_ctx_train=llm._model.n_ctx_train(),
                 load_s=load_s,
                 warmup_s=warmup_s,
@@ -270,7 +277,7 @@ class Runner(RunnerServer):
         log.info(
             "loaded %s n_ctx=%d x %d mode=%s in %.3fs (warm-up %.3fs), footprint %s",
             spec.path,
-            llm.n_ctx() // parallel,
+            n_ctx_seq,
             parallel,
             spec.mode,
             load_s,

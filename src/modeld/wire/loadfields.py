@@ -57,7 +57,8 @@ class LoadSpec:
 
     path: str = declare(MISSING, _path, "the model's GGUF file")
     mode: str = declare("generate", one_of(MODES), "generate, embed or rerank", always=True)
-    n_ctx: int = declare(MISSING, _n_ctx, "context cells per sequence (a multiple of 256)")
+    n_ctx: int = declare(MISSING, _n_ctx, "context cells per sequence (a multiple of 256; "
+                         "with kv_unified the one pool's, each sequence may use them all)")
     n_threads: int = declare(MISSING, ints(1, 1024), "CPU threads of the load and warm-up")
     n_batch: int = declare(512, ints(1, 1 << 20), "llama.cpp's n_batch", always=True)
     seed: int = declare(0, ints(-(1 << 31), (1 << 32) - 1), "the context's seed", always=True)
@@ -67,6 +68,8 @@ class LoadSpec:
     warm_up: bool = declare(True, flag, "a short evaluation before replying", always=True)
     prompt_cache_dir: str | None = declare(None, nonempty, "where snapshots outlive eviction")
     parallel: int = declare(1, ints(1, MAX_PARALLEL), "sequences decoded together")
+    kv_unified: bool = declare(False, flag, "one pool of n_ctx cells shared by the sequences "
+                               "(llama-server's --kv-unified)")
     rpc: tuple[str, ...] = declare((), _rpc, "llama.cpp RPC workers to offload every layer to")
     rpc_ctx_floor: int | None = declare(None, ints(256, N_CTX_MAX), "n_ctx may be lowered to "
                                         "this to fit the workers", only_with="rpc")

@@ -309,6 +309,8 @@ class LoadRequest:
     pinned: bool = declare(False, flag, "never evicted for room")
     parallel: int | None = declare(None, maybe(ints(1, MAX_PARALLEL)), "sequences decoded "
                                    "together (None: the daemon's setting)")
+    kv_unified: bool | None = declare(None, maybe(flag), "one pool of n_ctx cells shared by "
+                                      "the sequences (None: the config's)")
     rpc: tuple[str, ...] | None = declare(None, rpc_endpoints, "llama.cpp RPC workers (None: the "
                                           "config's, or none)")
     kv_cache_type: str | None = declare(None, _kv_type, "f16, q8_0, q4_0 (None: the config's)")

@@ -137,6 +137,7 @@ class PsRow(TypedDict):
     n_ctx: int | None
     ctx_reason: str | None
     parallel: int | None
+    kv_unified: bool  # its sequences share one pool of n_ctx cells
     parallel_reason: str | None
     measured_bytes: int | None
     estimate_bytes: int | None
@@ -222,6 +223,7 @@ class RunnerLoaded(TypedDict):
     footprint: RunnerMemory  # memory above the runner's baseline
     parallel: NotRequired[int]  # sequences decoded together (absent: 1)
     greedy_batch_invariant: NotRequired[bool]  # batching never changes greedy tokens
+    kv_unified: NotRequired[bool]  # one pool of n_ctx cells shared by the sequences
     mode: NotRequired[str]
     architecture: NotRequired[str]
     has_chat_template: NotRequired[bool]

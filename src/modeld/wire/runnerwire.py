@@ -121,6 +121,7 @@ def loaded(
     footprint: Mapping[str, int],
     parallel: int | None = None,
     greedy_batch_invariant: bool | None = None,
+    kv_unified: bool = False,
     mode: str | None = None,
     architecture: str | None = None,
     has_chat_template: bool | None = None,
@@ -144,6 +145,8 @@ def loaded(
         msg["parallel"] = parallel
     if greedy_batch_invariant is not None:
         msg["greedy_batch_invariant"] = greedy_batch_invariant
+    if kv_unified:  # one pool of n_ctx cells shared by the sequences
+        msg["kv_unified"] = True
     if mode is not None:
         msg["mode"] = mode
     if architecture is not None:
