@@ -77,3 +77,22 @@ def test_memory_covers_weights_and_measured_overhead(files: tuple[Path, Path, Pa
     charged = projector.memory_bytes(info, 64)
     # measured on CPU: +3.3 MiB anonymous at load for this projector (projector.CONTEXT_BYTES)
     assert info.tensor_bytes + projector.CONTEXT_BYTES <= charged < 4 * 1024 * 1024
+
+
+def test_a_header_is_read_again_only_when_its_file_changed(
+    tmp_path: Path, files: tuple[Path, Path, Path]
+) -> None:
+    import os
+
+    model, proj, narrow = files
+    m = _copy(model, tmp_path / "seer.gguf")
+    p = _copy(proj, tmp_path / "mmproj-seer.gguf")
+    info = read_model_info(m)
+    first = projector.find(m, info, "seer", Settings())
+    assert first is not None and projector.find(m, info, "seer", Settings()) is first  # kept
+    p.write_bytes(narrow.read_bytes())  # another projector under the same name
+    os.utime(p, ns=(os.stat(p).st_atime_ns, os.stat(p).st_mtime_ns + 1_000_000_000))
+    again = projector.find(m, info, "seer", Settings())
+    assert again is not first and again is not None
+    width = read_projector_info(narrow).projection_dim
+    assert again.projection_dim == width != first.projection_dim

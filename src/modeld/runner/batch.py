@@ -237,8 +237,8 @@ class BatchEngine:
             self._sampled(stream, self._sample(stream))
 
     def encode_images(self, stream: Stream) -> None:
-        """Start encoding the images the stream still evaluates (on the vision thread: the
-        other sequences decode meanwhile); those it reuses from the cache are never encoded."""
+        """Encode the images the stream still evaluates (on this thread: vision.py says why);
+        those it reuses from the cache are never encoded."""
         if stream.media is None or self.vision is None:
             return
         todo = {start for start, _ in stream.todo}

@@ -9,8 +9,12 @@ embeddings are decoded here at the sequence's positions. Its positions hold a pl
 token derived from the image's SHA-256, so prompt reuse and the prompt cache tell one image
 from another without any other key: a repeated image and prefix is never encoded again.
 
-Encoding (the vision tower, the slow part) runs on a thread of its own while the other
-sequences decode; its result is copied out at once (mtmd keeps one output buffer per context).
+Encoding (the vision tower, the slow part) runs on the batch loop's own thread, before the
+request's first piece; its result is copied out at once (mtmd keeps one output buffer per
+context). It used to run on a thread of its own beside the decoding, but ggml's OpenMP then
+kept a second thread team in the process, and libgomp, finding more threads than cores, stops
+spinning at barriers: every later decode of the runner was ~30% slower (29 tokens 29 -> 38 ms,
+35 tokens 36 -> 46 ms on the bench's pair, 2 cores), more than the overlap gained.
 Not supported yet: M-RoPE projectors (the Qwen2-VL family: their positions are not one per
 token) and audio; a load with one is refused by name.
 """
@@ -24,7 +28,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,7 +91,6 @@ class Vision:
         self.n_ubatch = int(llama_cpp.llama_n_ubatch(llm._ctx.ctx))
         self.capacity = int(llm.n_batch)
         self._batch = llama_cpp.llama_batch_init(self.capacity, self.n_embd, 1)
-        self._encoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="modeld-vision")
         self._encoded: OrderedDict[str, Future[np.ndarray[Any, Any]]] = OrderedDict()
 
     @classmethod
@@ -121,7 +124,6 @@ class Vision:
         return cls(ctx, llm, path)
 
     def close(self) -> None:
-        self._encoder.shutdown(wait=True, cancel_futures=True)
         self._encoded.clear()
         if self.ctx:
             mtmd.mtmd_free(self.ctx)
@@ -210,14 +212,21 @@ class Vision:
     # ---------------------------------------------------------------- evaluation
 
     def embeddings(self, image: Image) -> Future[np.ndarray[Any, Any]]:
-        """The image's embeddings (n_tokens x n_embd), encoded on the vision thread unless
-        kept from an earlier request. Called from the batch loop only."""
+        """The image's embeddings (n_tokens x n_embd), encoded now (on the calling thread: the
+        batch loop's) unless kept from an earlier request; a done future. Called from the batch
+        loop only."""
         kept = self._encoded.get(image.id)
         if kept is not None and not (kept.done() and kept.exception() is not None):
             self._encoded.move_to_end(image.id)
             return kept
         image.submitted = True
-        future = self._encoder.submit(self._encode, image)
+        future: Future[np.ndarray[Any, Any]] = Future()
+        try:
+            future.set_result(self._encode(image))
+        except Exception as exc:  # the request that needs it ends with it (batch.py)
+            future.set_exception(exc)
+        finally:
+            image.free()
         self._encoded[image.id] = future
         while len(self._encoded) > KEEP_ENCODED:
             self._encoded.popitem(last=False)
@@ -231,9 +240,7 @@ class Vision:
             if rc != 0:
                 raise InvalidRequestError(f"the projector failed to encode the image ({rc})")
             out = mtmd.mtmd_get_output_embd(self.ctx)
-            rows = np.ctypeslib.as_array(out, shape=(image.n_tokens, self.n_embd)).copy()
-        image.free()  # mtmd's preprocessed copy of the pixels is not needed any more
-        return rows
+            return np.ctypeslib.as_array(out, shape=(image.n_tokens, self.n_embd)).copy()
 
     def decode(self, rows: np.ndarray[Any, Any], pos: int, seq: int, logits: bool) -> int:
         """Evaluate an image's embeddings ``rows`` at positions ``pos...`` of sequence ``seq``,
