@@ -55,7 +55,8 @@ def test_runner_lifecycle_messages_have_the_declared_keys() -> None:
                                   chat_format="gemma", memory=mem, footprint=foot)  # fmt: skip
     device = {"device": "RPC0", "endpoint": "127.0.0.1:50052", "model_bytes": 1,
               "kv_bytes": 2, "compute_bytes": 3, "free_bytes": 4, "total_bytes": 5}  # fmt: skip
-    full = rp.loaded(**common, parallel=2, greedy_batch_invariant=False, mode="generate",
+    full = rp.loaded(**common, parallel=2, greedy_batch_invariant=False, kv_unified=True,
+                     mode="generate",
                      architecture="gemma3", has_chat_template=True, vision=True, devices=[device],
                      layers_offloaded="3/3")  # fmt: skip
     typed = replies.RunnerLoaded
