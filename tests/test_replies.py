@@ -61,8 +61,8 @@ def test_runner_lifecycle_messages_have_the_declared_keys() -> None:
                      layers_offloaded="3/3")  # fmt: skip
     typed = replies.RunnerLoaded
     assert set(full) == typed.__required_keys__ | typed.__optional_keys__  # every key, once
-    assert list(full)[-8:] == ["parallel", "greedy_batch_invariant", "mode", "architecture",
-                               "has_chat_template", "vision", "devices",
+    assert list(full)[-9:] == ["parallel", "greedy_batch_invariant", "kv_unified", "mode",
+                               "architecture", "has_chat_template", "vision", "devices",
                                "layers_offloaded"]  # fmt: skip
     keys_match(dict(full["devices"][0]), replies.DeviceShare)
     keys_match(dict(full["memory"]), replies.RunnerMemory)
