@@ -109,10 +109,10 @@ def estimate_n(
                        prompt_cache=prompt_cache, unified=unified)[0]  # fmt: skip
     kind = memory.mode_of(mode)
     n = max(1, parallel)
-    unified = unified and n > 1
+    cells, unified = memory.context_cells(n_ctx, n, unified)
     layers = info.block_count + 1 if offload else 0
     est = memory.estimate(
-        info, n_ctx if unified else n_ctx * n, mode=kind, n_seq=n, prompt_cache=prompt_cache,
+        info, cells, mode=kind, n_seq=n, prompt_cache=prompt_cache,
         gpu_layers=layers, type_k=kv_type, type_v=kv_type, kv_unified=unified,
     )
     if not offload:

@@ -380,6 +380,15 @@ def has_lm_head(info: ModelInfo) -> bool:
     return not info.is_embedding_model
 
 
+def context_cells(n_ctx: int, n_seq: int, unified: bool) -> tuple[int, bool]:
+    """A generate context's cells and whether they are one pool: ``n_seq`` sequences of
+    ``n_ctx`` cells each, or with ``unified`` (and more than one sequence) one pool of
+    ``n_ctx`` cells they share (kv_unified)."""
+    n = max(1, n_seq)
+    unified = unified and n > 1
+    return (n_ctx if unified else n_ctx * n), unified
+
+
 def estimate(
     info: ModelInfo,
     n_ctx: int,

@@ -155,9 +155,9 @@ def with_layers(
     the rest in RAM. The input embedding stays in RAM (llama.cpp keeps it on the CPU).
     ``unified``: the sequences share one pool of ``n_ctx`` cells (kv_unified)."""
     n = max(1, parallel)
-    unified = unified and n > 1
-    est = memory.estimate(info, n_ctx if unified else n_ctx * n, mode=memory.mode_of(mode),
-                          n_seq=n, prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
+    cells, unified = memory.context_cells(n_ctx, n, unified)
+    est = memory.estimate(info, cells, mode=memory.mode_of(mode), n_seq=n,
+                          prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
                           type_v=kv_type, kv_unified=unified)  # fmt: skip
     if layers <= 0:
         return est

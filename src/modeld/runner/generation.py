@@ -69,8 +69,8 @@ class DecodeBatch:
 
     def decode(self) -> None:
         """Evaluate the tokens added since the last decode (then the batch is empty again)."""
-        self.batch.n_tokens, self.n = self.n, 0
-        self.llm._ctx.decode(self.llm._batch)
+        if self.try_decode() != 0:
+            raise RuntimeError("llama_decode returned 1")
 
     def try_decode(self) -> int:
         """:meth:`decode`, but ``llama_decode``'s 1 (no cells for the batch, nothing written:

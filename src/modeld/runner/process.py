@@ -248,6 +248,7 @@ class Runner(RunnerServer):
         """Tell the daemon what was loaded: its context, sequences, memory and placement."""
         memory = probe.own_memory(gpu=True)
         parallel = len(self.engine.states) if self.engine is not None else 1
+        unified = self.engine is not None and self.engine.unified
         n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(llm._ctx.ctx))  # the pool's, when unified
         self.send(
             rp.loaded(
@@ -257,9 +258,8 @@ class Runner(RunnerServer):
                 # on this CPU backend: tests/test_batch_invariance.py): batching never changes
                 # a greedy token. Not claimed for RPC workers' backends (untested there), nor
                 # for one pool of cells shared by the sequences (runner/kvpool.py).
-                greedy_batch_invariant=parallel == 1 or (not spec.rpc and not (
-                    self.engine is not None and self.engine.unified)),
-                kv_unified=self.engine is not None and self.engine.unified,
+                greedy_batch_invariant=parallel == 1 or not (spec.rpc or unified),
+                kv_unified=unified,
                 n_ctx_train=llm._model.n_ctx_train(),
                 load_s=load_s,
                 warmup_s=warmup_s,
