@@ -144,3 +144,58 @@ def test_projector_of_another_width_is_refused(
     model = model_factory("llama", **ggufgen.TINY_CHAT)
     wrong = model_factory("mmproj", **dict(ggufgen.TINY_MMPROJ, n_embd_text=32))
     assert run_script(model, wrong, noise_png(tmp_path / "a.png", 1)) == {"loaded": False}
+
+
+KEPT_SCRIPT = r"""
+import hashlib, json, sys
+import llama_cpp
+from modeld import projector
+from modeld.runner.vision import Vision, placeholder
+
+model, proj, a, b = sys.argv[1:]
+A, B = open(a, "rb").read(), open(b, "rb").read()
+llm = llama_cpp.Llama(model, n_ctx=512, n_batch=128, flash_attn=True, verbose=False,
+                      n_threads=1)
+vision = Vision.open(proj, llm, 1)
+parts = ["<|im_start|>user\n", " and ", " here?<|im_end|>\n"]
+out = {}
+def tokens(datas):
+    done = vision.tokenize(parts[:len(datas) + 1], datas, True)
+    for image in done.images:
+        image.free()
+    return done.tokens
+out["first"] = tokens([A, B])
+out["kept_after_first"] = len(vision._bitmaps)
+out["again"] = tokens([A, B])  # both from the kept bitmaps
+out["twice"] = tokens([A, A])  # one image twice in one request: kept once
+out["kept_after_twice"] = sorted(vision._bitmaps)
+out["placeholder_a"] = placeholder(hashlib.sha256(A).hexdigest())
+projector.KEPT_BITMAP_BYTES = 40 * 40 * 3  # room for one image
+out["small"] = tokens([B, A])
+out["kept_small"] = sorted(vision._bitmaps)
+vision.close()
+print(json.dumps(out))
+"""
+
+
+def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
+    tmp_path: Path, model_factory: Callable[..., Path]
+) -> None:
+    """An image sent again (agents resend their screenshot every turn) is not decoded again:
+    the runner keeps decoded images by SHA-256 up to projector.KEPT_BITMAP_BYTES, and the
+    prompt's tokens are the same either way."""
+    model = model_factory("llama", **ggufgen.VISION_CHAT)
+    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
+    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
+    proc = subprocess.run([sys.executable, "-c", KEPT_SCRIPT, str(model), str(proj), str(a),
+                           str(b)], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in (a, b))
+    assert out["kept_after_first"] == 2 and out["kept_after_twice"] == ids
+    assert out["again"] == out["first"]
+    n_image = ggufgen.mmproj_tokens(ggufgen.TINY_MMPROJ)
+    assert out["twice"].count(out["placeholder_a"]) == 2 * n_image
+    # room for one 40x40 image: the newest stays, the older is freed
+    assert out["kept_small"] == [hashlib.sha256(a.read_bytes()).hexdigest()]
+    assert out["small"] != out["first"]  # B before A: other placeholders in the other order

@@ -25,7 +25,6 @@ from modeld.errors import (
 )
 from modeld.socketcheck import socket_problem
 from modeld.wire import protocol, requestfields
-from modeld.wire.images import encode as encode_image
 from modeld.wire.replies import EmbedDone, GenerateDone, PsReply, PsRow, RerankDone, UnloadedRow
 from modeld.wire.replyflow import ReplyStream
 
@@ -252,7 +251,7 @@ class Client:
         is read whole, so its text comes in a few large chunks (fewer wake-ups while decoding);
         ``images``: image files shown to the model before the prompt (PNG, JPEG, WebP, GIF)."""
         what = {"prompt": prompt, "format": format, "stream": None if stream else False,
-                "images": [encode_image(d) for d in images] or None}
+                "images": list(images) or None}  # binary frames
         return self._stream(model, what, raw, keep_alive, n_ctx, options)
 
     def chat(

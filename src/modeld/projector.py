@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 #: Images whose embeddings a runner keeps beside the one it encodes (runner/vision.py).
 KEPT_IMAGES = 4
+#: Decoded images (RGB) a runner keeps for its next requests (runner/vision.py): one
+#: 1920x1080 screenshot, or many small images.
+KEPT_BITMAP_BYTES = 8 * 1024 * 1024
 #: Activations of the vision tower per patch and unit of width (f32 values ggml's graph
 #: allocator holds at once), fitted with the fixed cost below to two generated projectors.
 _ACTIVATIONS_PER_PATCH = 3
@@ -103,10 +106,11 @@ def _read(path: str) -> ProjectorInfo:
 def memory_bytes(p: ProjectorInfo, text_width: int) -> int:
     """What a projector adds to its runner: its weights (read into memory, not mapped), the
     vision tower's compute for one image, the image's preprocessed pixels, and the embeddings
-    of the images kept for reuse (measured: :data:`CONTEXT_BYTES`)."""
+    of the images kept for reuse, and the decoded images kept (measured:
+    :data:`CONTEXT_BYTES`)."""
     patches = (p.image_size // p.patch_size) ** 2 if p.patch_size else 0
     activations = patches * (_ACTIVATIONS_PER_PATCH * p.embedding_length
                              + 2 * p.feed_forward_length) * 4  # fmt: skip
     pixels = 3 * p.image_size * p.image_size * 4
     embeddings = (KEPT_IMAGES + 1) * patches * text_width * 4
-    return CONTEXT_BYTES + p.tensor_bytes + activations + pixels + embeddings
+    return CONTEXT_BYTES + KEPT_BITMAP_BYTES + p.tensor_bytes + activations + pixels + embeddings

@@ -47,8 +47,8 @@ class RunOptions:
     images: tuple[Path, ...] = ()  # image files shown with the prompt
     mmproj: str | None = None  # the image projector to load the model with first
 
-    def image_data(self) -> list[str]:
-        """``--image`` files, read and checked, in the wire form (base64)."""
+    def image_data(self) -> list[bytes]:
+        """``--image`` files, read and checked (they travel as binary frames)."""
         from modeld.wire import images
 
         out = []
@@ -59,7 +59,7 @@ class RunOptions:
                 raise InvalidRequestError(f"--image {path}: {exc.strerror or exc}",
                                           hint="give the path of an image file") from None
             images.check(data, f"--image {path}", InvalidRequestError)
-            out.append(images.encode(data))
+            out.append(data)
         images.check_count(len(out), InvalidRequestError)
         return out
 

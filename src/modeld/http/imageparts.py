@@ -1,5 +1,6 @@
 """Images in the HTTP APIs' messages (issue 38), in modeld's wire form: a message's text, its
-base64 ``images`` and where each sits in the text (``image_at``). Every API's image shape is
+``images`` (decoded from base64 here, once: they travel on as binary frames) and where each
+sits in the text (``image_at``). Every API's image shape is
 read here: OpenAI's ``image_url`` (a data URI; a remote URL is refused by name: modeld
 fetches nothing on a request's behalf), the Responses API's ``input_image``, Anthropic's
 ``image`` block (``source.type`` base64) and Ollama's ``images`` (base64 strings).
@@ -26,7 +27,7 @@ class Content:
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.length = 0
-        self.images: list[str] = []
+        self.images: list[bytes] = []  # decoded here, once: they travel as binary frames
         self.at: list[int] = []
 
     def text(self, text: str) -> None:
@@ -34,8 +35,8 @@ class Content:
         self.length += len(text)
 
     def image(self, data: str, where: str) -> None:
-        images.decode_b64(data, where, _bad)  # size, base64 and format checked now: a 400
-        self.images.append(data)
+        # size, base64 and format checked now: a 400
+        self.images.append(images.decode_b64(data, where, _bad))
         self.at.append(self.length)
 
     def url(self, url: Any, where: str) -> None:
@@ -74,13 +75,11 @@ def anthropic_source(source: Any, where: str) -> str:
     return str(source["data"])
 
 
-def ollama_images(value: Any, where: str) -> list[str]:
-    """Ollama's ``images``: a list of base64 strings, each checked."""
+def ollama_images(value: Any, where: str) -> list[bytes]:
+    """Ollama's ``images``: a list of base64 strings, each decoded and checked."""
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise _bad(f"{where} must be a list of base64-encoded images")
     images.check_count(len(value), _bad)
-    for i, data in enumerate(value):
-        images.decode_b64(data, f"{where}[{i}]", _bad)
-    return list(value)
+    return [images.decode_b64(data, f"{where}[{i}]", _bad) for i, data in enumerate(value)]

@@ -160,8 +160,8 @@ def _mistral_ids(history: list[dict[str, Any]]) -> None:
             m["tool_call_id"] = short(m["tool_call_id"])
 
 
-def image_data(spec: GenerateSpec) -> tuple[str, ...]:
-    """The request's images (base64) in the order their markers come in the prompt."""
+def image_data(spec: GenerateSpec) -> tuple[bytes, ...]:
+    """The request's image files in the order their markers come in the prompt."""
     if spec.messages is None:
         return spec.images
     return tuple(image for m in spec.messages for image in m.images)

@@ -21,7 +21,6 @@ token) and audio; a load with one is refused by name.
 
 from __future__ import annotations
 
-import base64
 import ctypes
 import dataclasses
 import logging
@@ -36,6 +35,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
+from modeld import projector
 from modeld.errors import InvalidModelError, InvalidRequestError
 from modeld.runner import imagefile, llamalog, prompting
 from modeld.runner.prompting import PromptText
@@ -44,10 +44,6 @@ from modeld.runner.specs import GenerateSpec
 from modeld.wire import images
 
 log = logging.getLogger("modeld.runner")
-
-#: Encoded images kept for reuse beyond the prompt cache (a sampled and a greedy request on
-#: one image, two requests sending it at once): each is n_tokens x n_embd floats.
-KEEP_ENCODED = 4
 
 
 def placeholder(image_id: str) -> int:
@@ -92,6 +88,10 @@ class Vision:
         self.capacity = int(llm.n_batch)
         self._batch = llama_cpp.llama_batch_init(self.capacity, self.n_embd, 1)
         self._encoded: OrderedDict[str, Future[np.ndarray[Any, Any]]] = OrderedDict()
+        # decoded images by id (projector.KEPT_BITMAP_BYTES), and their sizes in bytes; the
+        # lock: the two tokenizer lanes (prepare.py) share them
+        self._bitmaps: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._tokenizing = threading.Lock()
 
     @classmethod
     def open(cls, path: str, llm: llama_cpp.Llama, n_threads: int) -> Vision:
@@ -125,6 +125,10 @@ class Vision:
 
     def close(self) -> None:
         self._encoded.clear()
+        with self._tokenizing:
+            for bitmap, _ in self._bitmaps.values():
+                mtmd.mtmd_bitmap_free(bitmap)
+            self._bitmaps.clear()
         if self.ctx:
             mtmd.mtmd_free(self.ctx)
             self.ctx = None
@@ -135,10 +139,16 @@ class Vision:
     def tokenize(self, parts: Sequence[str], datas: Sequence[bytes], add_bos: bool) -> Tokenized:
         """The tokens of ``parts`` with image ``datas`` between them (``len(parts) ==
         len(datas) + 1``): text tokens as llama.cpp makes them, each image as its placeholder
-        repeated over its positions. Called on the tokenizer thread (mtmd_tokenize is)."""
-        bitmaps = [self._bitmap(d, i) for i, d in enumerate(datas)]
-        texts, items = [], []
+        repeated over its positions. Called on the tokenizer threads (mtmd_tokenize is)."""
+        with self._tokenizing:
+            return self._tokenize(parts, datas, add_bos)
+
+    def _tokenize(self, parts: Sequence[str], datas: Sequence[bytes], add_bos: bool) -> Tokenized:
+        bitmaps: list[tuple[Any, str]] = []
         try:
+            for i, data in enumerate(datas):
+                bitmaps.append(self._bitmap(data, i))
+            texts, items = [], []
             for i, text in enumerate(parts):
                 if text:
                     raw = text.encode("utf-8")
@@ -147,7 +157,7 @@ class Vision:
                                              parse_special=True)  # fmt: skip
                     items.append(mtmd.mtmd_input_part(text=ctypes.pointer(t), bitmap=None))
                 if i < len(bitmaps):
-                    items.append(mtmd.mtmd_input_part(text=None, bitmap=bitmaps[i]))
+                    items.append(mtmd.mtmd_input_part(text=None, bitmap=bitmaps[i][0]))
             array = (ctypes.POINTER(mtmd.mtmd_input_part) * len(items))(
                 *(ctypes.pointer(p) for p in items))
             chunks = mtmd.mtmd_input_chunks_init()
@@ -161,10 +171,15 @@ class Vision:
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
         finally:
-            for bitmap in bitmaps:
-                mtmd.mtmd_bitmap_free(bitmap)
+            self._keep(bitmaps)
 
-    def _bitmap(self, data: bytes, index: int) -> Any:
+    def _bitmap(self, data: bytes, index: int) -> tuple[Any, str]:
+        """An image decoded (kept from an earlier request, or now) and its id: the SHA-256 of
+        its bytes, which mtmd gives its chunk."""
+        image_id = images.image_id(data)
+        kept = self._bitmaps.pop(image_id, None)  # out of the cache while in use: _keep
+        if kept is not None:
+            return kept[0], image_id
         where = f"image {index + 1}"
         kind = images.check(data, where, InvalidRequestError)
         imagefile.check_pixels(data, kind, where)
@@ -172,15 +187,30 @@ class Vision:
             width, height, rgb = imagefile.decode_webp(data, where)
             bitmap = mtmd.mtmd_bitmap_init(width, height, (ctypes.c_uint8 * len(rgb))
                                            .from_buffer_copy(rgb))  # fmt: skip
-            if bitmap:
-                mtmd.mtmd_bitmap_set_id(bitmap, images.image_id(data).encode())
         else:
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
             bitmap = mtmd.mtmd_helper_bitmap_init_from_buf(self.ctx, buf, len(data), False)
         if not bitmap:
             raise InvalidRequestError(f"{where} could not be decoded as {kind.upper()}",
                                       hint="send a valid PNG, JPEG, WebP or GIF file")
-        return bitmap
+        mtmd.mtmd_bitmap_set_id(bitmap, image_id.encode())
+        return bitmap, image_id
+
+    def _keep(self, bitmaps: Sequence[tuple[Any, str]]) -> None:
+        """Keep the newest decoded images, up to :data:`projector.KEPT_BITMAP_BYTES` (agents
+        resend the same screenshot every turn: its decode, ~2 ms for a 224-pixel PNG and tens
+        of ms for a screen's, is done once); free the others."""
+        for bitmap, image_id in bitmaps:
+            size = int(mtmd.mtmd_bitmap_get_n_bytes(bitmap))
+            if image_id in self._bitmaps or size > projector.KEPT_BITMAP_BYTES:
+                mtmd.mtmd_bitmap_free(bitmap)  # the same image twice in one request
+                continue
+            self._bitmaps[image_id] = (bitmap, size)
+        total = sum(size for _, size in self._bitmaps.values())
+        while total > projector.KEPT_BITMAP_BYTES:
+            bitmap, size = self._bitmaps.popitem(last=False)[1]
+            mtmd.mtmd_bitmap_free(bitmap)
+            total -= size
 
     def _read(self, chunks: Any) -> Tokenized:
         tokens: list[int] = []
@@ -228,7 +258,7 @@ class Vision:
         finally:
             image.free()
         self._encoded[image.id] = future
-        while len(self._encoded) > KEEP_ENCODED:
+        while len(self._encoded) > projector.KEPT_IMAGES:
             self._encoded.popitem(last=False)
         return future
 
@@ -279,8 +309,7 @@ def image_prompt(vision: Vision | None, spec: GenerateSpec,
             "this model cannot see images: it was loaded without an image projector (mmproj)",
             hint="put the model's mmproj file beside it, name it in the config ([mmproj] "
             "table), or load it with --mmproj; or send text only")  # fmt: skip
-    datas = [base64.b64decode(d.partition(",")[2] if d.startswith("data:") else d)
-             for d in prompting.image_data(spec)]  # checked when the request was parsed
+    datas = prompting.image_data(spec)  # checked when the request was parsed
     parts = prompt.text.split(prompting.IMAGE_MARKER)
     if len(parts) != len(datas) + 1:
         raise InvalidRequestError(

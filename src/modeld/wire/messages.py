@@ -41,7 +41,7 @@ class ToolCall:
 @dataclass(frozen=True)
 class ChatMessage:
     """One turn. ``tool_call_id``/``tool_name`` say which call a ``tool`` turn answers.
-    ``images``: base64 images (:mod:`modeld.wire.images`), each shown to the model at its offset in
+    ``images``: image files (:mod:`modeld.wire.images`), each shown to the model at its offset in
     ``content`` (``image_at``, characters; none given: all before the text, as Ollama does)."""
 
     role: str
@@ -50,7 +50,7 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     tool_name: str = ""
-    images: tuple[str, ...] = ()
+    images: tuple[bytes, ...] = ()
     image_at: tuple[int, ...] = ()
 
     def offsets(self) -> tuple[int, ...]:

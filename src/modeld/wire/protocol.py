@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, cast
 
 from modeld.errors import InvalidRequestError, ModeldError, ProtocolMismatchError
-from modeld.wire import options, requestfields
+from modeld.wire import frames, options, requestfields
 from modeld.wire.messages import parse_format
 from modeld.wire.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.wire.options import Sampling
@@ -131,29 +131,33 @@ def error_reply(request_id: str, err: ModeldError) -> Message:
 
 
 def encode(msg: Message) -> list[bytes]:
-    """The frames of ``msg`` (one JSON frame). Non-finite floats are rejected, not sent."""
+    """The frames of ``msg``: its JSON frame, then one frame per binary value (images:
+    :mod:`modeld.wire.frames`). Non-finite floats are rejected, not sent."""
     try:
-        return [json.dumps(msg.to_dict(), separators=(",", ":"), allow_nan=False).encode()]
+        return frames.dumps(msg.to_dict())
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"message cannot be encoded: {exc}", request_id=msg.id) from exc
 
 
-def decode(frames: list[bytes]) -> Message:
+def decode(parts: list[bytes]) -> Message:
     """Parse the frames of one message, raising ProtocolError on anything malformed.
 
-    Leading empty frames (a REQ-style delimiter) are tolerated; anything else but exactly one
-    JSON object frame is an error. A different ``v`` raises VersionMismatchError.
+    Leading empty frames (a REQ-style delimiter) are tolerated; then one JSON object frame,
+    then the binary frames it names (:mod:`modeld.wire.frames`). A different ``v`` raises
+    VersionMismatchError.
     """
-    body_frames = list(frames)
+    body_frames = list(parts)
     while body_frames and body_frames[0] == b"":
         body_frames.pop(0)
-    if len(body_frames) != 1:
-        raise ProtocolError(
-            f"expected one JSON frame, got {len(body_frames)}",
-            hint="send each message as a single frame",
-        )
+    if not body_frames:
+        raise ProtocolError("expected a JSON frame, got none",
+                            hint="send each message as one JSON frame (and its binary frames)")
     try:
-        data = json.loads(body_frames[0].decode("utf-8"), parse_constant=_reject_constant)
+        data = frames.loads(body_frames[0], body_frames[1:], parse_constant=_reject_constant)
+    except frames.FrameError as exc:
+        raise ProtocolError(f"the message's binary frames do not match it: {exc}",
+                            hint='name each binary frame once, as {"$frame": N}, in an '
+                            '"images" list', request_id=_leading_id(body_frames[0])) from None
     except RecursionError:
         deep = too_deep()
         raise ProtocolError(deep.message, hint=deep.hint, details=deep.details,
@@ -194,11 +198,11 @@ def _leading_id(frame: bytes) -> str | None:
     return found.group(1).decode() if found else None
 
 
-def reply_object(frames: list[bytes]) -> object:
+def reply_object(parts: list[bytes]) -> object:
     """The JSON value of a reply's frame, for :class:`modeld.wire.replyflow.ReplyStream`; None when
     it is no JSON (a client skips what it cannot read unless it is a reply to its request)."""
     try:
-        return json.loads(frames[-1].decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(parts[-1].decode("utf-8"), parse_constant=_reject_constant)
     except (IndexError, UnicodeDecodeError, ValueError, RecursionError):
         return None
 

@@ -181,7 +181,7 @@ class Asked:
                                "carries its prompt_tokens")
     stream: bool = declare(True, flag, "the client reads the reply as it comes (false: whole "
                            "at the end, so fewer, larger chunks)")
-    images: tuple[str, ...] = declare((), _images, "base64 images shown before the prompt "
+    images: tuple[bytes, ...] = declare((), _images, "images shown before the prompt "
                                       "(messages carry their own)")
 
     @property

@@ -17,13 +17,12 @@ second DEALER identified as :func:`heartbeat_identity` (so it flows while llama.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from modeld.errors import ErrorCode
-from modeld.wire import loadfields, requestfields
+from modeld.wire import frames, loadfields, requestfields
 from modeld.wire.options import DEFAULTS as DEFAULT_SAMPLING
 from modeld.wire.options import NAMES as OPTION_NAMES
 from modeld.wire.options import Sampling
@@ -42,7 +41,8 @@ from modeld.wire.replies import (
     ToolCallDone,
 )
 
-#: Largest runner message accepted by :func:`decode` (embeddings of many inputs can be large).
+#: Largest frame of a runner message accepted by :func:`decode` (embeddings of many inputs
+#: can be large).
 MAX_RUNNER_MESSAGE_BYTES = 64 * 1024 * 1024
 
 #: Types the daemon sends to a runner.
@@ -399,22 +399,24 @@ def _memory(measured: Mapping[str, int]) -> RunnerMemory:
 
 
 def encode(msg: Mapping[str, Any]) -> list[bytes]:
-    """One JSON frame. NaN/inf are refused (ProtocolError) rather than sent as invalid JSON."""
+    """A JSON frame, then one frame per binary value (images: :mod:`modeld.wire.frames`).
+    NaN/inf are refused (ProtocolError) rather than sent as invalid JSON."""
     try:
-        return [json.dumps(msg, separators=(",", ":"), allow_nan=False).encode("utf-8")]
+        return frames.dumps(msg)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"runner message cannot be encoded: {exc}") from exc
 
 
-def decode(frames: Sequence[bytes], *, max_bytes: int = MAX_RUNNER_MESSAGE_BYTES) -> dict[str, Any]:
-    """Parse one message (a single JSON-object frame with a string ``type``) or raise."""
-    if len(frames) != 1:
-        raise ProtocolError(f"runner message must be one frame, got {len(frames)}")
-    frame = frames[0]
-    if len(frame) > max_bytes:
-        raise ProtocolError(f"runner message of {len(frame)} bytes exceeds {max_bytes}")
+def decode(parts: Sequence[bytes], *, max_bytes: int = MAX_RUNNER_MESSAGE_BYTES) -> dict[str, Any]:
+    """Parse one message (a JSON-object frame with a string ``type``, then the binary frames
+    it names) or raise."""
+    if not parts:
+        raise ProtocolError("runner message has no frames")
+    size = max(len(p) for p in parts)  # per frame, as the socket's ZMQ_MAXMSGSIZE counts
+    if size > max_bytes:
+        raise ProtocolError(f"runner message frame of {size} bytes exceeds {max_bytes}")
     try:
-        data = json.loads(bytes(frame).decode("utf-8"), parse_constant=_reject_constant)
+        data = frames.loads(parts[0], parts[1:], parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"runner frame is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(data, dict):
