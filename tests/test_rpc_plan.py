@@ -58,6 +58,22 @@ def test_the_plan_places_every_weight_and_the_whole_kv_cache(four_layers: Path) 
     assert all(s.fits for s in shares)
 
 
+def test_a_shared_pool_is_planned_as_one_pool_of_n_ctx_cells(four_layers: Path) -> None:
+    """kv_unified: the sequences share n_ctx cells, so each worker holds one pool's KV cache
+    (not parallel x n_ctx cells) and a larger context fits the same workers."""
+    info = sizing.read_info(str(four_layers))
+    eps = ["a:1", "b:2"]
+    separate = rpcplan.plan(info, 1024, eps, [GiB, GiB], parallel=4)
+    pooled = rpcplan.plan(info, 1024, eps, [GiB, GiB], parallel=4, kv_unified=True)
+    assert sum(s.kv_bytes for s in separate) == memory.kv_cache_bytes(info, 4 * 1024)
+    assert sum(s.kv_bytes for s in pooled) == memory.kv_cache_bytes(info, 1024)
+    assert [s.model_bytes for s in pooled] == [s.model_bytes for s in separate]
+    room = max(s.total for s in pooled) + 1
+    split = [1.0, 1.0]
+    assert rpcplan.fit(info, "m", 1024, 256, eps, [room, room], split, 4, True)[0] == 1024
+    assert rpcplan.fit(info, "m", 1024, 256, eps, [room, room], split, 4)[0] < 1024
+
+
 def test_n_ctx_is_the_largest_whose_every_share_fits(four_layers: Path) -> None:
     info = sizing.read_info(str(four_layers))
     eps = ["10.0.0.5:50052", "10.0.0.6:50052"]
@@ -88,10 +104,11 @@ def test_the_plan_is_what_llama_cpp_placed_on_one_and_two_workers(
     d = daemon_factory()
     c = d.client()
     w1, w2 = workers(), workers()
-    for eps, parallel in (([w1.endpoint], 1), ([w1.endpoint, w2.endpoint], 1),
-                          ([w1.endpoint, w2.endpoint], 4)):  # fmt: skip
-        row = c.load(str(four_layers), rpc=eps, parallel=parallel)
-        assert row["parallel"] == parallel
+    for eps, parallel, pooled in (([w1.endpoint], 1, False), ([w1.endpoint, w2.endpoint], 1, False),
+                                  ([w1.endpoint, w2.endpoint], 4, False),
+                                  ([w1.endpoint, w2.endpoint], 4, True)):  # fmt: skip
+        row = c.load(str(four_layers), rpc=eps, parallel=parallel, kv_unified=pooled)
+        assert (row["parallel"], row["kv_unified"]) == (parallel, pooled)
         rpc_rows = [dev for dev in row["devices"] if dev["endpoint"]]
         assert [dev["endpoint"] for dev in rpc_rows] == eps
         for dev in rpc_rows:

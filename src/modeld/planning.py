@@ -94,7 +94,8 @@ def show_data(
         placement=placement.describe(size.placement, size.kv_type),
     )
     if workers:
-        out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings)
+        out["rpc_shares"] = _rpc_shares(info, size.n_ctx, size.parallel, workers, settings,
+                                        size.kv_unified)
         out["placement"]["backend"] = "RPC"
     if loaded is not None and plan.action != "refuse":
         out.update(_reload(loaded, name, size.n_ctx, size.need_bytes, plan.action, out))
@@ -127,7 +128,8 @@ def _with_max(out: dict[str, Any], info: ModelInfo, key: ModelKey, cache: CacheP
 
 
 def _rpc_shares(
-    info: ModelInfo, n_ctx: int, parallel: int, workers: tuple[str, ...], settings: Settings
+    info: ModelInfo, n_ctx: int, parallel: int, workers: tuple[str, ...], settings: Settings,
+    kv_unified: bool,
 ) -> list[dict[str, Any]]:
     """Each worker's planned share at ``n_ctx``, split as llama.cpp would between workers of
     equal memory (their free memory is asked when the model loads; ``memory_bytes`` is the
@@ -139,7 +141,8 @@ def _rpc_shares(
     return [{"endpoint": s.endpoint, "layers": s.layers, "model_bytes": s.model_bytes,
              "kv_bytes": s.kv_bytes, "compute_bytes": s.compute_bytes, "memory_bytes": cap,
              "fits": s.fits}
-            for s in rpcplan.plan(info, n_ctx, workers, mem, parallel=parallel)]  # fmt: skip
+            for s in rpcplan.plan(info, n_ctx, workers, mem, parallel=parallel,
+                                  kv_unified=kv_unified)]  # fmt: skip
 
 
 def _already_loaded(

@@ -102,25 +102,29 @@ def plan(
     memory_bytes: Sequence[int],
     split: Sequence[float] | None = None,
     parallel: int = 1,
+    kv_unified: bool = False,
 ) -> list[Share]:
     """Each worker's share of ``info`` at ``n_ctx`` cells per sequence (``parallel``
-    sequences, as the runner creates them). ``split``: the weights llama.cpp cuts the layers
-    by (each device's reported free memory, or the ``tensor_split`` passed); default
-    ``memory_bytes``."""
+    sequences, as the runner creates them), or with ``kv_unified`` one pool of ``n_ctx``
+    cells they share. ``split``: the weights llama.cpp cuts the layers by (each device's
+    reported free memory, or the ``tensor_split`` passed); default ``memory_bytes``."""
     n = info.block_count
     devs = layer_devices(n, split if split is not None else [float(m) for m in memory_bytes])
     by_layer = _weights_by_layer(info)
     seqs = max(1, parallel)
+    cells, pooled = memory.context_cells(n_ctx, seqs, kv_unified)
     full, swa = memory.kv_cells(
-        info, n_ctx * seqs, n_ubatch=N_UBATCH, n_seq=seqs, unified=seqs == 1
+        info, cells, n_ubatch=N_UBATCH, n_seq=seqs, unified=pooled or seqs == 1
     )
+    streams = 1 if pooled else seqs
     ub = min(N_UBATCH, full)
     ff = info.feed_forward_length or 4 * info.embedding_length
     acts = ub * 4 * (_ACT_PER_FF * ff + _ACT_PER_EMBD * info.embedding_length)
     logits = ub * 4 * info.vocab_size
     used = len(set(devs))
-    # each sequence has a KV stream of its own: a micro-batch attends within one stream
-    mask = ub * (full + swa) // seqs * (_MASK_BYTES_ONE if used == 1 else _MASK_BYTES_SPLIT)
+    # each sequence has a KV stream of its own (a pool is one): a micro-batch attends within
+    # one stream
+    mask = ub * (full + swa) // streams * (_MASK_BYTES_ONE if used == 1 else _MASK_BYTES_SPLIT)
     out = []
     for d, ep in enumerate(endpoints):
         layers = [il for il in range(n + 1) if devs[il] == d]
@@ -147,13 +151,15 @@ def largest_fitting(
     upper: int,
     split: Sequence[float] | None = None,
     parallel: int = 1,
+    kv_unified: bool = False,
 ) -> int:
     """The largest n_ctx (a multiple of 256, at most ``upper``) whose every share fits; 0 when
     not even 256 does."""
     best, lo, hi = 0, 1, upper // 256
     while lo <= hi:
         mid = (lo + hi) // 2
-        if all(s.fits for s in plan(info, mid * 256, endpoints, memory_bytes, split, parallel)):
+        shares = plan(info, mid * 256, endpoints, memory_bytes, split, parallel, kv_unified)
+        if all(s.fits for s in shares):
             best, lo = mid * 256, mid + 1
         else:
             hi = mid - 1
@@ -169,19 +175,21 @@ def fit(
     memory_bytes: Sequence[int],
     split: Sequence[float] | None = None,
     parallel: int = 1,
+    kv_unified: bool = False,
 ) -> tuple[int, list[Share]]:
     """(n_ctx, shares): ``n_ctx`` when every worker's share fits, else the largest that does
     down to ``floor`` (None: ``n_ctx`` was asked for, it is not lowered); otherwise
     InsufficientMemoryError naming the worker whose share does not fit, with the numbers."""
-    shares = plan(info, n_ctx, endpoints, memory_bytes, split, parallel)
+    shares = plan(info, n_ctx, endpoints, memory_bytes, split, parallel, kv_unified)
     if all(s.fits for s in shares):
         return n_ctx, shares
     if floor is not None:
-        best = largest_fitting(info, endpoints, memory_bytes, n_ctx, split, parallel)
+        best = largest_fitting(info, endpoints, memory_bytes, n_ctx, split, parallel,
+                               kv_unified)
         if best >= floor:
-            return best, plan(info, best, endpoints, memory_bytes, split, parallel)
+            return best, plan(info, best, endpoints, memory_bytes, split, parallel, kv_unified)
     at = n_ctx if floor is None else floor
-    worst = next(s for s in plan(info, at, endpoints, memory_bytes, split, parallel)
+    worst = next(s for s in plan(info, at, endpoints, memory_bytes, split, parallel, kv_unified)
                  if not s.fits)  # fmt: skip
     raise InsufficientMemoryError(
         f"rpc worker {worst.endpoint} has {format_bytes(worst.memory_bytes)} for modeld but its "

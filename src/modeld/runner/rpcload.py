@@ -30,7 +30,7 @@ def prepare(spec: LoadSpec) -> tuple[LoadSpec, list[rpcplan.Share]]:
     split = [float(m) for m in memory]
     n_ctx, shares = rpcplan.fit(
         info, os.path.basename(spec.path), spec.n_ctx, spec.rpc_ctx_floor, spec.rpc, memory,
-        split, parallel,
+        split, parallel, spec.kv_unified,
     )  # fmt: skip
     if n_ctx != spec.n_ctx:
         log.info("n_ctx %d -> %d: the largest whose share fits every rpc worker", spec.n_ctx, n_ctx)
