@@ -12,6 +12,7 @@ import ggufgen
 from modeld import projector
 from modeld.config import Settings
 from modeld.errors import InvalidModelError
+from modeld.model import memory
 from modeld.model.gguf import read_model_info, read_projector_info
 from modeld.pull.store import write_record
 
@@ -77,8 +78,8 @@ def test_memory_covers_weights_and_measured_overhead(files: tuple[Path, Path, Pa
     charged = projector.memory_bytes(info, 64)
     # measured on CPU: +3.3 MiB anonymous at load for this projector (projector.CONTEXT_BYTES),
     # and the decoded images a runner keeps, at most KEPT_BITMAP_BYTES
-    fixed = projector.CONTEXT_BYTES + projector.KEPT_BITMAP_BYTES
-    assert info.tensor_bytes + fixed <= charged < 4 * 1024 * 1024 + projector.KEPT_BITMAP_BYTES
+    fixed = projector.CONTEXT_BYTES + memory.KEPT_BITMAP_BYTES
+    assert info.tensor_bytes + fixed <= charged < 4 * 1024 * 1024 + memory.KEPT_BITMAP_BYTES
 
 
 def test_a_header_is_read_again_only_when_its_file_changed(

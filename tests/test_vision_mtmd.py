@@ -149,7 +149,7 @@ def test_projector_of_another_width_is_refused(
 KEPT_SCRIPT = r"""
 import hashlib, json, sys
 import llama_cpp
-from modeld import projector
+from modeld.model import memory
 from modeld.runner.vision import Vision, placeholder
 
 model, proj, a, b = sys.argv[1:]
@@ -170,7 +170,7 @@ out["again"] = tokens([A, B])  # both from the kept bitmaps
 out["twice"] = tokens([A, A])  # one image twice in one request: kept once
 out["kept_after_twice"] = sorted(vision._bitmaps)
 out["placeholder_a"] = placeholder(hashlib.sha256(A).hexdigest())
-projector.KEPT_BITMAP_BYTES = 40 * 40 * 3  # room for one image
+memory.KEPT_BITMAP_BYTES = 40 * 40 * 3  # room for one image
 out["small"] = tokens([B, A])
 out["kept_small"] = sorted(vision._bitmaps)
 vision.close()
@@ -182,7 +182,7 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
     tmp_path: Path, model_factory: Callable[..., Path]
 ) -> None:
     """An image sent again (agents resend their screenshot every turn) is not decoded again:
-    the runner keeps decoded images by SHA-256 up to projector.KEPT_BITMAP_BYTES, and the
+    the runner keeps decoded images by SHA-256 up to memory.KEPT_BITMAP_BYTES, and the
     prompt's tokens are the same either way."""
     model = model_factory("llama", **ggufgen.VISION_CHAT)
     proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from modeld.errors import ModeldError
 from modeld.model.gguf import ProjectorInfo, read_projector_info
+from modeld.model.memory import KEPT_BITMAP_BYTES, KEPT_IMAGES
 from modeld.pull.names import is_projector_file
 from modeld.pull.store import read_record
 from modeld.registry import model_stem
@@ -28,11 +29,6 @@ if TYPE_CHECKING:
     from modeld.config import Settings
     from modeld.model.modelinfo import ModelInfo
 
-#: Images whose embeddings a runner keeps beside the one it encodes (runner/vision.py).
-KEPT_IMAGES = 4
-#: Decoded images (RGB) a runner keeps for its next requests (runner/vision.py): one
-#: 1920x1080 screenshot, or many small images.
-KEPT_BITMAP_BYTES = 8 * 1024 * 1024
 #: Activations of the vision tower per patch and unit of width (f32 values ggml's graph
 #: allocator holds at once), fitted with the fixed cost below to two generated projectors.
 _ACTIVATIONS_PER_PATCH = 3

@@ -112,6 +112,12 @@ EMBED_N_BATCH = 512  # the runner's n_batch (= n_ubatch) for chunked embedding, 
 #: stream's sliding cells (768) and its greedy reply batched beside 6 others differed from the
 #: solo one (tests/test_batch_invariance.py): kept at 512 until that case is understood.
 GENERATE_N_UBATCH = 512
+
+#: Images a vision runner keeps the embeddings of beside the one it encodes, and the bytes of
+#: decoded images (RGB) it keeps for its next requests: one 1920x1080 screenshot, or many small
+#: images (runner/vision.py). projector.memory_bytes charges both.
+KEPT_IMAGES = 4
+KEPT_BITMAP_BYTES = 8 * 1024 * 1024
 #: llama.cpp's LLAMA_MAX_SEQ; llama-cpp-python's ``embedding=True`` sets
 #: ``n_seq_max = min(n_batch, this)`` and a unified KV cache
 MAX_PARALLEL_SEQUENCES = 256

@@ -35,8 +35,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp import mtmd_cpp as mtmd
 
-from modeld import projector
 from modeld.errors import InvalidModelError, InvalidRequestError
+from modeld.model import memory
 from modeld.runner import imagefile, llamalog, prompting
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Span
@@ -88,7 +88,7 @@ class Vision:
         self.capacity = int(llm.n_batch)
         self._batch = llama_cpp.llama_batch_init(self.capacity, self.n_embd, 1)
         self._encoded: OrderedDict[str, Future[np.ndarray[Any, Any]]] = OrderedDict()
-        # decoded images by id (projector.KEPT_BITMAP_BYTES), and their sizes in bytes; the
+        # decoded images by id (memory.KEPT_BITMAP_BYTES), and their sizes in bytes; the
         # lock: the two tokenizer lanes (prepare.py) share them
         self._bitmaps: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._tokenizing = threading.Lock()
@@ -197,17 +197,17 @@ class Vision:
         return bitmap, image_id
 
     def _keep(self, bitmaps: Sequence[tuple[Any, str]]) -> None:
-        """Keep the newest decoded images, up to :data:`projector.KEPT_BITMAP_BYTES` (agents
+        """Keep the newest decoded images, up to :data:`memory.KEPT_BITMAP_BYTES` (agents
         resend the same screenshot every turn: its decode, ~2 ms for a 224-pixel PNG and tens
         of ms for a screen's, is done once); free the others."""
         for bitmap, image_id in bitmaps:
             size = int(mtmd.mtmd_bitmap_get_n_bytes(bitmap))
-            if image_id in self._bitmaps or size > projector.KEPT_BITMAP_BYTES:
+            if image_id in self._bitmaps or size > memory.KEPT_BITMAP_BYTES:
                 mtmd.mtmd_bitmap_free(bitmap)  # the same image twice in one request
                 continue
             self._bitmaps[image_id] = (bitmap, size)
         total = sum(size for _, size in self._bitmaps.values())
-        while total > projector.KEPT_BITMAP_BYTES:
+        while total > memory.KEPT_BITMAP_BYTES:
             bitmap, size = self._bitmaps.popitem(last=False)[1]
             mtmd.mtmd_bitmap_free(bitmap)
             total -= size
@@ -258,7 +258,7 @@ class Vision:
         finally:
             image.free()
         self._encoded[image.id] = future
-        while len(self._encoded) > projector.KEPT_IMAGES:
+        while len(self._encoded) > memory.KEPT_IMAGES:
             self._encoded.popitem(last=False)
         return future
 
