@@ -118,11 +118,10 @@ class PromptState:
         self._stable_before = 0  # the stable prefix before the prompt's latest piece
         self._last: promptplan.Piece = (0, 0)  # the prompt's latest piece
         self._alone = True  # every piece of the prompt so far was decoded without other tokens
-        self._spans: tuple[promptplan.Span, ...] = ()  # the current prompt's images
         #: the tokens that open a reply (the runner sets them from the chat format): a
         #: reproducible prompt's pieces also end after each (promptplan.turn_marks)
         self.turn_marker: tuple[int, ...] = ()
-        self._marks: tuple[int, ...] = ()  # the current prompt's turn marks
+        self._layout = promptplan.Layout(self.align)  # the current prompt's (images, marks)
         # set by persist(): where close() saves the snapshots, and what that file holds now
         self._saved_at: tuple[Path, promptfile.Identity] | None = None
         self._on_disk: tuple[Snapshot, ...] = ()
@@ -175,8 +174,7 @@ class PromptState:
         self._stable_before, self._last = self.stable, piece
         self._alone = self._alone and alone
         if alone:
-            self.stable = promptplan.stable_after(self.stable, piece, self.align, self._spans,
-                                                  self._marks)
+            self.stable = self._layout.stable_after(self.stable, piece)
         else:
             self.stable = min(self.stable, piece[0])
         self.tokens.extend(part)
@@ -202,12 +200,11 @@ class PromptState:
         prompt = list(prompt)
         self._pending = None
         self._alone = True
-        self._spans = tuple(spans)
-        self._marks = promptplan.turn_marks(prompt, self.turn_marker, self._spans, self.align)
+        self._layout = promptplan.Layout.of(prompt, self.align, spans, self.turn_marker)
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable, cut_min=self._cut_min())
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
-                                 self.align, self._spans, self._marks)
+                                 self._layout)
         source = "live"
         if choice.source >= 0:
             snap = snaps[choice.source]
@@ -221,9 +218,7 @@ class PromptState:
                 choice = promptplan.ReusePlan(-1, 0)
         keep = self._truncate(choice.keep)
         self._stable_before, self._last = self.stable, (keep, keep)
-        todo = promptplan.pieces(keep, len(prompt), reproducible,
-                                 min(self.n_batch, FAST_PIECE), self.align, self._spans,
-                                 self._marks)
+        todo = self._layout.pieces(keep, len(prompt), reproducible, min(self.n_batch, FAST_PIECE))
         return Reused(keep, source if keep else "none"), todo
 
     def drop_logits(self) -> None:
@@ -234,9 +229,8 @@ class PromptState:
     def prompt_done(self, n_prompt: int, logits_index: int = -1) -> None:
         """The whole prompt is evaluated and its logits are row ``logits_index`` of the last
         decode: keep a snapshot of it (if it fits)."""
-        stable = self._alone and promptplan.logits_stable(
-            self._stable_before, self._last, n_prompt, self.align, self._spans, self._marks
-        )
+        stable = self._alone and self._layout.logits_stable(self._stable_before, self._last,
+                                                            n_prompt)
         self._snapshot(stable, logits_index)
 
     def _restore(self, snap: Snapshot) -> bool:

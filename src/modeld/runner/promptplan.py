@@ -17,8 +17,9 @@ rule: longest common prefix, ``n_batch`` pieces.
 An image (issue 38) is a *span* of positions evaluated from its embeddings in one piece of its
 own, never cut and never reused in part: pieces also end at every span's start and end, an
 aligned cut inside an image is no cut, and reuse stops at a span's start. The boundaries of a
-fresh evaluation (:func:`floor_cut`, :func:`next_cut`) are then a function of the prompt alone,
-so the rule above still gives bitwise the logits of a fresh evaluation.
+fresh evaluation (a :class:`Layout`: :meth:`Layout.floor_cut`, :meth:`Layout.next_cut`) are then
+a function of the prompt alone, so the rule above still gives bitwise the logits of a fresh
+evaluation.
 
 A chat turn's reply starts a piece too (*marks*: the position after each occurrence of the
 model's reply opening, e.g. ChatML's ``<|im_end|>\n<|im_start|>assistant\n``, :func:`turn_marks`).
@@ -27,8 +28,10 @@ and evaluates from the reply on, as llama-server does, instead of from the last 
 (up to C-1 tokens again). A mark depends only on the tokens before it, so a prefix shared by
 two prompts has the same boundaries in both, and the rule above holds.
 
-Everything here works on token sequences and counts; :mod:`modeld.runner.generation` applies a
-:class:`ReusePlan` to llama.cpp and :mod:`modeld.runner.promptcache` keeps the snapshots.
+Everything here works on token sequences and counts: a prompt's :class:`Layout` (built once, by
+:meth:`Layout.of`) splits it into pieces, and :func:`plan` chooses what to reuse;
+:mod:`modeld.runner.generation` applies a :class:`ReusePlan` to llama.cpp and
+:mod:`modeld.runner.promptcache` keeps the snapshots.
 """
 
 from __future__ import annotations
@@ -115,67 +118,115 @@ def turn_marks(tokens: Sequence[int], marker: Sequence[int], spans: Sequence[Spa
         at += 1
 
 
-def floor_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = (),
-              marks: Sequence[int] = ()) -> int:  # fmt: skip
-    """The last boundary of a fresh evaluation at or before ``pos``: a multiple of ``align``
-    that is not inside an image, an image's start or end, or a mark."""
-    best = pos - pos % align
-    for start, end in spans:
-        if start < best < end:
-            best = start
-    for start, end in spans:
-        for bound in (start, end):
-            if best < bound <= pos:
-                best = bound
-    for mark in marks:
-        if best < mark <= pos:
-            best = mark
-    return best
+@dataclass(frozen=True)
+class Layout:
+    """The boundaries of one prompt's fresh evaluation: multiples of ``align`` outside images,
+    each image's start and end (``spans``, each evaluated whole) and turn ``marks``. A function
+    of the prompt alone, built once per prompt (:meth:`of`); its methods are the split rules."""
 
+    align: int = ALIGN
+    spans: tuple[Span, ...] = ()
+    marks: tuple[int, ...] = ()
 
-def next_cut(pos: int, align: int = ALIGN, spans: Sequence[Span] = (),
-             marks: Sequence[int] = ()) -> int:  # fmt: skip
-    """The first boundary of a fresh evaluation after ``pos`` (itself a boundary): the end of
-    the image starting there, else the next multiple of ``align``, image start or mark."""
-    cut = (pos // align + 1) * align
-    for start, end in spans:
-        if start == pos:
+    @classmethod
+    def of(cls, prompt: Sequence[int], align: int = ALIGN, spans: Sequence[Span] = (),
+           marker: Sequence[int] = ()) -> Layout:  # fmt: skip
+        """``prompt``'s layout: its images ``spans`` and the :func:`turn_marks` of ``marker``."""
+        spans = tuple(spans)
+        return cls(align, spans, turn_marks(prompt, marker, spans, align))
+
+    def outside_image(self, pos: int) -> int:
+        """``pos``, or the start of the image it falls inside (an image is never cut)."""
+        return next((s for s, e in self.spans if s < pos < e), pos)
+
+    def span_at(self, pos: int) -> Span | None:
+        """The image that starts at ``pos`` (None: ``pos`` is a token's)."""
+        return next((s for s in self.spans if s[0] == pos), None)
+
+    def floor_cut(self, pos: int) -> int:
+        """The last boundary at or before ``pos``: a multiple of ``align`` that is not inside
+        an image, an image's start or end, or a mark."""
+        best = self.outside_image(pos - pos % self.align)
+        for start, end in self.spans:
+            for bound in (start, end):
+                if best < bound <= pos:
+                    best = bound
+        for mark in self.marks:
+            if best < mark <= pos:
+                best = mark
+        return best
+
+    def next_cut(self, pos: int) -> int:
+        """The first boundary after ``pos`` (itself a boundary): the end of the image starting
+        there, else the next multiple of ``align``, image start or mark."""
+        cut = (pos // self.align + 1) * self.align
+        for start, end in self.spans:
+            if start == pos:
+                return end
+            if pos < start < cut:
+                cut = start
+        return min([cut, *(m for m in self.marks if pos < m < cut)])
+
+    def last_piece_start(self, n_prompt: int) -> int:
+        """Start of the last piece of an ``n_prompt``-token prompt: ``C*floor((N-1)/C)``
+        without images or marks."""
+        return self.floor_cut(n_prompt - 1) if n_prompt > 0 else 0
+
+    def pieces(self, start: int, end: int, reproducible: bool, n_batch: int) -> list[Piece]:
+        """Decode calls that evaluate positions ``[start, end)``; each image is one piece of
+        its own.
+
+        Reproducible: cut at every boundary (:meth:`next_cut`). Fast: ``n_batch`` tokens at a
+        time from ``start`` (what ``Llama.eval`` does), cut at images.
+        """
+        out: list[Piece] = []
+        pos = start
+        while pos < end:
+            if reproducible:
+                stop = self.next_cut(pos)
+            elif (span := self.span_at(pos)) is not None:
+                stop = span[1]
+            else:
+                stop = min([pos + n_batch, *(s for s, _ in self.spans if s > pos)])
+            stop = min(stop, end)
+            out.append((pos, stop))
+            pos = stop
+        return out
+
+    def stable_after(self, stable: int, piece: Piece) -> int:
+        """The stable prefix after evaluating ``piece`` on a KV state whose stable prefix was
+        ``stable`` and which held exactly ``piece[0]`` tokens: it grows only by a whole piece of
+        a fresh evaluation (a full aligned one, an image, or the text up to a boundary)
+        evaluated right after the stable prefix."""
+        start, end = piece
+        stable = min(stable, start)
+        if start == stable and end == self.next_cut(start):
             return end
-        if pos < start < cut:
-            cut = start
-    return min([cut, *(m for m in marks if pos < m < cut)])
+        return stable
+
+    def logits_stable(self, stable_before: int, piece: Piece, n_prompt: int) -> bool:
+        """Whether the logits after evaluating the prompt's final ``piece`` equal a fresh
+        aligned evaluation's: it must be exactly the last piece of one, on a stable prefix."""
+        start, end = piece
+        return (end == n_prompt and start == self.last_piece_start(n_prompt)
+                and stable_before >= start)
 
 
-def span_at(pos: int, spans: Sequence[Span]) -> Span | None:
-    """The image that starts at ``pos`` (None: ``pos`` is a token's)."""
-    return next((s for s in spans if s[0] == pos), None)
-
-
-def last_piece_start(n_prompt: int, align: int = ALIGN, spans: Sequence[Span] = (),
-                     marks: Sequence[int] = ()) -> int:  # fmt: skip
-    """Start of the last piece of an ``n_prompt``-token prompt's fresh evaluation:
-    ``C*floor((N-1)/C)`` without images or marks."""
-    return floor_cut(n_prompt - 1, align, spans, marks) if n_prompt > 0 else 0
-
-
-def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, align: int = ALIGN,
-           spans: Sequence[Span] = (), marks: Sequence[int] = ()) -> int:
-    """Tokens of ``cached`` a request may keep (before evaluating the rest of ``prompt``, whose
-    images are ``spans``).
+def usable(cached: Cached, prompt: Sequence[int], reproducible: bool, layout: Layout) -> int:
+    """Tokens of ``cached`` a request may keep (before evaluating the rest of ``prompt``, laid
+    out as ``layout``).
 
     Fast: the common prefix, leaving at least one token to evaluate (fresh logits), never part
     of an image. Reproducible: also capped by the stable prefix and the last piece's start,
-    rounded down to a boundary (a multiple of C without images). Either way nothing when the
-    state would have to be cut below its ``cut_min`` (the cut would start over).
+    rounded down to a boundary. Either way nothing when the state would have to be cut below
+    its ``cut_min`` (the cut would start over).
     """
     n = len(prompt)
     shared = common_prefix(cached.tokens, prompt)
     if not reproducible:
-        keep = min(shared, n - 1)
-        keep = next((s for s, e in spans if s < keep < e), keep)
+        keep = layout.outside_image(min(shared, n - 1))
     else:
-        limit = min(shared, cached.stable, last_piece_start(n, align, spans, marks))
-        keep = floor_cut(limit, align, spans, marks)
+        keep = layout.floor_cut(min(shared, cached.stable, layout.last_piece_start(n)))
     return keep if keep >= min(cached.cut_min, len(cached.tokens)) else 0
 
 
@@ -188,15 +239,8 @@ def is_exact(cached: Cached, prompt: Sequence[int], reproducible: bool) -> bool:
     return common_prefix(cached.tokens, prompt) == len(prompt)
 
 
-def plan(
-    prompt: Sequence[int],
-    live: Cached,
-    snapshots: Sequence[Cached],
-    reproducible: bool,
-    align: int = ALIGN,
-    spans: Sequence[Span] = (),
-    marks: Sequence[int] = (),
-) -> ReusePlan:
+def plan(prompt: Sequence[int], live: Cached, snapshots: Sequence[Cached], reproducible: bool,
+         layout: Layout) -> ReusePlan:  # fmt: skip
     """Choose the state to start from: an exact snapshot, else whichever of the live KV and the
     snapshots keeps the most tokens (the live KV on a tie: restoring costs a copy). A live KV
     that cannot be cut where the prompt leaves it (``cut_min``) keeps nothing, so a snapshot of
@@ -206,58 +250,9 @@ def plan(
     for i, snap in enumerate(snapshots):
         if is_exact(snap, prompt, reproducible):
             return ReusePlan(source=i, keep=len(prompt), exact=True)
-    best = ReusePlan(source=-1, keep=usable(live, prompt, reproducible, align, spans, marks))
+    best = ReusePlan(source=-1, keep=usable(live, prompt, reproducible, layout))
     for i, snap in enumerate(snapshots):
-        keep = usable(snap, prompt, reproducible, align, spans, marks)
+        keep = usable(snap, prompt, reproducible, layout)
         if keep > best.keep:
             best = ReusePlan(source=i, keep=keep)
     return best
-
-
-def pieces(
-    start: int, end: int, reproducible: bool, n_batch: int, align: int = ALIGN,
-    spans: Sequence[Span] = (), marks: Sequence[int] = (),
-) -> list[Piece]:
-    """Decode calls that evaluate positions ``[start, end)``; each image in ``spans`` is one
-    piece of its own.
-
-    Reproducible: cut at every boundary (:func:`next_cut`). Fast: ``n_batch`` tokens at a time
-    from ``start`` (what ``Llama.eval`` does), cut at images.
-    """
-    if start >= end:
-        return []
-    out: list[Piece] = []
-    pos = start
-    while pos < end:
-        if reproducible:
-            stop = next_cut(pos, align, spans, marks)
-        elif (span := span_at(pos, spans)) is not None:
-            stop = span[1]
-        else:
-            stop = min([pos + n_batch, *(s for s, _ in spans if s > pos)])
-        stop = min(stop, end)
-        out.append((pos, stop))
-        pos = stop
-    return out
-
-
-def stable_after(stable: int, piece: Piece, align: int = ALIGN, spans: Sequence[Span] = (),
-                 marks: Sequence[int] = ()) -> int:  # fmt: skip
-    """The stable prefix after evaluating ``piece`` on a KV state whose stable prefix was
-    ``stable`` and which held exactly ``piece[0]`` tokens: it grows only by a whole piece of a
-    fresh evaluation (a full aligned one, an image, or the text up to an image's start)
-    evaluated right after the stable prefix."""
-    start, end = piece
-    stable = min(stable, start)
-    if start == stable and end == next_cut(start, align, spans, marks):
-        return end
-    return stable
-
-
-def logits_stable(stable_before: int, piece: Piece, n_prompt: int, align: int = ALIGN,
-                  spans: Sequence[Span] = (), marks: Sequence[int] = ()) -> bool:
-    """Whether the logits after evaluating the prompt's final ``piece`` equal a fresh aligned
-    evaluation's: it must be exactly the last piece of one, on a stable prefix."""
-    start, end = piece
-    return (end == n_prompt and start == last_piece_start(n_prompt, align, spans, marks)
-            and stable_before >= start)
