@@ -8,12 +8,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
 import llama_cpp._internals
+import numpy as np
 
 from modeld import replyparse
 from modeld.runner import specs
@@ -61,13 +61,14 @@ class Stream:
     calls: list[replyparse.ParsedCall] = field(default_factory=list)
     preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
     media: Media | None = None  # the prompt's images (issue 38)
-    encoded: dict[int, Future[Any]] = field(default_factory=dict)  # span start -> embeddings
+    # span start -> the image's embeddings, or why it could not be encoded (the request ends
+    # with that when it reaches the image: batch.py)
+    encoded: dict[int, np.ndarray[Any, Any] | Exception] = field(default_factory=dict)
 
     def release(self) -> None:
-        """Free the prompt's images that no encoding holds (the others free themselves)."""
+        """Free the prompt's images not freed yet (an encoded one was, by its encoding)."""
         for image in self.media.images if self.media is not None else ():
-            if not image.submitted:
-                image.free()
+            image.free()
 
     @property
     def rid(self) -> str:
