@@ -231,7 +231,7 @@ class Runner(RunnerServer):
             # depend on the batch (loaded without repacked weights: llamaopen.py)
             # one pool shared (kv_unified): a sequence's logits depend on the others' cells,
             # so no decode shape keeps greedy replies invariant (runner/kvpool.py)
-            unified = n_seq > 1 and spec.kv_unified
+            unified = llamaopen.unified(spec)
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1 and not unified,
                                       max_rows=llamaopen.max_rows(n_seq), unified=unified)
             self.engine.chat_qa = self.chat_format == chat.QA
