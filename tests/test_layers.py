@@ -142,7 +142,8 @@ ALLOWED: dict[str, set[str]] = {
     "cache/": {"errors", "model/"},
     "pull/": {"errors", "modeld"},
     "wire/": {"config", "errors", "model/", "rpc/"},  # loadfields: the settings' defaults
-    "runner/": {"errors", "model/", "replyparse/", "rpc/", "sizing", "wire/"},
+    # projector: the kept images' bounds the runner keeps to and the daemon charges (issue 38)
+    "runner/": {"errors", "model/", "projector", "replyparse/", "rpc/", "sizing", "wire/"},
     "http/": {"config", "describe", "errors", "model/", "modeld", "pull/", "registry",
               "replyparse/", "settingvalues", "wire/"},
     "daemon/": {"cache/", "config", "errors", "http/", "model/", "modeld", "paths", "planning",
