@@ -26,14 +26,13 @@ import llama_cpp
 import llama_cpp._internals
 
 from modeld.errors import ErrorCode, ModeldError
-from modeld.model import probe
 from modeld.runner import decodecall, kvpool, microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.sampling import make_sampler, plain_greedy, shortlist_top_k
-from modeld.runner.stream import Stream, call_done
+from modeld.runner.stream import Stream
 from modeld.runner.textstream import TextStream
 from modeld.wire import runnerwire as rp
 
@@ -459,37 +458,7 @@ class BatchEngine:
     # ---------------------------------------------------------------- endings
 
     def done(self, stream: Stream) -> None:
-        t_end = time.perf_counter()
-        tail = stream.text.finish()
-        if tail:
-            stream.text_out(self.host.send, tail)
-        if stream.parser is not None:
-            for event in stream.parser.finish():
-                stream.event(self.host.send, event)
-        stream.flush(self.host.send, t_end)
-        if stream.text.stopped:
-            stream.finish = "stop"
-        if stream.calls:
-            stream.finish = "tool_calls"
-        first = stream.t_first if stream.t_first is not None else t_end
-        self.end(
-            stream,
-            rp.done_generate(
-                stream.rid,
-                finish_reason=stream.finish,
-                length_reason=("context_window" if stream.context_full else "max_tokens")
-                if stream.finish == "length" else None,
-                prompt_tokens=stream.prompt_tokens,
-                prompt_tokens_reused=stream.reused,
-                completion_tokens=stream.completion,
-                prompt_eval_s=first - stream.t0,
-                generation_s=t_end - first,
-                batched_max=stream.batched_max,
-                memory=probe.own_memory(),
-                tool_calls=[call_done(c) for c in stream.calls],
-                stop_sequence=stream.text.stop_hit,
-            ),
-        )
+        self.end(stream, stream.finish_reply(self.host.send))
 
     def _cancel(self, stream: Stream, reason: str) -> None:
         details = {"completion_tokens": stream.completion, "prompt_tokens": stream.prompt_tokens}

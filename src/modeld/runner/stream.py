@@ -1,6 +1,7 @@
 """One generate request on one sequence of the batch engine (:mod:`modeld.runner.batch`):
 its prompt still to evaluate, its sampler, and its reply as it is sent (content, thinking and
-tool calls in their order, in chunks).
+tool calls in their order, in chunks, then its ``done`` message). The engine decides when a
+request ends; what its reply says then is the stream's own.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import llama_cpp._internals
 import numpy as np
 
 from modeld import replyparse
+from modeld.model import probe
 from modeld.runner import specs
 from modeld.runner.generation import PromptState
 from modeld.runner.prompting import Media
@@ -23,7 +25,7 @@ from modeld.runner.promptplan import Piece, Span
 from modeld.runner.sampling import Grammar
 from modeld.runner.textstream import TextStream
 from modeld.wire import runnerwire as rp
-from modeld.wire.replies import ToolCallDone
+from modeld.wire.replies import RunnerGenerateDone, ToolCallDone
 
 Send = Callable[[Mapping[str, Any]], None]
 
@@ -152,6 +154,38 @@ class Stream:
                       logprobs=self.unsent_logprobs))  # fmt: skip
         self.unsent, self.unsent_thinking, self.last_send = "", "", now
         self.unsent_calls, self.unsent_logprobs, self.unsent_done = [], [], []
+
+    def finish_reply(self, send: Send) -> RunnerGenerateDone:
+        """Send what the reply still holds (text kept for a stop string, the parser's tail),
+        then return its ``done`` message: why it ended, its usage and its timings."""
+        t_end = time.perf_counter()
+        tail = self.text.finish()
+        if tail:
+            self.text_out(send, tail)
+        if self.parser is not None:
+            for event in self.parser.finish():
+                self.event(send, event)
+        self.flush(send, t_end)
+        if self.text.stopped:
+            self.finish = "stop"
+        if self.calls:
+            self.finish = "tool_calls"
+        first = self.t_first if self.t_first is not None else t_end
+        return rp.done_generate(
+            self.rid,
+            finish_reason=self.finish,
+            length_reason=("context_window" if self.context_full else "max_tokens")
+            if self.finish == "length" else None,
+            prompt_tokens=self.prompt_tokens,
+            prompt_tokens_reused=self.reused,
+            completion_tokens=self.completion,
+            prompt_eval_s=first - self.t0,
+            generation_s=t_end - first,
+            batched_max=self.batched_max,
+            memory=probe.own_memory(),
+            tool_calls=[call_done(c) for c in self.calls],
+            stop_sequence=self.text.stop_hit,
+        )
 
 
 def call_done(call: replyparse.ParsedCall) -> ToolCallDone:
