@@ -199,3 +199,69 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
     # room for one 40x40 image: the newest stays, the older is freed
     assert out["kept_small"] == [hashlib.sha256(a.read_bytes()).hexdigest()]
     assert out["small"] != out["first"]  # B before A: other placeholders in the other order
+
+
+ENCODED_SCRIPT = r"""
+import hashlib, json, sys
+import llama_cpp
+from modeld import projector
+from modeld.errors import InvalidRequestError
+from modeld.runner.vision import Vision
+
+model, proj, a, b = sys.argv[1:]
+A, B = open(a, "rb").read(), open(b, "rb").read()
+llm = llama_cpp.Llama(model, n_ctx=512, n_batch=128, flash_attn=True, verbose=False,
+                      n_threads=1)
+vision = Vision.open(proj, llm, 1)
+parts = ["<|im_start|>user\n", " here?<|im_end|>\n"]
+def image(data):
+    (one,) = vision.tokenize(parts, [data], True).images
+    return one
+out = {}
+freed = image(A)
+freed.free()
+try:
+    vision.embeddings(freed)
+    out["failed"] = None
+except InvalidRequestError as exc:
+    out["failed"] = exc.message
+out["kept_after_failure"] = len(vision._encoded)
+first = image(A)
+rows = vision.embeddings(first)
+out["shape"] = list(rows.shape)
+out["chunk_freed"] = first.chunk is None
+first.free()  # again (Stream.release does): a no-op, not a second mtmd free
+again = image(A)
+out["reused"] = vision.embeddings(again) is rows
+out["unused_chunk_kept"] = again.chunk is not None  # the owner frees it (Stream.release)
+again.free()
+projector.KEPT_IMAGES = 1
+other = image(B)
+vision.embeddings(other)
+out["kept"] = list(vision._encoded)
+out["ids"] = [hashlib.sha256(A).hexdigest(), hashlib.sha256(B).hexdigest()]
+vision.close()
+print(json.dumps(out))
+"""
+
+
+def test_embeddings_are_encoded_once_kept_within_their_bound_and_failures_raise(
+    tmp_path: Path, model_factory: Callable[..., Path]
+) -> None:
+    """Vision.embeddings on the batch loop's thread: the array itself (an image encoded for an
+    earlier request is not encoded again, up to projector.KEPT_IMAGES), its chunk freed once;
+    a failure raises for its request to end with and keeps nothing."""
+    model = model_factory("llama", **ggufgen.VISION_CHAT)
+    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
+    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
+    proc = subprocess.run([sys.executable, "-c", ENCODED_SCRIPT, str(model), str(proj), str(a),
+                           str(b)], capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failed"] == "the image was released before it was encoded"
+    assert out["kept_after_failure"] == 0
+    n_embd = ggufgen.VISION_CHAT["n_embd"]
+    assert out["shape"] == [ggufgen.mmproj_tokens(ggufgen.TINY_MMPROJ), n_embd]
+    assert out["chunk_freed"] is True
+    assert out["reused"] is True and out["unused_chunk_kept"] is True
+    assert out["kept"] == out["ids"][1:]  # room for one: the newest
