@@ -146,10 +146,12 @@ def test_projector_of_another_width_is_refused(
     assert run_script(model, wrong, noise_png(tmp_path / "a.png", 1)) == {"loaded": False}
 
 
-KEPT_SCRIPT = r"""
+#: A child's setup for the scripts below: images A and B, a loaded Vision and its prompt parts
+VISION_SETUP = r"""
 import hashlib, json, sys
 import llama_cpp
 from modeld import projector
+from modeld.errors import InvalidRequestError
 from modeld.runner.vision import Vision, placeholder
 
 model, proj, a, b = sys.argv[1:]
@@ -158,6 +160,24 @@ llm = llama_cpp.Llama(model, n_ctx=512, n_batch=128, flash_attn=True, verbose=Fa
                       n_threads=1)
 vision = Vision.open(proj, llm, 1)
 parts = ["<|im_start|>user\n", " and ", " here?<|im_end|>\n"]
+"""
+
+
+def run_vision(script: str, tmp_path: Path,
+               model_factory: Callable[..., Path]) -> tuple[dict[str, Any], Path, Path]:
+    """Run ``script`` after :data:`VISION_SETUP` in a child with the vision test model, its
+    projector and two images; its last line of output (JSON), and the images."""
+    model = model_factory("llama", **ggufgen.VISION_CHAT)
+    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
+    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
+    args = [sys.executable, "-c", VISION_SETUP + script, *map(str, (model, proj, a, b))]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out, a, b
+
+
+KEPT_SCRIPT = r"""
 out = {}
 def tokens(datas):
     done = vision.tokenize(parts[:len(datas) + 1], datas, True)
@@ -184,13 +204,7 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
     """An image sent again (agents resend their screenshot every turn) is not decoded again:
     the runner keeps decoded images by SHA-256 up to projector.KEPT_BITMAP_BYTES, and the
     prompt's tokens are the same either way."""
-    model = model_factory("llama", **ggufgen.VISION_CHAT)
-    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
-    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
-    proc = subprocess.run([sys.executable, "-c", KEPT_SCRIPT, str(model), str(proj), str(a),
-                           str(b)], capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, a, b = run_vision(KEPT_SCRIPT, tmp_path, model_factory)
     ids = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in (a, b))
     assert out["kept_after_first"] == 2 and out["kept_after_twice"] == ids
     assert out["again"] == out["first"]
@@ -202,20 +216,8 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
 
 
 ENCODED_SCRIPT = r"""
-import hashlib, json, sys
-import llama_cpp
-from modeld import projector
-from modeld.errors import InvalidRequestError
-from modeld.runner.vision import Vision
-
-model, proj, a, b = sys.argv[1:]
-A, B = open(a, "rb").read(), open(b, "rb").read()
-llm = llama_cpp.Llama(model, n_ctx=512, n_batch=128, flash_attn=True, verbose=False,
-                      n_threads=1)
-vision = Vision.open(proj, llm, 1)
-parts = ["<|im_start|>user\n", " here?<|im_end|>\n"]
 def image(data):
-    (one,) = vision.tokenize(parts, [data], True).images
+    (one,) = vision.tokenize(parts[::2], [data], True).images
     return one
 out = {}
 freed = image(A)
@@ -251,13 +253,7 @@ def test_embeddings_are_encoded_once_kept_within_their_bound_and_failures_raise(
     """Vision.embeddings on the batch loop's thread: the array itself (an image encoded for an
     earlier request is not encoded again, up to projector.KEPT_IMAGES), its chunk freed once;
     a failure raises for its request to end with and keeps nothing."""
-    model = model_factory("llama", **ggufgen.VISION_CHAT)
-    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
-    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
-    proc = subprocess.run([sys.executable, "-c", ENCODED_SCRIPT, str(model), str(proj), str(a),
-                           str(b)], capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, _, _ = run_vision(ENCODED_SCRIPT, tmp_path, model_factory)
     assert out["failed"] == "the image was released before it was encoded"
     assert out["kept_after_failure"] == 0
     n_embd = ggufgen.VISION_CHAT["n_embd"]
