@@ -282,9 +282,9 @@ def test_embed_seq_max_follows_the_batch(gemma: ModelInfo) -> None:
 
 
 def test_runner_embeds_with_the_estimates_chunk() -> None:
-    # runner/process.py imports llama_cpp, so read its source: the constant must come from
+    # runner/embedding.py imports llama_cpp, so read its source: the constant must come from
     # model/memory.py
-    tree = ast.parse((SRC / "runner" / "process.py").read_text())
+    tree = ast.parse((SRC / "runner" / "embedding.py").read_text())
     values = [
         node.value
         for node in ast.walk(tree)

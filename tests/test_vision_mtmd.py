@@ -146,9 +146,11 @@ def test_projector_of_another_width_is_refused(
     assert run_script(model, wrong, noise_png(tmp_path / "a.png", 1)) == {"loaded": False}
 
 
-KEPT_SCRIPT = r"""
+#: A child's setup for the scripts below: images A and B, a loaded Vision and its prompt parts
+VISION_SETUP = r"""
 import hashlib, json, sys
 import llama_cpp
+from modeld.errors import InvalidRequestError
 from modeld.model import memory
 from modeld.runner.vision import Vision, placeholder
 
@@ -158,6 +160,24 @@ llm = llama_cpp.Llama(model, n_ctx=512, n_batch=128, flash_attn=True, verbose=Fa
                       n_threads=1)
 vision = Vision.open(proj, llm, 1)
 parts = ["<|im_start|>user\n", " and ", " here?<|im_end|>\n"]
+"""
+
+
+def run_vision(script: str, tmp_path: Path,
+               model_factory: Callable[..., Path]) -> tuple[dict[str, Any], Path, Path]:
+    """Run ``script`` after :data:`VISION_SETUP` in a child with the vision test model, its
+    projector and two images; its last line of output (JSON), and the images."""
+    model = model_factory("llama", **ggufgen.VISION_CHAT)
+    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
+    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
+    args = [sys.executable, "-c", VISION_SETUP + script, *map(str, (model, proj, a, b))]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out, a, b
+
+
+KEPT_SCRIPT = r"""
 out = {}
 def tokens(datas):
     done = vision.tokenize(parts[:len(datas) + 1], datas, True)
@@ -184,13 +204,7 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
     """An image sent again (agents resend their screenshot every turn) is not decoded again:
     the runner keeps decoded images by SHA-256 up to memory.KEPT_BITMAP_BYTES, and the
     prompt's tokens are the same either way."""
-    model = model_factory("llama", **ggufgen.VISION_CHAT)
-    proj = model_factory("mmproj", **ggufgen.TINY_MMPROJ)
-    a, b = noise_png(tmp_path / "a.png", 1), noise_png(tmp_path / "b.png", 2)
-    proc = subprocess.run([sys.executable, "-c", KEPT_SCRIPT, str(model), str(proj), str(a),
-                           str(b)], capture_output=True, text=True, timeout=180)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out, a, b = run_vision(KEPT_SCRIPT, tmp_path, model_factory)
     ids = sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in (a, b))
     assert out["kept_after_first"] == 2 and out["kept_after_twice"] == ids
     assert out["again"] == out["first"]
@@ -199,3 +213,51 @@ def test_decoded_images_are_kept_for_the_next_request_within_their_bound(
     # room for one 40x40 image: the newest stays, the older is freed
     assert out["kept_small"] == [hashlib.sha256(a.read_bytes()).hexdigest()]
     assert out["small"] != out["first"]  # B before A: other placeholders in the other order
+
+
+ENCODED_SCRIPT = r"""
+def image(data):
+    (one,) = vision.tokenize(parts[::2], [data], True).images
+    return one
+out = {}
+freed = image(A)
+freed.free()
+try:
+    vision.embeddings(freed)
+    out["failed"] = None
+except InvalidRequestError as exc:
+    out["failed"] = exc.message
+out["kept_after_failure"] = len(vision._encoded)
+first = image(A)
+rows = vision.embeddings(first)
+out["shape"] = list(rows.shape)
+out["chunk_freed"] = first.chunk is None
+first.free()  # again (Stream.release does): a no-op, not a second mtmd free
+again = image(A)
+out["reused"] = vision.embeddings(again) is rows
+out["unused_chunk_kept"] = again.chunk is not None  # the owner frees it (Stream.release)
+again.free()
+memory.KEPT_IMAGES = 1
+other = image(B)
+vision.embeddings(other)
+out["kept"] = list(vision._encoded)
+out["ids"] = [hashlib.sha256(A).hexdigest(), hashlib.sha256(B).hexdigest()]
+vision.close()
+print(json.dumps(out))
+"""
+
+
+def test_embeddings_are_encoded_once_kept_within_their_bound_and_failures_raise(
+    tmp_path: Path, model_factory: Callable[..., Path]
+) -> None:
+    """Vision.embeddings on the batch loop's thread: the array itself (an image encoded for an
+    earlier request is not encoded again, up to memory.KEPT_IMAGES), its chunk freed once;
+    a failure raises for its request to end with and keeps nothing."""
+    out, _, _ = run_vision(ENCODED_SCRIPT, tmp_path, model_factory)
+    assert out["failed"] == "the image was released before it was encoded"
+    assert out["kept_after_failure"] == 0
+    n_embd = ggufgen.VISION_CHAT["n_embd"]
+    assert out["shape"] == [ggufgen.mmproj_tokens(ggufgen.TINY_MMPROJ), n_embd]
+    assert out["chunk_freed"] is True
+    assert out["reused"] is True and out["unused_chunk_kept"] is True
+    assert out["kept"] == out["ids"][1:]  # room for one: the newest

@@ -19,6 +19,7 @@ from modeld.errors import InvalidRequestError
 from modeld.model.memory import MiB
 from modeld.pull.store import PARTIAL_MAX_AGE_S
 from modeld.settingvalues import (
+    model_option_names,
     parse_aliases,
     parse_api_key,
     parse_bool,
@@ -227,8 +228,8 @@ class Settings:
         " in [model_options.NAME]."))
     model_options: dict[str, dict[str, object]] = field(default_factory=dict, metadata=_spec(
         env=None, parse=parse_model_options,
-        help="Options per model name: tables [model_options.NAME] with kv_cache_type,"
-        " gpu_layers and kv_unified."))
+        help="Options per model name: tables [model_options.NAME] with"
+        f" {model_option_names(' and ')}."))
     http_header_timeout_s: float = field(default=10.0, metadata=_spec(
         env="MODELD_HTTP_HEADER_TIMEOUT", parse=parse_float, synonyms=("http_header_timeout",),
         check=_positive,

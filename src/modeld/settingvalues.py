@@ -260,24 +260,29 @@ MODEL_OPTIONS: dict[str, Callable[[object], object]] = {
 }
 
 
+def model_option_names(last: str = ", ") -> str:
+    """The keys of :data:`MODEL_OPTIONS` as a list for help and errors (``last`` joins the
+    final two: ``" and "`` for prose)."""
+    *rest, final = MODEL_OPTIONS
+    return last.join((", ".join(rest), final)) if rest else final
+
+
 def parse_model_options(value: object) -> dict[str, dict[str, object]]:
     """``[model_options.NAME]`` tables: per model name (alias, models-dir name), its own
-    ``kv_cache_type``, ``gpu_layers`` and ``kv_unified``."""
+    values of :data:`MODEL_OPTIONS`."""
     if not isinstance(value, Mapping):
         raise ValueError("model_options must be a table of [model_options.NAME] tables")
     out: dict[str, dict[str, object]] = {}
     for name, opts in value.items():
         if not isinstance(opts, Mapping) or not str(name).strip():
             raise ValueError(
-                f"model_options entry {name!r} must be a table (kv_cache_type, gpu_layers, "
-                "kv_unified)"
-            )
+                f"model_options entry {name!r} must be a table ({model_option_names()})")
         row: dict[str, object] = {}
         for key, raw in opts.items():
             parse = MODEL_OPTIONS.get(str(key).replace("-", "_"))
             if parse is None:
                 raise ValueError(f"model_options entry {name!r}: unknown option {key!r} (known: "
-                                 f"{', '.join(MODEL_OPTIONS)})")  # fmt: skip
+                                 f"{model_option_names()})")  # fmt: skip
             try:
                 row[str(key).replace("-", "_")] = parse(raw)
             except ValueError as exc:

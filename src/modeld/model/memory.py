@@ -102,7 +102,7 @@ EMBED_ACTS_SHARE = 0.5  # embed mode: share of activations not overlapped by the
 #: Tokens per decode when the runner embeds with a model that has no pooling (a decoder with an
 #: LM head): llama.cpp computes full-vocabulary logits for every token of an embedding batch,
 #: so ``modeld.runner`` decodes in chunks of this many tokens (the KV cache carries the prefix)
-#: to bound that buffer. runner/process.py uses this constant, so the estimate cannot drift from it.
+#: to bound that buffer. runner/embedding.py uses this constant: the estimate cannot drift from it.
 EMBED_CHUNK = 64
 EMBED_N_BATCH = 512  # the runner's n_batch (= n_ubatch) for chunked embedding, capped at n_ctx
 #: Tokens per micro-batch of a generate runner (n_batch is 512 too). Each KV stream's
@@ -418,7 +418,7 @@ def estimate(
 
     ``embedding=True`` is a synonym of ``mode="embed"``. Batch sizes default to how modeld's
     runner loads: 512/512 to generate; to embed with a model that has an LM head,
-    ``min(512, n_ctx)`` for both, with ``EMBED_CHUNK``-token decodes (runner ``_embed_one``);
+    ``min(512, n_ctx)`` for both, with ``EMBED_CHUNK``-token decodes (runner/embedding.py);
     a pooled encoder gets the whole context in one micro-batch (it needs every token of an
     input in one batch) and is flagged approximate. ``repack=False`` models a CPU
     without AVX2/NEON (no repacked copies). ``gpu_layers`` moves that share of weights and KV

@@ -26,14 +26,13 @@ import llama_cpp
 import llama_cpp._internals
 
 from modeld.errors import ErrorCode, ModeldError
-from modeld.model import probe
 from modeld.runner import decodecall, kvpool, microbatch, resume, specs
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
 from modeld.runner.promptplan import Piece, common_prefix
 from modeld.runner.sampling import make_sampler, plain_greedy, shortlist_top_k
-from modeld.runner.stream import Stream, call_done
+from modeld.runner.stream import Stream
 from modeld.runner.textstream import TextStream
 from modeld.wire import runnerwire as rp
 
@@ -244,7 +243,10 @@ class BatchEngine:
         todo = {start for start, _ in stream.todo}
         for (start, _), image in zip(stream.media.spans, stream.media.images, strict=True):
             if start in todo:
-                stream.encoded[start] = self.vision.embeddings(image)
+                try:
+                    stream.encoded[start] = self.vision.embeddings(image)
+                except Exception as exc:  # the request ends with it at the image's turn
+                    stream.encoded[start] = exc
         stream.release()
 
     def _marker_tokens(self, markers: tuple[str, ...]) -> frozenset[int]:
@@ -262,11 +264,9 @@ class BatchEngine:
     # ---------------------------------------------------------------- one step
 
     def _wait_for_work(self) -> None:
-        """No stream could take a step (none admitted yet, or each waits for its image's
-        encoding): sleep until an encoding or a preparation finishes (or 50 ms: a message may
-        come) rather than spin a core beside the tokenizer or the encoder."""
-        pending = [f for s in self.streams for f in s.encoded.values() if not f.done()]
-        pending += [f for _, f in self.waiting]
+        """No stream could take a step (none admitted yet): sleep until a preparation finishes
+        (or 50 ms: a message may come) rather than spin a core beside the tokenizer."""
+        pending = [f for _, f in self.waiting]
         if pending:
             wait(pending, timeout=0.05, return_when=FIRST_COMPLETED)
 
@@ -280,7 +280,7 @@ class BatchEngine:
         request its first token one pass sooner, and a piece alone in its call is *stable*
         (its logits equal a solo evaluation's, so it may be reused for greedy requests). The
         running streams wait at most one ``n_batch`` piece per step. False when there was
-        nothing to decode (every stream waits for an image's encoding)."""
+        nothing to decode."""
         calls = self._plan_pieces()
         for pieces in calls:
             self._decode_prompts(pieces)
@@ -313,11 +313,10 @@ class BatchEngine:
             if not stream.todo or room <= 0:
                 continue
             start, end = stream.todo[0]
-            if start in stream.encoded:  # an image: a call of its own once it is encoded
-                if stream.encoded[start].done():
-                    stream.todo.popleft()
-                    calls.append([(stream, (start, end))])
-                    room -= min(room, end - start)
+            if start in stream.encoded:  # an image: a call of its own
+                stream.todo.popleft()
+                calls.append([(stream, (start, end))])
+                room -= min(room, end - start)
                 continue
             if self.invariant and stream.spec.sampling.greedy:
                 if end - start <= room:  # else it waits for the next step, whole
@@ -375,8 +374,10 @@ class BatchEngine:
         assert self.vision is not None
         start, end = piece
         last = end == len(stream.prompt)
+        rows = stream.encoded.pop(start)
         try:
-            rows = stream.encoded.pop(start).result()
+            if isinstance(rows, Exception):  # its encoding failed (encode_images)
+                raise rows
             index = self.vision.decode(rows, start, stream.seq, last)
         except ModeldError as exc:
             stream.state.failed()
@@ -457,37 +458,7 @@ class BatchEngine:
     # ---------------------------------------------------------------- endings
 
     def done(self, stream: Stream) -> None:
-        t_end = time.perf_counter()
-        tail = stream.text.finish()
-        if tail:
-            stream.text_out(self.host.send, tail)
-        if stream.parser is not None:
-            for event in stream.parser.finish():
-                stream.event(self.host.send, event)
-        stream.flush(self.host.send, t_end)
-        if stream.text.stopped:
-            stream.finish = "stop"
-        if stream.calls:
-            stream.finish = "tool_calls"
-        first = stream.t_first if stream.t_first is not None else t_end
-        self.end(
-            stream,
-            rp.done_generate(
-                stream.rid,
-                finish_reason=stream.finish,
-                length_reason=("context_window" if stream.context_full else "max_tokens")
-                if stream.finish == "length" else None,
-                prompt_tokens=stream.prompt_tokens,
-                prompt_tokens_reused=stream.reused,
-                completion_tokens=stream.completion,
-                prompt_eval_s=first - stream.t0,
-                generation_s=t_end - first,
-                batched_max=stream.batched_max,
-                memory=probe.own_memory(),
-                tool_calls=[call_done(c) for c in stream.calls],
-                stop_sequence=stream.text.stop_hit,
-            ),
-        )
+        self.end(stream, stream.finish_reply(self.host.send))
 
     def _cancel(self, stream: Stream, reason: str) -> None:
         details = {"completion_tokens": stream.completion, "prompt_tokens": stream.prompt_tokens}

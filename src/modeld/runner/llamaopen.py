@@ -71,18 +71,29 @@ def max_rows(n_seq: int) -> int:
     return microbatch.MAX_ROWS if tiled_matmul_on() else max(1, n_seq)
 
 
+def n_sequences(spec: specs.LoadSpec) -> int:
+    """The sequences the context holds: ``parallel`` in generate mode, else one."""
+    return spec.parallel if spec.mode == "generate" else 1
+
+
+def unified(spec: specs.LoadSpec) -> bool:
+    """Whether the sequences share one pool of cells (runner/kvpool.py): ``kv_unified`` asked
+    for and more than one sequence (one sequence has its pool to itself either way)."""
+    return spec.kv_unified and n_sequences(spec) > 1
+
+
 def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     """The one place a Llama is created: flash attention on, SWA caches at window size, and
     ``parallel`` sequences (generate mode) of ``n_ctx`` cells each, or with ``kv_unified``
     sharing one pool of ``n_ctx`` cells."""
-    n_seq = spec.parallel if spec.mode == "generate" else 1
-    unified = spec.kv_unified and n_seq > 1
+    n_seq = n_sequences(spec)
+    shared = unified(spec)
     _choose_tiled(n_seq)
     cpu_only = spec.gpu_layers == 0 and not spec.rpc
-    with _sequences(n_seq, unified), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
+    with _sequences(n_seq, shared), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
         llm = llama_cpp.Llama(
             model_path=spec.path,
-            n_ctx=spec.n_ctx if unified else spec.n_ctx * n_seq,
+            n_ctx=spec.n_ctx if shared else spec.n_ctx * n_seq,
             n_batch=n_batch,
             n_ubatch=n_batch if spec.mode != "generate" else min(GENERATE_N_UBATCH, n_batch),
             n_threads=spec.n_threads,

@@ -34,18 +34,18 @@ from modeld.errors import (
     InvalidRequestError,
     RpcWorkerError,
 )
-from modeld.model import memory, probe
+from modeld.model import probe
 from modeld.model.memory import MiB
 from modeld.rpc import ggml as ggmlrpc
 from modeld.rpc import layout as rpcplan
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine
+from modeld.runner.embedding import embed_inputs, embed_one
 from modeld.runner.generation import PromptState
 from modeld.runner.prepare import TokenBound, context_exceeded
 from modeld.runner.promptcache import SnapshotStore
 from modeld.runner.prompting import ModelChat, PromptText
 from modeld.runner.template import render_template
-from modeld.runner.textstream import pool_and_normalize
 from modeld.runner.transport import Interrupted, RunnerServer
 from modeld.runner.vision import Vision, image_prompt
 from modeld.wire import runnerwire as rp
@@ -53,8 +53,6 @@ from modeld.wire.replies import RunnerHello
 
 log = logging.getLogger("modeld.runner")
 
-#: tokens per decode when embedding without pooling (model/memory.py)
-EMBED_CHUNK = memory.EMBED_CHUNK
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
 
@@ -171,7 +169,7 @@ class Runner(RunnerServer):
             if spec.mode != "generate" and pooled and llm.n_batch < spec.n_ctx:
                 # A pooling (embedding) model embeds an input in one batch, and non-causal
                 # encoders need it in one ubatch: reopen with batch = context. Decoders keep
-                # small batches (see _embed_one).
+                # small batches (embedding.embed_one).
                 llm.close()
                 llm = llamaopen.open_llama(spec, spec.n_ctx)
         except (ValueError, RuntimeError, OSError) as exc:
@@ -231,7 +229,7 @@ class Runner(RunnerServer):
             # depend on the batch (loaded without repacked weights: llamaopen.py)
             # one pool shared (kv_unified): a sequence's logits depend on the others' cells,
             # so no decode shape keeps greedy replies invariant (runner/kvpool.py)
-            unified = n_seq > 1 and spec.kv_unified
+            unified = llamaopen.unified(spec)
             self.engine = BatchEngine(llm, states, self, invariant=n_seq > 1 and not unified,
                                       max_rows=llamaopen.max_rows(n_seq), unified=unified)
             self.engine.chat_qa = self.chat_format == chat.QA
@@ -289,7 +287,7 @@ class Runner(RunnerServer):
         """One short evaluation so the first real request does not pay first-use costs."""
         assert self.llm is not None
         if self.mode == "embed":
-            self._embed_one(self.llm, _WARMUP_TEXT.decode(), "warm-up")
+            embed_one(self.llm, _WARMUP_TEXT.decode(), lambda: self.check_interrupt("warm-up"))
             return
         if self.mode == "rerank":
             text = _WARMUP_TEXT.decode()
@@ -371,21 +369,9 @@ class Runner(RunnerServer):
         spec = specs.parse_embed(msg)
         self.apply_threads(spec.n_threads)
         llm = self._require("embed")
-        pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
-        limit = min(llm.n_ctx(), llm.n_batch) if pooled else llm.n_ctx()
         t0 = time.perf_counter()
-        vectors: list[list[float]] = []
-        total = 0
         try:
-            for text in spec.inputs:
-                self.check_interrupt(spec.rid)
-                n = len(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
-                if n == 0:
-                    raise InvalidRequestError("cannot embed an empty input")
-                if n > limit:
-                    raise context_exceeded(n, limit)
-                total += n
-                vectors.append(self._embed_one(llm, text, spec.rid))
+            vectors, total = embed_inputs(llm, spec.inputs, lambda: self.check_interrupt(spec.rid))
         except Interrupted as exc:
             self.send(rp.error(spec.rid, ErrorCode.CANCELLED, f"embedding stopped: {exc.reason}"))
             return
@@ -407,37 +393,6 @@ class Runner(RunnerServer):
         elapsed = time.perf_counter() - t0
         self.send(rp.done_rerank(spec.rid, scores, spec.top_n, total, elapsed,
                                  memory=probe.own_memory()))  # fmt: skip
-
-    def _embed_one(self, llm: llama_cpp.Llama, text: str, rid: str) -> list[float]:
-        """One input's embedding: the model's pooled vector, or the mean of its per-token
-        hidden states when the model has no pooling (decoders such as Gemma).
-
-        In embedding mode llama.cpp makes every token an output and computes its logits too:
-        n_tokens x n_vocab floats, over 1 GiB for 1000 tokens of Gemma's 262k vocabulary when
-        done in one batch (Llama.embed). Decoding in small chunks, with the KV cache carrying
-        the prefix, gives the same states with that buffer bounded to EMBED_CHUNK rows.
-        """
-        if llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
-            return pool_and_normalize(llm.embed(text, truncate=False))
-        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-        n_embd = llm.n_embd()
-        total = [0.0] * n_embd
-        llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
-        try:
-            for start in range(0, len(tokens), EMBED_CHUNK):
-                if start:
-                    self.check_interrupt(rid)
-                part = tokens[start : start + EMBED_CHUNK]
-                llm._batch.set_batch(batch=part, n_past=start, logits_all=True)
-                llm._ctx.decode(llm._batch)
-                rows = llama_cpp.llama_get_embeddings(llm._ctx.ctx)
-                for r in range(len(part)):
-                    row = rows[r * n_embd : (r + 1) * n_embd]
-                    total = [a + b for a, b in zip(total, row, strict=True)]
-        finally:
-            llm._ctx.kv_cache_clear()  # type: ignore[no-untyped-call]
-            llm.n_tokens = 0
-        return pool_and_normalize([x / len(tokens) for x in total])
 
     def on_idle(self) -> None:
         """Give the heap's free pages back once requests stop: what a reply's buffers left

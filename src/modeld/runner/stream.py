@@ -1,6 +1,7 @@
 """One generate request on one sequence of the batch engine (:mod:`modeld.runner.batch`):
 its prompt still to evaluate, its sampler, and its reply as it is sent (content, thinking and
-tool calls in their order, in chunks).
+tool calls in their order, in chunks, then its ``done`` message). The engine decides when a
+request ends; what its reply says then is the stream's own.
 """
 
 from __future__ import annotations
@@ -8,14 +9,15 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 import llama_cpp
 import llama_cpp._internals
+import numpy as np
 
 from modeld import replyparse
+from modeld.model import probe
 from modeld.runner import specs
 from modeld.runner.generation import PromptState
 from modeld.runner.prompting import Media
@@ -23,7 +25,7 @@ from modeld.runner.promptplan import Piece, Span
 from modeld.runner.sampling import Grammar
 from modeld.runner.textstream import TextStream
 from modeld.wire import runnerwire as rp
-from modeld.wire.replies import ToolCallDone
+from modeld.wire.replies import RunnerGenerateDone, ToolCallDone
 
 Send = Callable[[Mapping[str, Any]], None]
 
@@ -61,13 +63,14 @@ class Stream:
     calls: list[replyparse.ParsedCall] = field(default_factory=list)
     preserve: frozenset[int] = frozenset()  # special tokens whose text the parser needs
     media: Media | None = None  # the prompt's images (issue 38)
-    encoded: dict[int, Future[Any]] = field(default_factory=dict)  # span start -> embeddings
+    # span start -> the image's embeddings, or why it could not be encoded (the request ends
+    # with that when it reaches the image: batch.py)
+    encoded: dict[int, np.ndarray[Any, Any] | Exception] = field(default_factory=dict)
 
     def release(self) -> None:
-        """Free the prompt's images that no encoding holds (the others free themselves)."""
+        """Free the prompt's images not freed yet (an encoded one was, by its encoding)."""
         for image in self.media.images if self.media is not None else ():
-            if not image.submitted:
-                image.free()
+            image.free()
 
     @property
     def rid(self) -> str:
@@ -151,6 +154,38 @@ class Stream:
                       logprobs=self.unsent_logprobs))  # fmt: skip
         self.unsent, self.unsent_thinking, self.last_send = "", "", now
         self.unsent_calls, self.unsent_logprobs, self.unsent_done = [], [], []
+
+    def finish_reply(self, send: Send) -> RunnerGenerateDone:
+        """Send what the reply still holds (text kept for a stop string, the parser's tail),
+        then return its ``done`` message: why it ended, its usage and its timings."""
+        t_end = time.perf_counter()
+        tail = self.text.finish()
+        if tail:
+            self.text_out(send, tail)
+        if self.parser is not None:
+            for event in self.parser.finish():
+                self.event(send, event)
+        self.flush(send, t_end)
+        if self.text.stopped:
+            self.finish = "stop"
+        if self.calls:
+            self.finish = "tool_calls"
+        first = self.t_first if self.t_first is not None else t_end
+        return rp.done_generate(
+            self.rid,
+            finish_reason=self.finish,
+            length_reason=("context_window" if self.context_full else "max_tokens")
+            if self.finish == "length" else None,
+            prompt_tokens=self.prompt_tokens,
+            prompt_tokens_reused=self.reused,
+            completion_tokens=self.completion,
+            prompt_eval_s=first - self.t0,
+            generation_s=t_end - first,
+            batched_max=self.batched_max,
+            memory=probe.own_memory(),
+            tool_calls=[call_done(c) for c in self.calls],
+            stop_sequence=self.text.stop_hit,
+        )
 
 
 def call_done(call: replyparse.ParsedCall) -> ToolCallDone:

@@ -27,8 +27,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import llama_cpp
@@ -60,12 +59,10 @@ class Image:
     id: str
     n_tokens: int
     chunk: Any  # mtmd_input_chunk_p (a copy this object owns), None once freed
-    submitted: bool = False  # an encoding holds it (and frees it when done)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def free(self) -> None:
-        with self._lock:
-            chunk, self.chunk = self.chunk, None
+        """Free the chunk; again is a no-op (freeing a freed chunk would crash)."""
+        chunk, self.chunk = self.chunk, None
         if chunk:
             mtmd.mtmd_input_chunk_free(chunk)
 
@@ -87,7 +84,7 @@ class Vision:
         self.n_ubatch = int(llama_cpp.llama_n_ubatch(llm._ctx.ctx))
         self.capacity = int(llm.n_batch)
         self._batch = llama_cpp.llama_batch_init(self.capacity, self.n_embd, 1)
-        self._encoded: OrderedDict[str, Future[np.ndarray[Any, Any]]] = OrderedDict()
+        self._encoded: OrderedDict[str, np.ndarray[Any, Any]] = OrderedDict()  # by image id
         # decoded images by id (memory.KEPT_BITMAP_BYTES), and their sizes in bytes; the
         # lock: the two tokenizer lanes (prepare.py) share them
         self._bitmaps: OrderedDict[str, tuple[Any, int]] = OrderedDict()
@@ -241,36 +238,32 @@ class Vision:
 
     # ---------------------------------------------------------------- evaluation
 
-    def embeddings(self, image: Image) -> Future[np.ndarray[Any, Any]]:
+    def embeddings(self, image: Image) -> np.ndarray[Any, Any]:
         """The image's embeddings (n_tokens x n_embd), encoded now (on the calling thread: the
-        batch loop's) unless kept from an earlier request; a done future. Called from the batch
-        loop only."""
+        batch loop's) unless kept from an earlier request (up to
+        :data:`memory.KEPT_IMAGES`); the image's chunk is freed either way. Raises when the
+        projector fails (the request that needs it ends with that: batch.py)."""
         kept = self._encoded.get(image.id)
-        if kept is not None and not (kept.done() and kept.exception() is not None):
+        if kept is not None:
             self._encoded.move_to_end(image.id)
             return kept
-        image.submitted = True
-        future: Future[np.ndarray[Any, Any]] = Future()
         try:
-            future.set_result(self._encode(image))
-        except Exception as exc:  # the request that needs it ends with it (batch.py)
-            future.set_exception(exc)
+            rows = self._encode(image)
         finally:
             image.free()
-        self._encoded[image.id] = future
+        self._encoded[image.id] = rows
         while len(self._encoded) > memory.KEPT_IMAGES:
             self._encoded.popitem(last=False)
-        return future
+        return rows
 
     def _encode(self, image: Image) -> np.ndarray[Any, Any]:
-        with image._lock:
-            if not image.chunk:
-                raise InvalidRequestError("the image was released before it was encoded")
-            rc = mtmd.mtmd_encode_chunk(self.ctx, image.chunk)
-            if rc != 0:
-                raise InvalidRequestError(f"the projector failed to encode the image ({rc})")
-            out = mtmd.mtmd_get_output_embd(self.ctx)
-            return np.ctypeslib.as_array(out, shape=(image.n_tokens, self.n_embd)).copy()
+        if not image.chunk:
+            raise InvalidRequestError("the image was released before it was encoded")
+        rc = mtmd.mtmd_encode_chunk(self.ctx, image.chunk)
+        if rc != 0:
+            raise InvalidRequestError(f"the projector failed to encode the image ({rc})")
+        out = mtmd.mtmd_get_output_embd(self.ctx)
+        return np.ctypeslib.as_array(out, shape=(image.n_tokens, self.n_embd)).copy()
 
     def decode(self, rows: np.ndarray[Any, Any], pos: int, seq: int, logits: bool) -> int:
         """Evaluate an image's embeddings ``rows`` at positions ``pos...`` of sequence ``seq``,
