@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from modeld.errors import ContextExceededError
 from modeld.runner import prepare, specs
-from modeld.runner.prompting import PromptText
+from modeld.runner.prompting import Media, PromptText
+from modeld.runner.vision import Image
 from modeld.schema import to_gbnf
 from modeld.wire import runnerwire as rp
 from modeld.wire.messages import ChatMessage, Tool
@@ -131,3 +133,36 @@ def test_a_request_cancelled_while_its_long_prompt_is_prepared_frees_its_grammar
     assert done["type"] == "done", done
     assert any(json.dumps(w).startswith(text) for w in WORDS), text
     assert _parsed_on(runner, "after") == ["modeld-tokenize"], runner.log_tail()
+
+
+class _CountedImage(Image):
+    """An image whose frees are counted (a chunk is freed once: Image.free is idempotent)."""
+
+    freed = 0
+
+    def free(self) -> None:  # the chunks are stand-ins: nothing for mtmd to free
+        if self.chunk is not None:
+            type(self).freed += 1
+            self.chunk = None
+
+
+def test_the_images_of_a_prompt_that_will_not_run_are_freed() -> None:
+    """Each image chunk holds a preprocessed image (megabytes for a large projector): a prompt
+    refused for its length, or only counted (count_only: Prepared.discard), frees them."""
+    images = (_CountedImage("a", 4, chunk=object()), _CountedImage("b", 4, chunk=object()))
+    text = PromptText("x", add_bos=True, stops=(), media=Media(((0, 4), (4, 8)), images))
+
+    def tokens_of(spec: specs.GenerateSpec) -> tuple[list[int], PromptText]:
+        return list(range(12)), text
+
+    prepare_one = prepare.preparing(tokens_of, None, n_ctx_seq=10)  # type: ignore[arg-type]
+    _CountedImage.freed = 0
+    with pytest.raises(ContextExceededError):
+        prepare_one(_spec("long", prompt="x"))
+    assert _CountedImage.freed == 2 and all(i.chunk is None for i in images)
+    images = (_CountedImage("c", 4, chunk=object()),)
+    counted = prepare.Prepared([1], replace(text, media=Media(((0, 4),), images)))
+    _CountedImage.freed = 0
+    counted.discard()
+    counted.discard()  # twice: still one free each
+    assert _CountedImage.freed == 1 and images[0].chunk is None

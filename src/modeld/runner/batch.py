@@ -190,6 +190,7 @@ class BatchEngine:
             self.host.apply_threads(spec.n_threads)
             tokens, prompt, grammar = ready.result()
             if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
+                ready.result().discard()
                 self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
                                                 prompt_tokens=len(tokens), prompt_tokens_reused=0,
                                                 completion_tokens=0, prompt_eval_s=0.0,

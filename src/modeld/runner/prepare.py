@@ -64,9 +64,12 @@ class Prepared(NamedTuple):
     grammar: Grammar | None = None
 
     def discard(self) -> None:
-        """Free what the request will not use now (it was cancelled or refused)."""
+        """Free what the request will not use now (it was cancelled, refused or only
+        counted): its grammar and its images."""
         if self.grammar is not None:
             self.grammar.close()
+        if self.prompt.media is not None:
+            self.prompt.media.free()
 
 
 def preparing(tokens_of: Callable[[GenerateSpec], tuple[list[int], PromptText]],
@@ -77,12 +80,16 @@ def preparing(tokens_of: Callable[[GenerateSpec], tuple[list[int], PromptText]],
 
     def prepare(spec: GenerateSpec) -> Prepared:
         tokens, prompt = tokens_of(spec)
-        if not spec.count_only and len(tokens) >= n_ctx_seq:
-            raise context_exceeded(len(tokens), n_ctx_seq)
-        if spec.count_only or not spec.grammar:
-            return Prepared(tokens, prompt)
-        t0 = time.perf_counter()
-        grammar = Grammar(llm, spec.grammar)
+        try:
+            if not spec.count_only and len(tokens) >= n_ctx_seq:
+                raise context_exceeded(len(tokens), n_ctx_seq)
+            if spec.count_only or not spec.grammar:
+                return Prepared(tokens, prompt)
+            t0 = time.perf_counter()
+            grammar = Grammar(llm, spec.grammar)
+        except BaseException:
+            Prepared(tokens, prompt).discard()  # its images, tokenized for nothing
+            raise
         log.info("request %s: its grammar (%d bytes) parsed in %.1f ms on %s", spec.rid,
                  len(spec.grammar), (time.perf_counter() - t0) * 1000,
                  threading.current_thread().name)  # fmt: skip

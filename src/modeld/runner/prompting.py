@@ -36,6 +36,12 @@ class Media:
     spans: tuple[Span, ...]
     images: tuple[Any, ...]
 
+    def free(self) -> None:
+        """Free every image's chunk not freed yet (a prompt that will not run: each holds a
+        preprocessed image, megabytes for a large projector)."""
+        for image in self.images:
+            image.free()
+
 
 @dataclass(frozen=True)
 class PromptText:
