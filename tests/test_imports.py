@@ -14,6 +14,7 @@ PURE_MODULES = [
     "modeld.model.gguf",
     "modeld.model.ggufarch",
     "modeld.model.memory",
+    "modeld.model.kvcache",
     "modeld.model.ctx",
     "modeld.cache.policy",
     "modeld.config",

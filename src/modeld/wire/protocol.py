@@ -294,7 +294,7 @@ def rpc_endpoints(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> 
 
 
 def _kv_type(value: Any, name: str, fail: Fail, got: Mapping[str, Any]) -> Any:
-    from modeld.model.memory import KV_CACHE_TYPES
+    from modeld.model.kvcache import KV_CACHE_TYPES
 
     if value is not None and value not in KV_CACHE_TYPES:
         raise fail(f"{name!r} must be one of {', '.join(KV_CACHE_TYPES)}")
