@@ -11,6 +11,7 @@ PURE_MODULES = [
     "modeld.errors",
     "modeld.model.modelinfo",
     "modeld.wire.protocol",
+    "modeld.wire.reqparse",
     "modeld.model.gguf",
     "modeld.model.ggufarch",
     "modeld.model.memory",
