@@ -13,6 +13,7 @@ PURE_MODULES = [
     "modeld.wire.protocol",
     "modeld.wire.reqparse",
     "modeld.model.gguf",
+    "modeld.model.gguffile",
     "modeld.model.ggufarch",
     "modeld.model.memory",
     "modeld.model.kvcache",
