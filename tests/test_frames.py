@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from modeld.wire import frames, protocol, runnerwire
+from modeld.wire import frames, protocol, reqparse, runnerwire
 from modeld.wire.messages import ChatMessage
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
@@ -39,8 +39,8 @@ def test_images_travel_as_frames_in_the_order_the_json_names_them() -> None:
     head = _head(parts)
     assert head["messages"][0]["images"] == [{"$frame": 0}, {"$frame": 1}]  # type: ignore[index]
     assert b"PNG" not in parts[0]  # no base64 copy in the JSON either
-    req = protocol.parse_request(protocol.decode(parts))
-    assert isinstance(req, protocol.GenerateRequest) and req.messages is not None
+    req = reqparse.parse_request(protocol.decode(parts))
+    assert isinstance(req, reqparse.GenerateRequest) and req.messages is not None
     assert [m.images for m in req.messages] == [(PNG, GIF), (), (GIF,)]
 
 
@@ -48,8 +48,8 @@ def test_base64_images_in_the_json_are_still_read_as_the_same_bytes() -> None:
     body = {"v": 1, "id": "r2", "type": "generate", "model": "m", "prompt": "x",
             "images": [base64.b64encode(PNG).decode(),
                        "data:image/gif;base64," + base64.b64encode(GIF).decode()]}
-    req = protocol.parse_request(protocol.decode([json.dumps(body).encode()]))
-    assert isinstance(req, protocol.GenerateRequest)
+    req = reqparse.parse_request(protocol.decode([json.dumps(body).encode()]))
+    assert isinstance(req, reqparse.GenerateRequest)
     assert req.images == (PNG, GIF)
 
 
@@ -61,8 +61,8 @@ def test_an_object_a_user_wrote_like_a_frame_name_stays_what_it_is() -> None:
         {"role": "user", "content": "see", "images": [PNG]},
         {"role": "assistant", "content": "", "tool_calls": [{"name": "f", "arguments": args}]},
     ])  # fmt: skip
-    req = protocol.parse_request(protocol.decode(protocol.encode(msg)))
-    assert isinstance(req, protocol.GenerateRequest) and req.messages is not None
+    req = reqparse.parse_request(protocol.decode(protocol.encode(msg)))
+    assert isinstance(req, reqparse.GenerateRequest) and req.messages is not None
     assert req.messages[0].images == (PNG,)
     assert dict(req.messages[1].tool_calls[0].arguments) == args
 
@@ -93,7 +93,7 @@ def test_a_frame_that_is_no_image_is_refused_by_name() -> None:
             "images": [{"$frame": 0}]}
     msg = protocol.decode([json.dumps(body).encode(), b"%PDF-1.7"])
     with pytest.raises(Exception, match=r"'images'\[0\] is not a PNG, JPEG, WebP or GIF"):
-        protocol.parse_request(msg)
+        reqparse.parse_request(msg)
 
 
 def test_the_runner_wire_carries_images_as_frames_with_a_per_frame_limit() -> None:

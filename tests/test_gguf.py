@@ -14,6 +14,7 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFValueType, LlamaFileType
 import ggufgen
 from modeld.errors import InvalidModelError, ModelNotFoundError
 from modeld.model import gguf as mg
+from modeld.model import ggufarch
 from modeld.model.modelinfo import ModelInfo
 
 
@@ -174,24 +175,25 @@ def test_default_gemma_model(default_model: Path) -> None:
 
 def test_ggml_type_table_matches_gguf_py() -> None:
     for qtype, (block, size) in GGML_QUANT_SIZES.items():
-        assert mg.GGML_TYPES[int(qtype)] == (qtype.name, block, size)
-    assert set(mg.GGML_TYPES) == {int(q) for q in GGML_QUANT_SIZES}
+        assert ggufarch.GGML_TYPES[int(qtype)] == (qtype.name, block, size)
+    assert set(ggufarch.GGML_TYPES) == {int(q) for q in GGML_QUANT_SIZES}
 
 
 def test_file_type_names_match_gguf_py() -> None:
     for ft in LlamaFileType:
-        assert mg.quantization_name(int(ft)) == ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
-    assert mg.quantization_name(None) is None
-    assert mg.quantization_name(999) == "UNKNOWN_999"
+        name = ft.name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        assert ggufarch.quantization_name(int(ft)) == name
+    assert ggufarch.quantization_name(None) is None
+    assert ggufarch.quantization_name(999) == "UNKNOWN_999"
 
 
 def test_ggml_type_size() -> None:
-    assert mg.ggml_type_size(12, (256, 10)) == 144 * 10  # Q4_K
-    assert mg.ggml_type_size(0, (3, 4, 5)) == 4 * 60
+    assert ggufarch.ggml_type_size(12, (256, 10)) == 144 * 10  # Q4_K
+    assert ggufarch.ggml_type_size(0, (3, 4, 5)) == 4 * 60
     with pytest.raises(ValueError, match="block size"):
-        mg.ggml_type_size(8, (33, 2))
+        ggufarch.ggml_type_size(8, (33, 2))
     with pytest.raises(ValueError, match="unknown"):
-        mg.ggml_type_size(5, (32,))
+        ggufarch.ggml_type_size(5, (32,))
 
 
 # --- metadata interpretation on hand-made headers -------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 import ggufgen
 from daemonutil import rows
 from modeld import sizing
-from modeld.model import memory
+from modeld.model import kvcache
 from modeld.model.gguf import read_model_info
 from test_batch_invariance import _solo, _together, runner  # noqa: F401  (fixture)
 from test_runner import Harness
@@ -51,7 +51,7 @@ def test_daemon_loads_with_the_type_asked_and_counts_it(
     info = read_model_info(str(model))
     f16 = sizing.estimate_n(info, 8192).total
     q4 = sizing.estimate_n(info, 8192, kv_type="q4_0").total
-    kv16 = memory.kv_cache_bytes(info, 8192)
+    kv16 = kvcache.kv_cache_bytes(info, 8192)
     assert f16 - q4 == pytest.approx(kv16 * (1 - 18 / 64), rel=0.01)
     q8 = sizing.estimate_n(info, 8192, kv_type="q8_0").total
 

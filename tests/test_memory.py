@@ -1,4 +1,5 @@
-"""Unit tests for modeld.model.memory: KV sizing rules, repack accounting, component sums.
+"""Unit tests for modeld.model.memory and modeld.model.kvcache: KV sizing rules, repack accounting,
+component sums.
 
 Expected KV and repack sizes for the real gemma-3-270m model are the figures llama.cpp itself
 logs when it loads that model ("llama_kv_cache: size = ...", "CPU_REPACK model buffer size").
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from modeld.model import memory
+from modeld.model import kvcache, memory
 from modeld.model.gguf import read_model_info
 from modeld.model.modelinfo import ModelInfo, TensorInfo
 
@@ -65,12 +66,12 @@ def gemma(default_model: Path) -> ModelInfo:
 def test_gemma_kv_cache_matches_llama_cpp_log(
     gemma: ModelInfo, n_ctx: int, swa_full: bool, expected_mib: float
 ) -> None:
-    assert memory.kv_cache_bytes(gemma, n_ctx, swa_full=swa_full) == expected_mib * MiB
+    assert kvcache.kv_cache_bytes(gemma, n_ctx, swa_full=swa_full) == expected_mib * MiB
 
 
 def test_gemma_kv_bytes_per_token(gemma: ModelInfo) -> None:
     # 18 layers x 1 KV head x (256 + 256) x 2 bytes
-    assert memory.kv_bytes_per_token(gemma) == 18 * 1 * (256 + 256) * 2
+    assert kvcache.kv_bytes_per_token(gemma) == 18 * 1 * (256 + 256) * 2
 
 
 @pytest.mark.parametrize(
@@ -88,7 +89,7 @@ def test_kv_cells_rule(
     n_ctx: int, n_ubatch: int, n_seq: int, swa_full: bool, expected: tuple[int, int]
 ) -> None:
     info = make_info(block_count=6, sliding_window=512, sliding_layers=(True,) * 5 + (False,))
-    cells = memory.kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
+    cells = kvcache.kv_cells(info, n_ctx, swa_full=swa_full, n_ubatch=n_ubatch, n_seq=n_seq)
     assert cells == expected
 
 
@@ -96,16 +97,16 @@ def test_parallel_sequences_have_a_kv_stream_each() -> None:
     """The runner's N sequences (``kv_unified`` false): each stream keeps window + ubatch
     sliding cells, so N streams cost N times that (measured: docs/benchmarks.md, x4 and x8)."""
     info = make_info(block_count=6, sliding_window=512, sliding_layers=(True,) * 5 + (False,))
-    assert memory.kv_cells(info, 4 * 4096, n_seq=4, unified=False) == (16384, 4 * 1024)
-    assert memory.kv_cells(info, 4 * 4096, n_seq=4) == (16384, 4 * 512 + 512)
-    assert memory.kv_cells(info, 4 * 512, n_seq=4, unified=False) == (2048, 2048)  # capped
+    assert kvcache.kv_cells(info, 4 * 4096, n_seq=4, unified=False) == (16384, 4 * 1024)
+    assert kvcache.kv_cells(info, 4 * 4096, n_seq=4) == (16384, 4 * 512 + 512)
+    assert kvcache.kv_cells(info, 4 * 512, n_seq=4, unified=False) == (2048, 2048)  # capped
     generate = memory.estimate(info, 4 * 4096, n_seq=4)
     # the estimate of generate mode is per stream, with the generate runner's micro-batch
     assert generate.swa_cells == 4 * (512 + memory.GENERATE_N_UBATCH)
 
 
 def test_kv_cells_without_sliding_layers() -> None:
-    assert memory.kv_cells(make_info(), 1000) == (1024, 0)
+    assert kvcache.kv_cells(make_info(), 1000) == (1024, 0)
 
 
 @pytest.mark.parametrize(
@@ -119,18 +120,18 @@ def test_kv_cells_without_sliding_layers() -> None:
 )
 def test_kv_types(type_k: str, type_v: str, per_elem: float) -> None:
     info = make_info()  # 4 layers x 2 KV heads x 64 dims
-    got = memory.kv_cache_bytes(info, 1024, type_k=type_k, type_v=type_v)
+    got = kvcache.kv_cache_bytes(info, 1024, type_k=type_k, type_v=type_v)
     assert got == int(4 * 2 * (64 + 64) * per_elem * 1024)
 
 
 def test_per_layer_kv_heads_are_summed() -> None:
     info = make_info(block_count=3, head_count_kv=(4, 0, 1))  # layer 1 has no KV (e.g. shared)
-    assert memory.kv_bytes_per_token(info) == (4 + 0 + 1) * (64 + 64) * 2
+    assert kvcache.kv_bytes_per_token(info) == (4 + 0 + 1) * (64 + 64) * 2
 
 
 def test_unknown_kv_type_is_rejected() -> None:
     with pytest.raises(ValueError, match="q8_0"):
-        memory.kv_type_bytes("q3_k")
+        kvcache.kv_type_bytes("q3_k")
 
 
 def test_quantized_v_needs_flash_attention() -> None:
@@ -269,7 +270,7 @@ def test_embed_context_gives_sliding_layers_the_whole_context(gemma: ModelInfo) 
     # a unified KV cache for 256 sequences: n_swa x 256 + n_ubatch cells >= n_ctx
     e = memory.estimate(gemma, 4096, mode="embed")
     assert e.kv_cells == e.swa_cells == 4096
-    assert e.kv_cache == memory.kv_cache_bytes(gemma, 4096, swa_full=True) == 72 * MiB
+    assert e.kv_cache == kvcache.kv_cache_bytes(gemma, 4096, swa_full=True) == 72 * MiB
     # generate mode keeps the window and a micro-batch
     assert memory.estimate(gemma, 4096).swa_cells == 512 + memory.GENERATE_N_UBATCH
 
@@ -361,7 +362,7 @@ def test_vocab_size_drives_overhead() -> None:
 
 def test_naive_formula(gemma: ModelInfo) -> None:
     n = 32768
-    expected = int((gemma.file_size + n * memory.kv_bytes_per_token(gemma)) * 1.1)
+    expected = int((gemma.file_size + n * kvcache.kv_bytes_per_token(gemma)) * 1.1)
     assert memory.naive_estimate(gemma, n) == expected
     # the naive rule ignores the sliding window: twice the real estimate at 32k
     assert memory.naive_estimate(gemma, n) > 1.8 * memory.estimate(gemma, n).total

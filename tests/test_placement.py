@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from modeld import config, sizing
-from modeld.model import memory, placement
+from modeld.model import kvcache, placement
 from modeld.model.modelinfo import ModelInfo, TensorInfo
 from modeld.model.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN, Gpu, Where
 
@@ -115,8 +115,8 @@ def test_layers_asked_are_honoured_when_they_fit() -> None:
 def test_quantized_kv_cache_shrinks_every_tier(kv: str) -> None:
     f16 = placement.with_layers(INFO, 32768, 23)
     q = placement.with_layers(INFO, 32768, 23, kv_type=kv)
-    per = memory.KV_TYPE_BYTES[kv] / 2
-    kv_f16 = memory.kv_cache_bytes(INFO, 32768)
+    per = kvcache.KV_TYPE_BYTES[kv] / 2
+    kv_f16 = kvcache.kv_cache_bytes(INFO, 32768)
     assert f16.vram - q.vram == pytest.approx(kv_f16 * (1 - per), rel=0.01)
     ram = sizing.estimate_n(INFO, 32768, kv_type=kv)
     assert ram.kv_cache == pytest.approx(kv_f16 * per, rel=0.01)

@@ -15,7 +15,7 @@ from modeld.errors import (
     ProtocolMismatchError,
     error_from_dict,
 )
-from modeld.wire import protocol
+from modeld.wire import protocol, reqparse
 from modeld.wire.messages import ChatMessage
 
 
@@ -42,8 +42,8 @@ def test_round_trip(msg: protocol.Message) -> None:
 def test_request_drops_none_values() -> None:
     msg = protocol.request("generate", "1", model=None, prompt="x")
     assert "model" not in msg.body
-    assert protocol.parse_request(msg) == protocol.GenerateRequest(
-        model=None, prompt="x", options=protocol.GenerateOptions()
+    assert reqparse.parse_request(msg) == reqparse.GenerateRequest(
+        model=None, prompt="x", options=reqparse.GenerateOptions()
     )
 
 
@@ -97,7 +97,7 @@ def test_version_mismatch_carries_request_id() -> None:
 def test_protocol_error_carries_request_id_when_readable() -> None:
     msg = protocol.decode(_frames({"v": 1, "id": "r1", "type": "bogus"}))
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.parse_request(msg)
+        reqparse.parse_request(msg)
     assert info.value.request_id == "r1"
     assert "bogus" in info.value.message
 
@@ -107,8 +107,8 @@ def test_encode_refuses_nan() -> None:
         protocol.encode(protocol.done("1", x=float("nan")))
 
 
-def _parse(type_: str, **body: object) -> protocol.ParsedRequest:
-    return protocol.parse_request(protocol.Message(type_, "id1", dict(body)))
+def _parse(type_: str, **body: object) -> reqparse.ParsedRequest:
+    return reqparse.parse_request(protocol.Message(type_, "id1", dict(body)))
 
 
 def test_parse_generate_options() -> None:
@@ -119,7 +119,7 @@ def test_parse_generate_options() -> None:
         keep_alive="10m",
         options={"max_tokens": 5, "temperature": 0, "stop": "\n", "seed": 3, "n_ctx": 512},
     )
-    assert isinstance(req, protocol.GenerateRequest)
+    assert isinstance(req, reqparse.GenerateRequest)
     o = req.options
     s = o.sampling
     assert (s.max_tokens, s.temperature, s.stop, s.seed, o.n_ctx, o.keep_alive) == (
@@ -141,7 +141,7 @@ def test_generate_stream_defaults_on_and_must_be_a_boolean() -> None:
 
 def test_parse_chat_messages() -> None:
     req = _parse("generate", messages=[{"role": "user", "content": "hi", "extra": 1}])
-    assert isinstance(req, protocol.GenerateRequest)
+    assert isinstance(req, reqparse.GenerateRequest)
     assert req.messages == (ChatMessage("user", "hi"),)
 
 
@@ -198,11 +198,11 @@ def test_parse_rejects_wrong_types(type_: str, body: dict[str, object], needle: 
 def test_parse_simple_types() -> None:
     for t in ("ps", "stats", "ping", "version", "shutdown"):
         assert _parse(t) is None
-    assert _parse("embed", inputs="x") == protocol.EmbedRequest(None, ("x",))
-    assert _parse("unload", all=True) == protocol.UnloadRequest(None, None, True)
-    assert _parse("cancel", target="r9") == protocol.CancelRequest("r9")
+    assert _parse("embed", inputs="x") == reqparse.EmbedRequest(None, ("x",))
+    assert _parse("unload", all=True) == reqparse.UnloadRequest(None, None, True)
+    assert _parse("cancel", target="r9") == reqparse.CancelRequest("r9")
     # no mode: the daemon picks what the model is made for (rerank for a reranker)
-    assert _parse("load", model="m", pinned=True) == protocol.LoadRequest(model="m", pinned=True)
+    assert _parse("load", model="m", pinned=True) == reqparse.LoadRequest(model="m", pinned=True)
 
 
 def test_protocol_module_is_pure() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from modeld.runner import specs
-from modeld.wire import loadfields, options, protocol, requestfields
+from modeld.wire import loadfields, options, protocol, reqparse, requestfields
 from modeld.wire import runnerwire as rp
 from modeld.wire.messages import Tool
 from modeld.wire.protocol import ProtocolError
@@ -53,10 +53,10 @@ def test_every_field_has_a_doc_line_and_a_name_of_its_own() -> None:
 
 @pytest.mark.parametrize("f", requestfields.ASKED, ids=lambda f: f.name)
 def test_a_field_the_client_asks_reaches_the_runner_as_asked(f: dataclasses.Field[Any]) -> None:
-    """Client body -> protocol.parse_request -> the daemon's copy (requestfields.asked) ->
+    """Client body -> reqparse.parse_request -> the daemon's copy (requestfields.asked) ->
     runnerwire.generate -> specs.parse_generate: the runner sees what the client asked."""
-    req = protocol.parse_request(protocol.request("generate", "1", **_sample(f)))
-    assert isinstance(req, protocol.GenerateRequest)
+    req = reqparse.parse_request(protocol.request("generate", "1", **_sample(f)))
+    assert isinstance(req, reqparse.GenerateRequest)
     assert getattr(req, f.name) != f.default
     wire = rp.decode(rp.encode(rp.generate("r", **requestfields.asked(req))))
     assert f.name in wire
@@ -70,7 +70,7 @@ def test_a_field_the_daemon_decides_reaches_the_runner(f: dataclasses.Field[Any]
     spec = specs.parse_generate(rp.generate("r", prompt="p", **{f.name: value}))
     typed = tuple(value) if isinstance(value, list) else value
     assert getattr(spec, f.name) == typed != f.default
-    client = protocol.parse_request(protocol.request("generate", "1", **_sample(f)))
+    client = reqparse.parse_request(protocol.request("generate", "1", **_sample(f)))
     assert not hasattr(client, f.name) or f.name == "raw"  # raw: the client's options.raw
     with pytest.raises(TypeError, match="unknown generate field 'nope'"):
         rp.generate("r", prompt="p", nope=1)
@@ -82,7 +82,7 @@ def test_a_bad_type_is_refused_naming_the_field(hop: str) -> None:
         body = {**_sample(f), f.name: {"bad": 1}}
         with pytest.raises(ProtocolError) as caught:
             if hop == requestfields.CLIENT:
-                protocol.parse_request(protocol.request("generate", "1", **body))
+                reqparse.parse_request(protocol.request("generate", "1", **body))
             else:
                 specs.parse_generate({"type": "generate", "rid": "r", **body})
         assert repr(f.name) in caught.value.message, (f.name, caught.value.message)
@@ -109,7 +109,7 @@ def test_defaults_stay_off_the_wire_as_before() -> None:
 def test_exactly_one_of_prompt_or_messages_on_both_sides() -> None:
     for body in ({}, {"prompt": "p", "messages": [{"role": "user", "content": "x"}]}):
         with pytest.raises(ProtocolError, match="exactly one of 'prompt' or 'messages'"):
-            protocol.parse_request(protocol.request("generate", "1", **body))
+            reqparse.parse_request(protocol.request("generate", "1", **body))
         with pytest.raises(ProtocolError, match="exactly one of 'prompt' or 'messages'"):
             specs.parse_generate({"type": "generate", "rid": "r", **body})
 
@@ -156,17 +156,17 @@ def test_a_bad_load_field_is_refused_naming_it(f: dataclasses.Field[Any]) -> Non
 # --------------------------------------------------------------------------- the client's load
 
 
-@pytest.mark.parametrize("f", dataclasses.fields(protocol.LoadRequest), ids=lambda f: f.name)
+@pytest.mark.parametrize("f", dataclasses.fields(reqparse.LoadRequest), ids=lambda f: f.name)
 def test_the_client_load_request_is_read_from_its_table(f: dataclasses.Field[Any]) -> None:
-    """Each field of protocol.LoadRequest is declared with its check and doc: null or absent
+    """Each field of reqparse.LoadRequest is declared with its check and doc: null or absent
     is "not said" (pinned: absent only), a bad value is refused naming the field."""
     assert f.metadata["doc"]
-    said = protocol.parse_request(protocol.request("load", "1", model="m"))
-    assert said == protocol.LoadRequest(model="m")
+    said = reqparse.parse_request(protocol.request("load", "1", model="m"))
+    assert said == reqparse.LoadRequest(model="m")
     if f.name not in ("pinned", "model"):  # a null model: the default one
         body = {"model": "m", f.name: None}
-        assert protocol.parse_request(protocol.Message("load", "1", body)) == said
+        assert reqparse.parse_request(protocol.Message("load", "1", body)) == said
     with pytest.raises(ProtocolError) as caught:
-        protocol.parse_request(protocol.request("load", "1", **{"model": "m", f.name: {"x": 1}}))
+        reqparse.parse_request(protocol.request("load", "1", **{"model": "m", f.name: {"x": 1}}))
     assert caught.value.message.startswith("invalid load request: ")
     assert repr(f.name) in caught.value.message

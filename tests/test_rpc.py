@@ -14,7 +14,7 @@ from modeld.config import load_settings
 from modeld.daemon.leases import RpcLeases
 from modeld.errors import InvalidRequestError, RpcWorkerError, error_from_dict
 from modeld.rpc import endpoints as rpc
-from modeld.wire import protocol
+from modeld.wire import protocol, reqparse
 
 
 def test_endpoints_parse_and_normalise() -> None:
@@ -38,13 +38,13 @@ def test_loopback_rule() -> None:
 
 def test_load_request_rpc_field() -> None:
     msg = protocol.Message("load", "r1", {"model": "m", "rpc": ["127.0.0.1:50052", "h:2"]})
-    req = protocol.parse_request(msg)
-    assert isinstance(req, protocol.LoadRequest) and req.rpc == ("127.0.0.1:50052", "h:2")
-    none = protocol.parse_request(protocol.Message("load", "r2", {"model": "m"}))
-    assert isinstance(none, protocol.LoadRequest) and none.rpc is None
+    req = reqparse.parse_request(msg)
+    assert isinstance(req, reqparse.LoadRequest) and req.rpc == ("127.0.0.1:50052", "h:2")
+    none = reqparse.parse_request(protocol.Message("load", "r2", {"model": "m"}))
+    assert isinstance(none, reqparse.LoadRequest) and none.rpc is None
     for bad in (5, ["nope"], [1], []):
         with pytest.raises(InvalidRequestError, match="rpc"):
-            protocol.parse_request(protocol.Message("load", "r3", {"model": "m", "rpc": bad}))
+            reqparse.parse_request(protocol.Message("load", "r3", {"model": "m", "rpc": bad}))
 
 
 def test_config_rpc_table(tmp_path: Path) -> None:

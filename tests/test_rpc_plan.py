@@ -21,7 +21,7 @@ import pytest
 import ggufgen
 from modeld import sizing
 from modeld.errors import InsufficientMemoryError
-from modeld.model import memory
+from modeld.model import kvcache
 from modeld.rpc import layout as rpcplan
 from test_rpc_daemon import Worker, needs_rpc, workers  # noqa: F401 (a fixture)
 
@@ -53,7 +53,7 @@ def test_the_plan_places_every_weight_and_the_whole_kv_cache(four_layers: Path) 
     assert [s.layers for s in shares] == [3, 2]
     embd = sum(t.n_bytes for t in info.tensors if t.name == "token_embd.weight")
     assert sum(s.model_bytes for s in shares) + embd == info.tensor_bytes
-    assert sum(s.kv_bytes for s in shares) == memory.kv_cache_bytes(info, 1024)
+    assert sum(s.kv_bytes for s in shares) == kvcache.kv_cache_bytes(info, 1024)
     assert shares[1].compute_bytes > shares[0].compute_bytes  # the logits of a micro-batch
     assert all(s.fits for s in shares)
 
@@ -65,8 +65,8 @@ def test_a_shared_pool_is_planned_as_one_pool_of_n_ctx_cells(four_layers: Path) 
     eps = ["a:1", "b:2"]
     separate = rpcplan.plan(info, 1024, eps, [GiB, GiB], parallel=4)
     pooled = rpcplan.plan(info, 1024, eps, [GiB, GiB], parallel=4, kv_unified=True)
-    assert sum(s.kv_bytes for s in separate) == memory.kv_cache_bytes(info, 4 * 1024)
-    assert sum(s.kv_bytes for s in pooled) == memory.kv_cache_bytes(info, 1024)
+    assert sum(s.kv_bytes for s in separate) == kvcache.kv_cache_bytes(info, 4 * 1024)
+    assert sum(s.kv_bytes for s in pooled) == kvcache.kv_cache_bytes(info, 1024)
     assert [s.model_bytes for s in pooled] == [s.model_bytes for s in separate]
     room = max(s.total for s in pooled) + 1
     split = [1.0, 1.0]

@@ -268,11 +268,11 @@ def test_stream_false_reaches_the_runner_from_the_client_protocol(tmp_path: Path
     from modeld.cache.policy import ModelKey
     from modeld.config import Settings
     from modeld.daemon.jobs import request_job
-    from modeld.wire import protocol
+    from modeld.wire import protocol, reqparse
 
     def runner_spec(**body: Any) -> specs.GenerateSpec:
-        req = protocol.parse_request(protocol.Message("generate", "c1", {"prompt": "p", **body}))
-        assert isinstance(req, protocol.GenerateRequest)
+        req = reqparse.parse_request(protocol.Message("generate", "c1", {"prompt": "p", **body}))
+        assert isinstance(req, reqparse.GenerateRequest)
         model = tmp_path / "m.gguf"
         model.write_bytes(b"GGUF")
         job = request_job(b"c", "c1", req, ModelKey.for_file(model, "generate"), "m",

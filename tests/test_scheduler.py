@@ -23,7 +23,7 @@ from modeld.config import Settings
 from modeld.daemon.jobs import Job, request_job
 from modeld.daemon.scheduler import Scheduler
 from modeld.daemon.supervisor import RunnerHandle, Supervisor
-from modeld.wire import protocol
+from modeld.wire import protocol, reqparse
 from modeld.wire.options import Sampling
 
 MiB = 1 << 20
@@ -113,8 +113,8 @@ class Harness:
         self, path: Path, rid: str, *, max_tokens: int = 8, client: bytes = CLIENT, **opts: Any
     ) -> Job:
         sampling = Sampling(max_tokens=max_tokens, **opts)
-        req = protocol.GenerateRequest(model=str(path), prompt="hi",
-                                       options=protocol.GenerateOptions(sampling))
+        req = reqparse.GenerateRequest(model=str(path), prompt="hi",
+                                       options=reqparse.GenerateOptions(sampling))
         job = request_job(client, rid, req, ModelKey.for_file(str(path), "generate"),
                           path.stem, self.sched.settings)  # fmt: skip
         self.sched.submit(job)

@@ -11,7 +11,7 @@ import ggufgen
 from modeld.cache.policy import EntryState, ModelKey
 from modeld.daemon.jobs import Job, request_job
 from modeld.errors import ErrorCode
-from modeld.wire import protocol, runnerwire
+from modeld.wire import reqparse, runnerwire
 from test_scheduler import CLIENT, Harness, make
 
 HOUR = 3600.0
@@ -25,8 +25,8 @@ def _load(h: Harness, path: Path, rid: str, **kw: object) -> Job:
 
 
 def _submit(h: Harness, path: Path, rid: str, keep_alive: str) -> Job:
-    req = protocol.GenerateRequest(model=str(path), prompt="hi",
-                                   options=protocol.GenerateOptions(keep_alive=keep_alive))
+    req = reqparse.GenerateRequest(model=str(path), prompt="hi",
+                                   options=reqparse.GenerateOptions(keep_alive=keep_alive))
     job = request_job(CLIENT, rid, req, ModelKey.for_file(str(path), "generate"), path.stem,
                       h.sched.settings)
     h.sched.submit(job)

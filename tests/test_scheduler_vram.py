@@ -18,7 +18,7 @@ from modeld.daemon import forkserver, views
 from modeld.daemon.jobs import Job, request_job
 from modeld.errors import ErrorCode
 from modeld.model.placement import CUDA_PROCESS_BYTES, VRAM_MARGIN
-from modeld.wire import protocol, runnerwire
+from modeld.wire import reqparse, runnerwire
 from modeld.wire.options import Sampling
 from test_scheduler import CLIENT, Harness, make
 
@@ -175,8 +175,8 @@ def test_num_gpu_on_a_request_places_the_layers_and_reloads_only_for_a_change(
     key = ModelKey.for_file(str(models[0]), "generate")
 
     def ask(rid: str, layers: int | None) -> Job:
-        req = protocol.GenerateRequest(model=str(models[0]), prompt="hi",
-                                       options=protocol.GenerateOptions(Sampling(max_tokens=2),
+        req = reqparse.GenerateRequest(model=str(models[0]), prompt="hi",
+                                       options=reqparse.GenerateOptions(Sampling(max_tokens=2),
                                                                         gpu_layers=layers))
         job = request_job(CLIENT, rid, req, key, models[0].stem, h.sched.settings)
         h.sched.submit(job)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,6 +68,30 @@ def test_number_bounds_with_whole_number_limits(matcher: ByteMatcher) -> None:
         assert matcher.matches(around, text) == (-1 <= float(text) <= 1), text
     with pytest.raises(InvalidRequestError, match="no integer is within"):
         _gbnf({"type": "integer", "minimum": 3, "maximum": 2})
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "number", "minimum": 1e17}, "no number the grammar writes (16 digits at most)"),
+    ({"type": "number", "maximum": -1e17}, "no number the grammar writes (16 digits at most)"),
+    ({"type": "number", "minimum": "1"}, "must be a number (at #/minimum)"),
+    ({"type": "integer", "exclusiveMaximum": float("inf")}, "must be a number"),
+])
+def test_number_bounds_past_the_limit_or_not_numbers_are_refused(
+    schema: dict[str, Any], message: str
+) -> None:
+    """A bound past the 16 digits the grammar writes on its closed side leaves no number; a bound
+    that is no finite number is refused with its path."""
+    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+        to_gbnf(schema, "format", 1 << 20)
+
+
+def test_draft4_exclusive_flags_and_open_side_limits() -> None:
+    """Draft 4's ``exclusiveMinimum: true`` turns ``minimum`` exclusive; a bound past the limit
+    on the open side leaves the limit in place (the grammar is then as without it)."""
+    draft4 = to_gbnf({"type": "integer", "minimum": 5, "exclusiveMinimum": True}, "f", 1 << 20)
+    assert draft4.gbnf == to_gbnf({"type": "integer", "minimum": 6}, "f", 1 << 20).gbnf
+    far = to_gbnf({"type": "number", "maximum": 1e17, "minimum": 0}, "f", 1 << 20)
+    assert far.gbnf == to_gbnf({"type": "number", "minimum": 0}, "f", 1 << 20).gbnf
 
 
 @pytest.mark.parametrize(("schema", "good", "bad"), [

@@ -230,8 +230,8 @@ def parse_eviction(value: object) -> str:
 
 
 def parse_kv_cache_type(value: object) -> str:
-    """``f16``, ``q8_0`` or ``q4_0`` (memory.KV_CACHE_TYPES; case and ``-`` forgiven)."""
-    from modeld.model.memory import KV_CACHE_TYPES
+    """``f16``, ``q8_0`` or ``q4_0`` (kvcache.KV_CACHE_TYPES; case and ``-`` forgiven)."""
+    from modeld.model.kvcache import KV_CACHE_TYPES
 
     text = str(value).strip().lower().replace("-", "_")
     if text not in KV_CACHE_TYPES:

@@ -28,7 +28,7 @@ from modeld.errors import (
     ModelNotFoundError,
     format_bytes,
 )
-from modeld.model import memory
+from modeld.model import kvcache, memory
 from modeld.model.ctx import STEP, largest_fitting, round_up
 from modeld.model.memory import MemoryEstimate
 from modeld.model.modelinfo import MODE_VERBS, ModelInfo
@@ -109,7 +109,7 @@ def estimate_n(
                        prompt_cache=prompt_cache, unified=unified)[0]  # fmt: skip
     kind = memory.mode_of(mode)
     n = max(1, parallel)
-    cells, unified = memory.context_cells(n_ctx, n, unified)
+    cells, unified = kvcache.context_cells(n_ctx, n, unified)
     layers = info.block_count + 1 if offload else 0
     est = memory.estimate(
         info, cells, mode=kind, n_seq=n, prompt_cache=prompt_cache,

@@ -21,7 +21,7 @@ from modeld.daemon.supervisor import RunnerHandle
 from modeld.model import ctx, placement
 from modeld.model.modelinfo import ModelInfo
 from modeld.model.placement import Placement
-from modeld.wire import protocol, requestfields
+from modeld.wire import protocol, reqparse, requestfields
 from modeld.wire import runnerwire as rp
 from modeld.wire.messages import forces_call
 from modeld.wire.replies import (
@@ -166,13 +166,13 @@ def requested_ctx(n_ctx: int | None) -> int | None:
     return None if n_ctx is None else ctx.round_up(n_ctx)
 
 
-def needs_grammar(req: protocol.GenerateRequest) -> bool:
+def needs_grammar(req: reqparse.GenerateRequest) -> bool:
     """Whether ``req``'s reply is held to a grammar (a format, a forced tool call)."""
     return not req.count_only and (req.format is not None
                                    or forces_call(req.tools, req.tool_choice))
 
 
-def request_grammar(req: protocol.GenerateRequest, key: ModelKey) -> str | None:
+def request_grammar(req: reqparse.GenerateRequest, key: ModelKey) -> str | None:
     """``req``'s grammar, built and checked (raises InvalidRequestError): bounded, but slow
     enough to run off the event loop (:mod:`modeld.daemon.builds`), and a big one in a
     low-priority child (:mod:`modeld.daemon.grammarproc`)."""
@@ -186,7 +186,7 @@ def request_grammar(req: protocol.GenerateRequest, key: ModelKey) -> str | None:
 def request_job(
     client: bytes,
     rid: str,
-    req: protocol.GenerateRequest | protocol.EmbedRequest | protocol.RerankRequest,
+    req: reqparse.GenerateRequest | reqparse.EmbedRequest | reqparse.RerankRequest,
     key: ModelKey,
     name: str,
     settings: Settings,
@@ -195,12 +195,12 @@ def request_job(
     """The job of a generate, embed or rerank request: its runner message, built by the runner
     protocol's own builders (the scheduler sets the runner's rid when it dispatches).
     ``gbnf``: the generate request's grammar (:func:`request_grammar`)."""
-    if isinstance(req, protocol.EmbedRequest):
+    if isinstance(req, reqparse.EmbedRequest):
         payload = rp.embed(rid, req.inputs)
         return Job(client=client, rid=rid, kind="embed", key=key, name=name, payload=payload,
                    keep_alive_s=keep_alive_of(req.keep_alive, settings),
                    n_ctx=requested_ctx(req.n_ctx), gpu_layers=req.gpu_layers)  # fmt: skip
-    if isinstance(req, protocol.RerankRequest):
+    if isinstance(req, reqparse.RerankRequest):
         payload = rp.rerank(rid, req.query, req.documents, req.top_n)
         return Job(client=client, rid=rid, kind="rerank", key=key, name=name, payload=payload,
                    keep_alive_s=keep_alive_of(req.keep_alive, settings),

@@ -41,7 +41,7 @@ from modeld.errors import (
     ShuttingDownError,
 )
 from modeld.model import memory
-from modeld.wire import protocol, replyflow
+from modeld.wire import protocol, replyflow, reqparse
 from modeld.wire.replies import Validation
 
 log = logging.getLogger("modeld.daemon")
@@ -52,8 +52,8 @@ TICK_S = 0.1  # timer resolution: dead runners are noticed within this (well und
 PROBE_S = 0.25
 PROBE = protocol.Message("probe", "modeld-probe")
 _DRAIN = 256  # messages handled per socket per loop turn, so timers keep running under load
-JobRequest = (protocol.GenerateRequest | protocol.EmbedRequest | protocol.RerankRequest
-              | protocol.LoadRequest)  # fmt: skip
+JobRequest = (reqparse.GenerateRequest | reqparse.EmbedRequest | reqparse.RerankRequest
+              | reqparse.LoadRequest)  # fmt: skip
 
 
 class Service:
@@ -199,7 +199,7 @@ class Service:
             self._send(client, protocol.error_reply(msg.id, exc))
 
     def _handle(self, client: bytes, msg: protocol.Message) -> None:
-        req = protocol.parse_request(msg)
+        req = reqparse.parse_request(msg)
         t = msg.type
         reply = self._send
         if t in ("ping", "version"):
@@ -221,19 +221,19 @@ class Service:
         elif t == "shutdown":
             reply(client, protocol.done(msg.id, stopping=True))
             self.stop_requested = True
-        elif isinstance(req, protocol.CancelRequest):
+        elif isinstance(req, reqparse.CancelRequest):
             found = self.sched.cancel(client, req.target) or self.builds.cancel(client, req.target)
             reply(client, protocol.done(msg.id, cancelled=found))
-        elif isinstance(req, protocol.UnloadRequest):
+        elif isinstance(req, reqparse.UnloadRequest):
             self._unload(client, msg.id, req)
-        elif isinstance(req, protocol.ShowRequest):
+        elif isinstance(req, reqparse.ShowRequest):
             reply(client, protocol.done(msg.id, **self._show(req)))
         elif isinstance(
             req,
-            protocol.GenerateRequest
-            | protocol.EmbedRequest
-            | protocol.RerankRequest
-            | protocol.LoadRequest,
+            reqparse.GenerateRequest
+            | reqparse.EmbedRequest
+            | reqparse.RerankRequest
+            | reqparse.LoadRequest,
         ):
             self._submit(client, msg.id, req)
         else:  # pragma: no cover - parse_request covers every type
@@ -266,7 +266,7 @@ class Service:
     def _submit(self, client: bytes, rid: str, req: JobRequest) -> None:
         """Hand the request to the scheduler; one whose reply follows a grammar first has the
         grammar built on a thread (the loop goes on serving meanwhile)."""
-        if not (isinstance(req, protocol.GenerateRequest) and needs_grammar(req)):
+        if not (isinstance(req, reqparse.GenerateRequest) and needs_grammar(req)):
             self.sched.submit(self._job(client, rid, req))
             return
         key, _ = self._key(req.model, req.mode)  # an unknown model: its error now
@@ -286,9 +286,9 @@ class Service:
 
     def _job(self, client: bytes, rid: str, req: JobRequest, gbnf: str | None = None) -> Job:
         """``req``'s job (``gbnf``: a generate request's grammar, built already)."""
-        if not isinstance(req, protocol.LoadRequest):
+        if not isinstance(req, reqparse.LoadRequest):
             key, name = self._key(req.model, req.mode)
-            if isinstance(req, protocol.GenerateRequest) and req.has_images:
+            if isinstance(req, reqparse.GenerateRequest) and req.has_images:
                 self._check_vision(key, name)
             job = request_job(client, rid, req, key, name, self.settings, gbnf)
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
@@ -312,7 +312,7 @@ class Service:
                 "[mmproj] table or load the model with --mmproj; or send text only",
                 details={"model": name})  # fmt: skip
 
-    def _unload(self, client: bytes, rid: str, req: protocol.UnloadRequest) -> None:
+    def _unload(self, client: bytes, rid: str, req: reqparse.UnloadRequest) -> None:
         keys = list(views.loaded(self.sched)) if req.all else self._loaded_keys(req.model, req.mode)
         now, later = self.sched.unload(keys)
         self._send(client, protocol.done(rid, unloaded=now, unloading_when_idle=later))
@@ -344,7 +344,7 @@ class Service:
             )
         return keys
 
-    def _show(self, req: protocol.ShowRequest) -> dict[str, Any]:
+    def _show(self, req: reqparse.ShowRequest) -> dict[str, Any]:
         key, name = self._key(req.model, self._mode_or_natural(req.model, req.mode))
         return views.show(self.sched, key, name, req.n_ctx)
 

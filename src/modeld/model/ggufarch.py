@@ -3,7 +3,7 @@
 ggml type sizes (to size tensors), llama_ftype names (``general.file_type`` -> ``Q4_K_M``),
 and per-architecture rules: which layers use a sliding window when the file does not say, and
 which architectures keep a recurrent state. Kept apart from the binary reader in
-:mod:`modeld.model.gguf` because these tables follow llama.cpp releases, not the file format.
+:mod:`modeld.model.gguffile` because these tables follow llama.cpp releases, not the file format.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from modeld.model import memory
+from modeld.model import kvcache, memory
 from modeld.model.memory import MemoryEstimate, MiB
 from modeld.model.modelinfo import ModelInfo
 
@@ -155,7 +155,7 @@ def with_layers(
     the rest in RAM. The input embedding stays in RAM (llama.cpp keeps it on the CPU).
     ``unified``: the sequences share one pool of ``n_ctx`` cells (kv_unified)."""
     n = max(1, parallel)
-    cells, unified = memory.context_cells(n_ctx, n, unified)
+    cells, unified = kvcache.context_cells(n_ctx, n, unified)
     est = memory.estimate(info, cells, mode=memory.mode_of(mode), n_seq=n,
                           prompt_cache=prompt_cache, gpu_layers=layers, type_k=kv_type,
                           type_v=kv_type, kv_unified=unified)  # fmt: skip

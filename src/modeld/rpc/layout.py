@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from modeld.errors import InsufficientMemoryError, format_bytes
-from modeld.model import memory
+from modeld.model import kvcache, memory
 from modeld.model.modelinfo import ModelInfo
 
 #: micro-batch of a generate-mode runner (llamaopen.open_llama: min(this, n_batch))
@@ -112,8 +112,8 @@ def plan(
     devs = layer_devices(n, split if split is not None else [float(m) for m in memory_bytes])
     by_layer = _weights_by_layer(info)
     seqs = max(1, parallel)
-    cells, pooled = memory.context_cells(n_ctx, seqs, kv_unified)
-    full, swa = memory.kv_cells(
+    cells, pooled = kvcache.context_cells(n_ctx, seqs, kv_unified)
+    full, swa = kvcache.kv_cells(
         info, cells, n_ubatch=N_UBATCH, n_seq=seqs, unified=pooled or seqs == 1
     )
     streams = 1 if pooled else seqs
@@ -130,8 +130,8 @@ def plan(
         layers = [il for il in range(n + 1) if devs[il] == d]
         kv = 0.0
         for il in layers:
-            if il < n and memory.has_kv_cache(info):
-                kv += memory.layer_kv_bytes(info, il, (full, swa))
+            if il < n and kvcache.has_kv_cache(info):
+                kv += kvcache.layer_kv_bytes(info, il, (full, swa))
         compute = 0
         if layers and used == 1:  # one graph: the logits reuse the freed activations
             compute = max(acts, logits) + mask

@@ -26,7 +26,7 @@ from modeld.runner.batch import RANDOM_SEED
 
 #: ggml-cpu's switch of its tiled K-quant matmul: on unless set to a number that is 0.
 TILED_ENV = "GGML_CPU_TILED_MM"
-#: ggml's type ids of the KV cache types (memory.KV_CACHE_TYPES)
+#: ggml's type ids of the KV cache types (kvcache.KV_CACHE_TYPES)
 GGML_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
               "q4_0": llama_cpp.GGML_TYPE_Q4_0}  # fmt: skip
 

@@ -442,23 +442,11 @@ class _Converter:
         bounds = self._bounds(schema, path)
         if not bounds:
             return self.rules.primitive("number")
-        lo, lo_open, hi, hi_open = -numbers.LIMIT, False, numbers.LIMIT, False
-        for key, value in bounds.items():
-            low = key in ("minimum", "exclusiveMinimum")
-            if abs(value) > numbers.LIMIT:  # past what the grammar writes (16 digits)
-                if (value > 0) == low:
-                    raise self.fail(path, "no number the grammar writes (16 digits at most) is "
-                                    "within its bounds")
-                continue  # a bound past the limit on the open side: the limit holds it
-            # a fractional bound: the grammar holds the whole numbers around it, and the
-            # complete reply is validated against the bound itself
-            whole = float(value).is_integer()
-            v = int(value) if whole else math.floor(value) if low else math.ceil(value)
-            is_open = whole and key.startswith("exclusive")
-            if low and (v > lo or (v == lo and is_open)):
-                lo, lo_open = v, is_open
-            if not low and (v < hi or (v == hi and is_open)):
-                hi, hi_open = v, is_open
+        found = numbers.number_bounds(bounds)
+        if found is None:
+            raise self.fail(path, "no number the grammar writes (16 digits at most) is "
+                            "within its bounds")
+        lo, lo_open, hi, hi_open = found
         body = numbers.number_range(lo, lo_open, hi, hi_open) if lo <= hi else ""
         if not body:
             raise self.fail(path, "no number is within its bounds")
@@ -495,22 +483,9 @@ class _Converter:
         return int(value)
 
     def _bounds(self, schema: dict[str, Any], path: str) -> dict[str, float]:
-        """The numeric bounds (draft 4's boolean exclusive flags turned into values)."""
-        out: dict[str, float] = {}
-        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
-            value = schema.get(key)
-            if value is None:
-                continue
-            if isinstance(value, bool) and key.startswith("exclusive"):
-                base = key.replace("exclusiveM", "m")
-                if value and base in schema:
-                    out[key] = out.pop(base, schema[base])
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or \
-                    not math.isfinite(value):  # fmt: skip
-                raise self.fail(f"{path}/{key}", "must be a number")
-            out.setdefault(key, value)
-        return out
+        """The numeric bounds (:func:`numbers.read_bounds`), a bad one refused with its path."""
+        return numbers.read_bounds(schema, lambda key: self.fail(f"{path}/{key}",
+                                                                 "must be a number"))
 
 
 def _key(name: str) -> str:

@@ -5,11 +5,15 @@ A range of non-negative integers becomes, per digit count, the classic digit-ran
 decomposition (``[17, 342]``: ``"1" [7-9] | [2-9] [0-9] | [1-2] [0-9]{2} | "3" ([0-3] [0-9] |
 "4" [0-2])``), so its size grows with the number of digits, never with the width of the range.
 The JSON integer rule writes at most 16 digits, so an open end is the 16-digit limit.
+Reading the bounds out of a schema and narrowing them to what the grammar writes are here too
+(not in :mod:`.convert`'s walk): they are the same arithmetic, and the walk only asks for it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
+from typing import Any
 
 LIMIT = 10**16 - 1  # the largest integral part the grammar writes (16 digits)
 _FRACTION = '("." [0-9]{1,16})?'
@@ -70,6 +74,28 @@ def non_negative(lo: int, hi: int) -> str:
     return " | ".join(parts)
 
 
+def read_bounds(
+    schema: Mapping[str, Any], fail: Callable[[str], Exception]
+) -> dict[str, float]:
+    """A schema's numeric bounds (draft 4's boolean exclusive flags turned into values);
+    ``fail(key)`` is raised for a bound that is no finite number."""
+    out: dict[str, float] = {}
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        value = schema.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) and key.startswith("exclusive"):
+            base = key.replace("exclusiveM", "m")
+            if value and base in schema:
+                out[key] = out.pop(base, schema[base])
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or \
+                not math.isfinite(value):  # fmt: skip
+            raise fail(key)
+        out.setdefault(key, value)
+    return out
+
+
 def integer_bounds(bounds: dict[str, float]) -> tuple[int, int]:
     """The inclusive integer range of ``bounds`` (minimum, exclusiveMinimum, maximum,
     exclusiveMaximum: finite numbers); an open end is the limit."""
@@ -83,6 +109,28 @@ def integer_bounds(bounds: dict[str, float]) -> tuple[int, int]:
     if "exclusiveMaximum" in bounds:
         hi = min(hi, math.ceil(bounds["exclusiveMaximum"]) - 1)
     return max(lo, -LIMIT), min(hi, LIMIT)
+
+
+def number_bounds(bounds: dict[str, float]) -> tuple[int, bool, int, bool] | None:
+    """The whole-number range a number's ``bounds`` give the grammar: (lo, lo excluded, hi, hi
+    excluded), an open end being the limit; None when a bound past the limit leaves no number
+    the grammar writes. A fractional bound gives the whole numbers around it (the complete
+    reply is validated against the bound itself)."""
+    lo, lo_open, hi, hi_open = -LIMIT, False, LIMIT, False
+    for key, value in bounds.items():
+        low = key in ("minimum", "exclusiveMinimum")
+        if abs(value) > LIMIT:  # past what the grammar writes (16 digits)
+            if (value > 0) == low:
+                return None
+            continue  # a bound past the limit on the open side: the limit holds it
+        whole = float(value).is_integer()
+        v = int(value) if whole else math.floor(value) if low else math.ceil(value)
+        is_open = whole and key.startswith("exclusive")
+        if low and (v > lo or (v == lo and is_open)):
+            lo, lo_open = v, is_open
+        if not low and (v < hi or (v == hi and is_open)):
+            hi, hi_open = v, is_open
+    return lo, lo_open, hi, hi_open
 
 
 def integer_range(lo: int, hi: int) -> str:

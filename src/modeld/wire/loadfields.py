@@ -16,9 +16,9 @@ from dataclasses import MISSING, dataclass
 from typing import Any
 
 from modeld.config import PROMPT_CACHE_MIB
-from modeld.model.memory import KV_CACHE_TYPES
+from modeld.model.kvcache import KV_CACHE_TYPES
 from modeld.wire import requestfields
-from modeld.wire.protocol import MAX_PARALLEL, MODES, rpc_endpoints
+from modeld.wire.reqparse import MAX_PARALLEL, MODES, rpc_endpoints
 from modeld.wire.requestfields import Fail, Fields, declare, flag, ints, nonempty, one_of, text
 
 N_CTX_MAX = 1 << 24

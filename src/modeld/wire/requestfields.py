@@ -5,7 +5,7 @@ Each field is a dataclass field whose metadata says how it is checked, its doc l
 class, which hops carry it:
 
 - :class:`Asked`: what the client asks and the runner honours (client -> daemon -> runner);
-  the client protocol's request (:class:`modeld.wire.protocol.GenerateRequest`) and the
+  the client protocol's request (:class:`modeld.wire.reqparse.GenerateRequest`) and the
   runner's spec (:class:`modeld.runner.specs.GenerateSpec`) both subclass it.
 - :class:`Decided`: what the daemon adds for the runner (daemon -> runner only): its grammar,
   the determinism it promised, the threads it shares out, a resumed reply's tokens.
