@@ -25,6 +25,8 @@ MAX_IMAGE_BYTES = 10 * MiB
 MAX_PIXELS = 4096 * 4096
 FORMATS = ("png", "jpeg", "gif", "webp")
 _HINT = "send PNG, JPEG, WebP or GIF images, base64-encoded"
+#: The hint once the bytes are in hand (a file from the CLI, a binary frame): no base64 there.
+_FORMAT_HINT = "send a PNG, JPEG, WebP or GIF file"
 #: Longest base64 text of an image of :data:`MAX_IMAGE_BYTES`.
 _MAX_B64 = (MAX_IMAGE_BYTES * 4) // 3 + 4
 
@@ -64,12 +66,12 @@ def decode_b64(text: str, where: str, fail: Fail) -> bytes:
 def check(data: bytes, where: str, fail: Fail) -> str:
     """The format of an image's bytes, after checking its size; a clear error otherwise."""
     if not data:
-        raise fail(f"{where} is empty: {_HINT}")
+        raise fail(f"{where} is empty: {_FORMAT_HINT}")
     if len(data) > MAX_IMAGE_BYTES:
         raise fail(f"{where} is larger than {MAX_IMAGE_BYTES // MiB} MiB: send a smaller image")
     kind = sniff(data)
     if kind is None:
-        raise fail(f"{where} is not a PNG, JPEG, WebP or GIF image: {_HINT}")
+        raise fail(f"{where} is not a PNG, JPEG, WebP or GIF image: {_FORMAT_HINT}")
     return kind
 
 
