@@ -188,9 +188,10 @@ class BatchEngine:
         preparation's too) are this request's reply only."""
         try:
             self.host.apply_threads(spec.n_threads)
-            tokens, prompt, grammar = ready.result()
+            prep = ready.result()
+            tokens, prompt, grammar = prep
             if spec.count_only:  # count_tokens: the prompt as it would run, evaluated never
-                ready.result().discard()
+                prep.discard()
                 self.host.send(rp.done_generate(spec.rid, finish_reason="stop",
                                                 prompt_tokens=len(tokens), prompt_tokens_reused=0,
                                                 completion_tokens=0, prompt_eval_s=0.0,

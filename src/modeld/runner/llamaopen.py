@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import llama_cpp
 
+from modeld.model import kvcache
 from modeld.model.memory import GENERATE_N_UBATCH
 from modeld.runner import microbatch, specs
 from modeld.runner.batch import RANDOM_SEED
@@ -76,10 +77,16 @@ def n_sequences(spec: specs.LoadSpec) -> int:
     return spec.parallel if spec.mode == "generate" else 1
 
 
+def cells(spec: specs.LoadSpec) -> tuple[int, bool]:
+    """The context's cells and whether the sequences share them as one pool (runner/kvpool.py):
+    :func:`modeld.model.kvcache.context_cells` of the load."""
+    return kvcache.context_cells(spec.n_ctx, n_sequences(spec), spec.kv_unified)
+
+
 def unified(spec: specs.LoadSpec) -> bool:
-    """Whether the sequences share one pool of cells (runner/kvpool.py): ``kv_unified`` asked
-    for and more than one sequence (one sequence has its pool to itself either way)."""
-    return spec.kv_unified and n_sequences(spec) > 1
+    """Whether the sequences share one pool of cells: ``kv_unified`` asked for and more than
+    one sequence (one sequence has its pool to itself either way)."""
+    return cells(spec)[1]
 
 
 def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
@@ -87,13 +94,13 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     ``parallel`` sequences (generate mode) of ``n_ctx`` cells each, or with ``kv_unified``
     sharing one pool of ``n_ctx`` cells."""
     n_seq = n_sequences(spec)
-    shared = unified(spec)
+    n_cells, shared = cells(spec)
     _choose_tiled(n_seq)
     cpu_only = spec.gpu_layers == 0 and not spec.rpc
     with _sequences(n_seq, shared), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
         llm = llama_cpp.Llama(
             model_path=spec.path,
-            n_ctx=spec.n_ctx if shared else spec.n_ctx * n_seq,
+            n_ctx=n_cells,
             n_batch=n_batch,
             n_ubatch=n_batch if spec.mode != "generate" else min(GENERATE_N_UBATCH, n_batch),
             n_threads=spec.n_threads,

@@ -13,6 +13,7 @@ from typing import Any
 from modeld import sizing
 from modeld.rpc import ggml as ggmlrpc
 from modeld.rpc import layout as rpcplan
+from modeld.runner import llamaopen
 from modeld.runner.specs import LoadSpec
 
 log = logging.getLogger("modeld.runner")
@@ -25,7 +26,7 @@ def prepare(spec: LoadSpec) -> tuple[LoadSpec, list[rpcplan.Share]]:
     cap = spec.rpc_memory
     memory = [min(f, cap) for f in free] if cap is not None else free
     info = sizing.read_info(spec.path)
-    parallel = spec.parallel if spec.mode == "generate" else 1
+    parallel = llamaopen.n_sequences(spec)
     # with a cap, llama.cpp is told to split by it too (tensor_split), so the plan is its split
     split = [float(m) for m in memory]
     n_ctx, shares = rpcplan.fit(

@@ -69,8 +69,8 @@ class Stream:
 
     def release(self) -> None:
         """Free the prompt's images not freed yet (an encoded one was, by its encoding)."""
-        for image in self.media.images if self.media is not None else ():
-            image.free()
+        if self.media is not None:
+            self.media.free()
 
     @property
     def rid(self) -> str:

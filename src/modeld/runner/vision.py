@@ -141,10 +141,14 @@ class Vision:
             return self._tokenize(parts, datas, add_bos)
 
     def _tokenize(self, parts: Sequence[str], datas: Sequence[bytes], add_bos: bool) -> Tokenized:
-        bitmaps: list[tuple[Any, str]] = []
+        decoded: dict[str, Any] = {}  # by id: an image sent twice in a request is decoded once
+        bitmaps: list[Any] = []
         try:
             for i, data in enumerate(datas):
-                bitmaps.append(self._bitmap(data, i))
+                image_id = images.image_id(data)
+                if image_id not in decoded:
+                    decoded[image_id] = self._bitmap(data, image_id, i)
+                bitmaps.append(decoded[image_id])
             texts, items = [], []
             for i, text in enumerate(parts):
                 if text:
@@ -154,7 +158,7 @@ class Vision:
                                              parse_special=True)  # fmt: skip
                     items.append(mtmd.mtmd_input_part(text=ctypes.pointer(t), bitmap=None))
                 if i < len(bitmaps):
-                    items.append(mtmd.mtmd_input_part(text=None, bitmap=bitmaps[i][0]))
+                    items.append(mtmd.mtmd_input_part(text=None, bitmap=bitmaps[i]))
             array = (ctypes.POINTER(mtmd.mtmd_input_part) * len(items))(
                 *(ctypes.pointer(p) for p in items))
             chunks = mtmd.mtmd_input_chunks_init()
@@ -168,15 +172,14 @@ class Vision:
             finally:
                 mtmd.mtmd_input_chunks_free(chunks)
         finally:
-            self._keep(bitmaps)
+            self._keep(decoded)
 
-    def _bitmap(self, data: bytes, index: int) -> tuple[Any, str]:
-        """An image decoded (kept from an earlier request, or now) and its id: the SHA-256 of
-        its bytes, which mtmd gives its chunk."""
-        image_id = images.image_id(data)
+    def _bitmap(self, data: bytes, image_id: str, index: int) -> Any:
+        """The image decoded (kept from an earlier request, or now), with ``image_id`` (the
+        SHA-256 of its bytes) as the id mtmd gives its chunk."""
         kept = self._bitmaps.pop(image_id, None)  # out of the cache while in use: _keep
         if kept is not None:
-            return kept[0], image_id
+            return kept[0]
         where = f"image {index + 1}"
         kind = images.check(data, where, InvalidRequestError)
         imagefile.check_pixels(data, kind, where)
@@ -191,16 +194,16 @@ class Vision:
             raise InvalidRequestError(f"{where} could not be decoded as {kind.upper()}",
                                       hint="send a valid PNG, JPEG, WebP or GIF file")
         mtmd.mtmd_bitmap_set_id(bitmap, image_id.encode())
-        return bitmap, image_id
+        return bitmap
 
-    def _keep(self, bitmaps: Sequence[tuple[Any, str]]) -> None:
+    def _keep(self, decoded: dict[str, Any]) -> None:
         """Keep the newest decoded images, up to :data:`memory.KEPT_BITMAP_BYTES` (agents
         resend the same screenshot every turn: its decode, ~2 ms for a 224-pixel PNG and tens
         of ms for a screen's, is done once); free the others."""
-        for bitmap, image_id in bitmaps:
+        for image_id, bitmap in decoded.items():
             size = int(mtmd.mtmd_bitmap_get_n_bytes(bitmap))
-            if image_id in self._bitmaps or size > memory.KEPT_BITMAP_BYTES:
-                mtmd.mtmd_bitmap_free(bitmap)  # the same image twice in one request
+            if size > memory.KEPT_BITMAP_BYTES:
+                mtmd.mtmd_bitmap_free(bitmap)
                 continue
             self._bitmaps[image_id] = (bitmap, size)
         total = sum(size for _, size in self._bitmaps.values())
