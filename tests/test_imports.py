@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from modeld.runner import openmp
 
 PURE_MODULES = [
     "modeld.errors",
@@ -84,3 +88,32 @@ def test_runner_loads_libzmq_before_llama_cpp() -> None:
              if line.startswith("import time:")]  # fmt: skip
     assert "zmq" in order and "llama_cpp" in order, order[-20:]
     assert order.index("zmq") < order.index("llama_cpp")
+
+
+def _gomp_spincount(env: dict[str, str]) -> str:
+    """The spin count the runner's libgomp took, as libgomp prints it at load
+    (``OMP_DISPLAY_ENV``); skipped for a llama.cpp built without libgomp."""
+    out = subprocess.run([sys.executable, "-m", "modeld.runner", "--help"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, **env,
+                                                      "OMP_DISPLAY_ENV": "verbose"})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    found = re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr)
+    if found is None:
+        pytest.skip("this llama.cpp build does not use libgomp")
+    return found.group(1)
+
+
+def test_runner_openmp_threads_spin_briefly_unless_the_user_says() -> None:
+    """libgomp reads its environment once, at load: the runner sets the spin count before it
+    imports llama_cpp (runner/openmp.py); a user's own setting is kept."""
+    clean = {k: v for k, v in os.environ.items() if k not in openmp.USER_SETTINGS}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "environ", clean)
+        assert _gomp_spincount({}) == str(openmp.SPINCOUNT)
+        assert _gomp_spincount({"GOMP_SPINCOUNT": "12345"}) == "12345"
+    env: dict[str, str] = {"OMP_WAIT_POLICY": "active"}
+    openmp.settle(env)
+    assert env == {"OMP_WAIT_POLICY": "active"}
+    env = {}
+    openmp.settle(env)
+    assert env == {"GOMP_SPINCOUNT": str(openmp.SPINCOUNT)}

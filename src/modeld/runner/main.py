@@ -15,12 +15,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import llama_cpp
+from modeld.runner import openmp
 
-from modeld.rpc import ggml as ggmlrpc
-from modeld.runner.llamalog import install_llama_logging, llama_logger
-from modeld.runner.process import Runner
-from modeld.runner.transport import connect, heartbeats
+openmp.settle()  # before llama.cpp's libgomp loads: it reads its environment once
+
+import llama_cpp  # noqa: E402
+
+from modeld.rpc import ggml as ggmlrpc  # noqa: E402
+from modeld.runner.llamalog import install_llama_logging, llama_logger  # noqa: E402
+from modeld.runner.process import Runner  # noqa: E402
+from modeld.runner.transport import connect, heartbeats  # noqa: E402
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
