@@ -106,3 +106,26 @@ def test_the_runner_wire_carries_images_as_frames_with_a_per_frame_limit() -> No
     assert runnerwire.decode(parts, max_bytes=max(len(p) for p in parts))
     with pytest.raises(protocol.ProtocolError, match="exceeds"):
         runnerwire.decode(parts, max_bytes=len(PNG) - 1)
+
+
+def test_a_base64_image_sent_again_is_not_decoded_again() -> None:
+    """An agent resends its screenshots every turn: the HTTP edge keeps the newest decoded,
+    by their text (wire/images.py); a bad text is refused every time, never kept."""
+    from modeld.wire import images
+
+    text = base64.b64encode(PNG + b"again").decode()
+    first = images.decode_b64(text, "x", ValueError)
+    assert first == PNG + b"again"
+    assert images.decode_b64("data:image/png;base64," + text, "x", ValueError) is first
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not valid base64"):
+            images.decode_b64(text[:-3] + "!!!", "y", ValueError)
+    kept = images._Decoded(limit=3 * (8 + 6))  # three 8-letter texts of 6 bytes
+    for i in range(4):
+        kept.put(f"text{i:04d}", bytes([i]) * 6)
+    assert kept.get("text0000") is None  # the oldest went
+    assert kept.get("text0001") == bytes([1]) * 6
+    kept.put("text0004", bytes(6))  # 0001 was just used: 0002 goes
+    assert kept.get("text0002") is None and kept.get("text0001") is not None
+    kept.put("x" * 40, b"too big for the limit")
+    assert kept.get("x" * 40) is None
