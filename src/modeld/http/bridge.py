@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from modeld.errors import DaemonUnavailableError
 from modeld.http import disconnect
-from modeld.http.disconnect import unless_gone
+from modeld.http.disconnect import ClientGone, unless_gone
 from modeld.wire import protocol
 from modeld.wire.replyflow import ReplyStream
 
@@ -56,10 +56,17 @@ class Conversation:
     async def recv(self, replies: ReplyStream) -> tuple[str, dict[str, Any]]:
         """The next chunk or the done of ``replies``' request (an error reply raised)."""
         while True:  # a client that leaves meanwhile raises ClientGone (a CancelledError)
-            if not await unless_gone(self.sock.poll(int(REPLY_TIMEOUT_S * 1000)), self.gone):
-                raise DaemonUnavailableError("no reply from the daemon",
-                                             hint="check the daemon log")
-            data = protocol.reply_object(await self.sock.recv_multipart())
+            if self.gone is not None and self.gone.done():
+                raise ClientGone()
+            try:  # a reply already here (a done right behind its chunk) is taken at once
+                frames = await self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if not await unless_gone(self.sock.poll(int(REPLY_TIMEOUT_S * 1000)),
+                                         self.gone):  # fmt: skip
+                    raise DaemonUnavailableError("no reply from the daemon",
+                                                 hint="check the daemon log") from None
+                continue
+            data = protocol.reply_object(frames)
             try:
                 reply = replies.feed(data)
             finally:
