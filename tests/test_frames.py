@@ -106,6 +106,8 @@ def test_the_runner_wire_carries_images_as_frames_with_a_per_frame_limit() -> No
     assert runnerwire.decode(parts, max_bytes=max(len(p) for p in parts))
     with pytest.raises(protocol.ProtocolError, match="exceeds"):
         runnerwire.decode(parts, max_bytes=len(PNG) - 1)
+    with pytest.raises(protocol.ProtocolError, match="binary frames do not match"):
+        runnerwire.decode([*parts, GIF])  # a frame named nowhere
 
 
 def test_a_base64_image_sent_again_is_not_decoded_again() -> None:

@@ -102,8 +102,6 @@ def estimate_n(
     :func:`modeld.model.placement.place` (its ``kv_type`` wins)."""
     import dataclasses
 
-    from modeld.model import memory
-
     if where is not None and not offload:
         return planned(info, n_ctx, where, mode=mode, parallel=parallel,
                        prompt_cache=prompt_cache, unified=unified)[0]  # fmt: skip

@@ -21,12 +21,17 @@ from modeld.runner.textstream import pool_and_normalize
 EMBED_CHUNK = memory.EMBED_CHUNK
 
 
+def pooled(llm: llama_cpp.Llama) -> bool:
+    """Whether the model pools its token states into one vector (an embedding model's
+    context), rather than leaving per-token states (a decoder's)."""
+    return bool(llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE)
+
+
 def embed_inputs(llm: llama_cpp.Llama, inputs: Sequence[str],
                  check: Callable[[], None]) -> tuple[list[list[float]], int]:
     """The vectors of ``inputs`` and their total tokens; an empty input or one longer than the
     model takes at once is refused (InvalidRequestError, ContextExceededError)."""
-    pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
-    limit = min(llm.n_ctx(), llm.n_batch) if pooled else llm.n_ctx()
+    limit = min(llm.n_ctx(), llm.n_batch) if pooled(llm) else llm.n_ctx()
     vectors: list[list[float]] = []
     total = 0
     for text in inputs:
@@ -50,7 +55,7 @@ def embed_one(llm: llama_cpp.Llama, text: str, check: Callable[[], None]) -> lis
     done in one batch (Llama.embed). Decoding in small chunks, with the KV cache carrying
     the prefix, gives the same states with that buffer bounded to EMBED_CHUNK rows.
     """
-    if llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE:
+    if pooled(llm):
         return pool_and_normalize(llm.embed(text, truncate=False))
     tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
     n_embd = llm.n_embd()

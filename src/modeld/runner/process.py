@@ -40,7 +40,7 @@ from modeld.rpc import ggml as ggmlrpc
 from modeld.rpc import layout as rpcplan
 from modeld.runner import chat, handoff, llamalog, llamaopen, prompting, rank, rpcload, specs
 from modeld.runner.batch import BatchEngine
-from modeld.runner.embedding import embed_inputs, embed_one
+from modeld.runner.embedding import embed_inputs, embed_one, pooled
 from modeld.runner.generation import PromptState
 from modeld.runner.prepare import TokenBound, context_exceeded
 from modeld.runner.promptcache import SnapshotStore
@@ -165,8 +165,7 @@ class Runner(RunnerServer):
         is the wrong kind for the mode."""
         try:
             llm = llamaopen.open_llama(spec, min(spec.n_batch, spec.n_ctx))
-            pooled = llama_cpp.llama_pooling_type(llm._ctx.ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
-            if spec.mode != "generate" and pooled and llm.n_batch < spec.n_ctx:
+            if spec.mode != "generate" and pooled(llm) and llm.n_batch < spec.n_ctx:
                 # A pooling (embedding) model embeds an input in one batch, and non-causal
                 # encoders need it in one ubatch: reopen with batch = context. Decoders keep
                 # small batches (embedding.embed_one).

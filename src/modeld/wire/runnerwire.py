@@ -417,6 +417,8 @@ def decode(parts: Sequence[bytes], *, max_bytes: int = MAX_RUNNER_MESSAGE_BYTES)
         raise ProtocolError(f"runner message frame of {size} bytes exceeds {max_bytes}")
     try:
         data = frames.loads(parts[0], parts[1:], parse_constant=_reject_constant)
+    except frames.FrameError as exc:
+        raise ProtocolError(f"runner message's binary frames do not match it: {exc}") from exc
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise ProtocolError(f"runner frame is not valid UTF-8 JSON: {exc}") from exc
     if not isinstance(data, dict):
