@@ -66,7 +66,7 @@ def _all_encodable(items: list[object]) -> bool:
     """Whether every string among ``items`` has a UTF-8 form: one encode of them all (a
     50,000-word enum was 50,000 paths built and checked one by one: 50 ms of the daemon's
     loop). Joined lone surrogates stay unencodable: a str never pairs them."""
-    return _encodable("".join([x for x in items if isinstance(x, str)]))
+    return _encodable("".join([x for x in items if isinstance(x, str) and not x.isascii()]))
 
 
 def too_deep(where: str = "") -> InvalidRequestError:
@@ -85,6 +85,8 @@ def too_deep(where: str = "") -> InvalidRequestError:
 
 
 def _encodable(text: str) -> bool:
+    if text.isascii():  # known without a pass over it (a base64 image: 270 KB copied twice)
+        return True
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
