@@ -434,7 +434,10 @@ NOTES: dict[str, str] = {
         "and the reply out 0.7, back to the daemon 0.8-1.0, to the HTTP thread 0.4-0.5, the "
         "response out 0.85: many sub-millisecond Python steps, partly the HTTP thread and the "
         "daemon's loop taking turns at one interpreter lock (a ZeroMQ or socket send releases "
-        "it). Earlier today (13:11): turn 1 0.951x-1.055x, turn 2 0.204x-0.231x."
+        "it); the front door in a process of its own (a prototype: the same app and bridge in a "
+        "standalone uvicorn, interleaved with the in-process one) gave turn 2 47.3 vs 47.0 ms "
+        "and 50.4 vs 52.2 ms: no gain. Earlier today (13:11): turn 1 0.951x-1.055x, turn 2 "
+        "0.204x-0.231x."
     ),
 }
 
