@@ -1,6 +1,6 @@
 """The HTTP side's DEALERs against a real daemon: one whose requests all ended serves the next
 HTTP request; one that cancelled a request is closed, and the next request gets a socket (and
-replies) of its own."""
+replies) of its own; kept ones are closed after IDLE_S without a request."""
 
 from __future__ import annotations
 
@@ -9,13 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from daemonutil import until
+from modeld.http import bridge as bridge_module
 from modeld.http.bridge import IDLE_SOCKETS, Bridge
 
 
 def test_a_settled_socket_is_kept_and_a_cancelling_one_closed(
-    daemon_factory: Callable[..., Any], tiny_model: Path
+    daemon_factory: Callable[..., Any], tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(bridge_module, "IDLE_S", 1.0)
     d = daemon_factory()
     d.client(timeout=120).load(str(tiny_model), n_ctx=256)
 
@@ -48,6 +52,9 @@ def test_a_settled_socket_is_kept_and_a_cancelling_one_closed(
                 await k.__aexit__(None, None, None)
             idle = bridge._idle[asyncio.get_running_loop()]
             assert len(idle) == IDLE_SOCKETS  # the others were closed
+            held = [sock for sock, _ in idle]
+            await asyncio.sleep(1.5)  # IDLE_S without a request: closed, descriptors freed
+            assert not idle and all(sock.closed for sock in held)
         finally:
             bridge.close()
 

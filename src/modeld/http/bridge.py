@@ -4,9 +4,10 @@ The daemon's event loop stays the one owner of state: every HTTP request becomes
 ZeroMQ requests on the daemon's socket, so keep-alive, eviction, queueing, context growth,
 errors and stats behave exactly as for the CLI. Each HTTP request has a DEALER of its own while
 it runs, on the asyncio flavour of pyzmq so the HTTP event loop never blocks. A DEALER whose
-requests all ended is kept for the next HTTP request (at most :data:`IDLE_SOCKETS`): a new one
-cost ~0.5 ms a request here (the socket, its connect, the daemon's handshake on it, the close);
-one that had to cancel a request is closed, so no late reply can reach another conversation.
+requests all ended is kept for the next HTTP request (at most :data:`IDLE_SOCKETS`, for
+:data:`IDLE_S`): a new one cost ~0.5 ms a request here (the socket, its connect, the daemon's
+handshake on it, the close); one that had to cancel a request is closed, so no late reply can
+reach another conversation. A quiet daemon holds no kept sockets (nor their descriptors).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from modeld.wire.replyflow import ReplyStream
 REPLY_TIMEOUT_S = 3600.0
 #: Connected DEALERs kept for the next HTTP requests (more run at once: opened and closed).
 IDLE_SOCKETS = 8
+#: Seconds a kept DEALER waits for the next HTTP request before it is closed: a burst, or a
+#: client's next request straight after its last, reuses it.
+IDLE_S = 2.0
 
 
 class Conversation:
@@ -109,6 +113,15 @@ class Conversation:
             )
 
 
+_Kept = tuple[zmq.asyncio.Socket, float]
+
+
+def _expire(idle: list[_Kept], loop: asyncio.AbstractEventLoop) -> None:
+    """Close the kept sockets that waited :data:`IDLE_S` (the clock's resolution allowed)."""
+    while idle and loop.time() - idle[0][1] >= IDLE_S - 0.01:
+        idle.pop(0)[0].close()
+
+
 class Bridge:
     """Opens :class:`Conversation` s with the daemon at ``endpoint``."""
 
@@ -116,13 +129,14 @@ class Bridge:
         self.endpoint = endpoint
         self.ctx = zmq.asyncio.Context()
         self._n = itertools.count(1)
-        # by event loop: an asyncio socket serves the loop it was first used on
-        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[zmq.asyncio.Socket]]
+        # by event loop (an asyncio socket serves the loop it was first used on): the kept
+        # sockets, oldest first, with the loop time each was kept at
+        self._idle: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Kept]]
         self._idle = weakref.WeakKeyDictionary()
 
-    def _socket(self, idle: list[zmq.asyncio.Socket]) -> zmq.asyncio.Socket:
+    def _socket(self, idle: list[_Kept]) -> zmq.asyncio.Socket:
         if idle:
-            return idle.pop()
+            return idle.pop()[0]
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 500)  # a final cancel still reaches the daemon
         sock.connect(self.endpoint)
@@ -139,7 +153,9 @@ class Bridge:
         finally:
             disconnect.stop(gone)
             if talk.settled and len(idle) < IDLE_SOCKETS and not sock.closed:
-                idle.append(sock)
+                loop = asyncio.get_running_loop()
+                idle.append((sock, loop.time()))
+                loop.call_later(IDLE_S, _expire, idle, loop)
             else:
                 sock.close()
 
