@@ -91,11 +91,13 @@ def test_runner_loads_libzmq_before_llama_cpp() -> None:
 
 
 def _gomp_spincount(env: dict[str, str]) -> str:
-    """The spin count the runner's libgomp took, as libgomp prints it at load
-    (``OMP_DISPLAY_ENV``); skipped for a llama.cpp built without libgomp."""
+    """The spin count the runner's libgomp took with ``env`` added to this environment less
+    any wait setting of its own, as libgomp prints it at load (``OMP_DISPLAY_ENV``); skipped
+    for a llama.cpp built without libgomp."""
+    base = {k: v for k, v in os.environ.items() if k not in openmp.USER_SETTINGS}
     out = subprocess.run([sys.executable, "-m", "modeld.runner", "--help"], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, **env,
-                                                      "OMP_DISPLAY_ENV": "verbose"})  # fmt: skip
+                         text=True, timeout=120,
+                         env={**base, **env, "OMP_DISPLAY_ENV": "verbose"})  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     found = re.search(r"GOMP_SPINCOUNT = '(\d+)'", out.stderr)
     if found is None:
@@ -106,11 +108,8 @@ def _gomp_spincount(env: dict[str, str]) -> str:
 def test_runner_openmp_threads_spin_briefly_unless_the_user_says() -> None:
     """libgomp reads its environment once, at load: the runner sets the spin count before it
     imports llama_cpp (runner/openmp.py); a user's own setting is kept."""
-    clean = {k: v for k, v in os.environ.items() if k not in openmp.USER_SETTINGS}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(os, "environ", clean)
-        assert _gomp_spincount({}) == str(openmp.SPINCOUNT)
-        assert _gomp_spincount({"GOMP_SPINCOUNT": "12345"}) == "12345"
+    assert _gomp_spincount({}) == str(openmp.SPINCOUNT)
+    assert _gomp_spincount({"GOMP_SPINCOUNT": "12345"}) == "12345"
     env: dict[str, str] = {"OMP_WAIT_POLICY": "active"}
     openmp.settle(env)
     assert env == {"OMP_WAIT_POLICY": "active"}

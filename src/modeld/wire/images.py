@@ -29,6 +29,8 @@ FORMATS = ("png", "jpeg", "gif", "webp")
 _HINT = "send PNG, JPEG, WebP or GIF images, base64-encoded"
 #: The hint once the bytes are in hand (a file from the CLI, a binary frame): no base64 there.
 _FORMAT_HINT = "send a PNG, JPEG, WebP or GIF file"
+#: Longest base64 text of an image of :data:`MAX_IMAGE_BYTES`.
+_MAX_B64 = (MAX_IMAGE_BYTES * 4) // 3 + 4
 #: Base64 images kept decoded, by their text (text and bytes counted): an agent resends its
 #: screenshots with every turn, and decoding one is ~1 ms per 270 KB of base64 here.
 KEPT_DECODED_BYTES = 32 * MiB
@@ -66,8 +68,6 @@ class _Decoded:
 
 
 _decoded = _Decoded(KEPT_DECODED_BYTES)
-#: Longest base64 text of an image of :data:`MAX_IMAGE_BYTES`.
-_MAX_B64 = (MAX_IMAGE_BYTES * 4) // 3 + 4
 
 Fail = Callable[[str], Exception]
 
