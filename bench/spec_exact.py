@@ -39,6 +39,10 @@ PROMPT = ("Here is a Python function:\n\ndef area(width, height):\n    return wi
           "Rewrite both functions with the argument names w and h:\n\n")
 
 
+FILLER = ("The quick brown fox jumps over the lazy dog while the committee reviews the quarterly "
+          "report on regional water usage, noting that rainfall was below average. ")
+
+
 def _logits(llm: llama_cpp.Llama, index: int) -> np.ndarray[Any, Any]:
     n_vocab = llm.n_vocab()
     ptr = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, index)
@@ -106,21 +110,27 @@ def main() -> int:
     ap.add_argument("--model", help="a GGUF file (default: the built-in default model)")
     ap.add_argument("--tokens", type=int, default=160)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--lead", type=int, default=0,
+                    help="repeat a filler paragraph before the prompt this many times (positions "
+                    "past 512 take llama.cpp's split attention for one query row)")
+    ap.add_argument("--drafts", default="1,2,3,4,6", help="draft lengths k to replay")
+    ap.add_argument("--parallel", default="1,4")
     ap.add_argument("--out", type=Path, default=Path("bench/results/spec_exact.json"))
     args = ap.parse_args()
     if args.model is None:
         from modeld.registry import default_model
         args.model = str(default_model().path)
     results: list[dict[str, Any]] = []
-    for parallel in (1, 4):
+    for parallel in (int(p) for p in args.parallel.split(",")):
         spec = LoadSpec(path=args.model, n_ctx=2048, n_threads=args.threads, parallel=parallel,
                         warm_up=False)
         llm = llamaopen.open_llama(spec, 512)
         batch = DecodeBatch(llm)
-        prompt = llm.tokenize(PROMPT.encode(), add_bos=True, special=False)
+        text = FILLER * args.lead + PROMPT
+        prompt = llm.tokenize(text.encode(), add_bos=True, special=False)
         t0 = time.perf_counter()
         ref, rows = _reference(llm, batch, prompt, args.tokens, pad=parallel > 1)
-        for k in (1, 2, 3, 4, 6):
+        for k in (int(k) for k in args.drafts.split(",")):
             row = {"parallel": parallel, "k": k, "prompt_tokens": len(prompt),
                    **_verify(llm, batch, prompt, ref, rows, k)}
             results.append(row)

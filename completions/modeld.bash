@@ -39,8 +39,8 @@ _modeld_spec() {
             positional=()
             ;;
         "serve")
-            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-unified --kv-separate --kv-cache-type --gpu-layers --help -h"
-            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers"
+            opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --draft-max --draft --runner-stall --http --parallel --kv-unified --kv-separate --kv-cache-type --gpu-layers --help -h"
+            value_opts="--socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --draft-max --draft --runner-stall --http --parallel --kv-cache-type --gpu-layers"
             positional=()
             ;;
         "stop")

@@ -53,7 +53,7 @@ function __modeld_value_opts --description 'options of a command that take a val
     switch "$argv[1]"
         case ''
         case 'serve'
-            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --runner-stall --http --parallel --kv-cache-type --gpu-layers
+            printf '%s\n' --socket --memory-fraction --memory-cap --max-models --keep-alive --preload --log-level --prompt-cache-mib --draft-max --draft --runner-stall --http --parallel --kv-cache-type --gpu-layers
         case 'stop'
         case 'run'
             printf '%s\n' --system --max-tokens --temperature --top-p --top-k --seed --stop --keep-alive --ctx --format --rpc --gpu-layers --image --mmproj
@@ -109,6 +109,7 @@ complete -c modeld -n '__modeld_is serve' -l keep-alive -x -a '5m 30m 1h 0 -1' -
 complete -c modeld -n '__modeld_is serve' -l preload -x -a '(__modeld_models)' -d 'Load this model at start (repeatable).'
 complete -c modeld -n '__modeld_is serve' -l log-level -x -a 'debug info warning error' -d 'debug, info, warning or error.'
 complete -c modeld -n '__modeld_is serve' -l prompt-cache-mib -x -d 'Prompt-state cache per generating model, in MiB (0: off).'
+complete -c modeld -n '__modeld_is serve' -l draft-max -l draft -x -d 'Most tokens a reply drafts from its context per step (0: off).'
 complete -c modeld -n '__modeld_is serve' -l runner-stall -x -d 'Kill a runner that sends no heartbeat for this many seconds.'
 complete -c modeld -n '__modeld_is serve' -l http -x -d 'HTTP front door (Ollama, OpenAI, Anthropic): "HOST:PORT" or "off".'
 complete -c modeld -n '__modeld_is serve' -l parallel -x -d 'Requests one model decodes together (0: auto, 4 if memory allows).'

@@ -43,6 +43,11 @@ from modeld.settingvalues import (
     parse_socket,
 )
 
+#: Default and most draft tokens a reply checks per step (prompt-lookup speculation,
+#: runner/speculate.py): a decode call of a greedy-invariant shape holds 7 rows
+#: (runner/microbatch.py), the sequence's next token and 6 drafts; the runner caps there.
+DRAFT_MAX = 6
+MAX_DRAFT = 16
 #: Default bound of each generate-mode runner's prompt-state store (the ``prompt_cache_mib``
 #: setting): about 20 snapshots of a short gemma-3-270m prompt (18 KiB of KV per token plus a
 #: 1 MiB logits row).
@@ -207,6 +212,12 @@ class Settings:
         check=lambda v: None if 0 <= v <= 1 << 20 else "must be between 0 (off) and 1048576",
         help="MiB of evaluated-prompt snapshots each generating model keeps (part of its memory"
         " estimate); 0 turns the prompt cache off."))
+    draft_max: int = field(default=DRAFT_MAX, metadata=_spec(
+        env="MODELD_DRAFT_MAX", parse=parse_int, synonyms=("draft",),
+        check=lambda v: None if 0 <= v <= MAX_DRAFT else f"must be between 0 (off) and {MAX_DRAFT}",
+        help="Most tokens a reply drafts from its context and checks in one step (prompt-lookup"
+        " speculative decoding: the same text, fewer steps where it repeats the context); 0"
+        " turns it off. A request's draft_max option wins."))
     http: str = field(default=DEFAULT_HTTP, metadata=_spec(
         env="MODELD_HTTP", parse=parse_http,
         help="HOST:PORT of the HTTP front door (Ollama, OpenAI and Anthropic APIs), or off."))

@@ -448,9 +448,14 @@ class CachePolicy:
     def record_request(self) -> None:
         self._stats.requests += 1
 
-    def record_tokens(self, completion: int, prompt: int = 0) -> None:
+    def record_tokens(self, completion: int, prompt: int = 0, *, drafted: int = 0,
+                      accepted: int = 0) -> None:
+        """A reply's tokens; ``drafted``/``accepted``: its prompt-lookup drafts checked and
+        taken (each taken one is a decode step saved)."""
         self._stats.tokens += int(completion)
         self._stats.prompt_tokens += int(prompt)
+        self._stats.draft_tokens += int(drafted)
+        self._stats.draft_accepted += int(accepted)
 
     def stats(self) -> dict[str, object]:
         """JSON-safe counters for ``modeld stats``."""
@@ -471,6 +476,9 @@ class CachePolicy:
             **_errors("vram_estimate", s.vram_errors),
             "tokens_generated": s.tokens,
             "prompt_tokens": s.prompt_tokens,
+            "draft_tokens": s.draft_tokens,
+            "draft_accepted": s.draft_accepted,
+            "draft_acceptance": (s.draft_accepted / s.draft_tokens) if s.draft_tokens else None,
             "requests": s.requests,
             "uptime_s": self._clock() - s.started_at,
             "budget_bytes": self.budget_bytes,

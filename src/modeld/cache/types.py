@@ -343,6 +343,8 @@ class CacheStats:
     load_seconds_total: float = 0.0
     tokens: int = 0
     prompt_tokens: int = 0
+    draft_tokens: int = 0  # prompt-lookup drafts checked (runner/speculate.py)
+    draft_accepted: int = 0  # and taken: decode steps saved
     requests: int = 0
     evictions: dict[str, int] = field(
         default_factory=lambda: {r.value: 0 for r in EvictionReason}

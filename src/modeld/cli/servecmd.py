@@ -32,6 +32,11 @@ def serve(
         int | None,
         typer.Option(help="Prompt-state cache per generating model, in MiB (0: off)."),
     ] = None,
+    draft_max: Annotated[
+        int | None,
+        typer.Option("--draft-max", "--draft",
+                     help="Most tokens a reply drafts from its context per step (0: off)."),
+    ] = None,
     runner_stall: Annotated[
         float | None,
         typer.Option(help="Kill a runner that sends no heartbeat for this many seconds."),
@@ -59,6 +64,7 @@ def serve(
         keep_alive=keep_alive,
         log_level=log_level,
         prompt_cache_mib=prompt_cache_mib,
+        draft_max=draft_max,
         runner_stall_s=runner_stall,
         http=http,
         parallel=parallel,

@@ -284,9 +284,12 @@ class Dispatch:
         if job.earlier is not None:
             msg = joined(job.earlier, msg)
         body = done_body(slot, job, entry, msg, now)
-        usage = body["usage"]
+        usage, times = body["usage"], msg.get("timings")
+        drafts = times if isinstance(times, dict) else {}
         self.cache.record_tokens(
-            int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0))
+            int(usage.get("completion_tokens", 0)), int(usage.get("prompt_tokens", 0)),
+            drafted=int(drafts.get("draft_tokens", 0)),
+            accepted=int(drafts.get("draft_accepted", 0)),
         )
         self._note_peak_memory(slot, msg.get("memory"))
         self.release(slot, job)

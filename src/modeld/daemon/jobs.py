@@ -6,6 +6,7 @@ and by the daemon's ``ps``/``load`` replies.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import deque
@@ -211,7 +212,10 @@ def request_job(
     asked = requestfields.asked(req)
     if req.tool_choice == "none":  # the model is not shown tools it may not call
         asked["tools"] = ()
-    payload = rp.generate(rid, sampling=o.sampling, raw=o.raw, deterministic=alone,
+    sampling = o.sampling
+    if sampling.draft_max < 0:  # the request left it to the daemon's setting
+        sampling = dataclasses.replace(sampling, draft_max=settings.draft_max)
+    payload = rp.generate(rid, sampling=sampling, raw=o.raw, deterministic=alone,
                           grammar=gbnf, **asked)  # fmt: skip
     check = replycheck.for_request(req.format, req.tools, req.tool_choice) if gbnf else None
     return Job(client=client, rid=rid, kind="generate", key=key, name=name, payload=payload,
@@ -250,6 +254,8 @@ def done_body(
             generation_s=timings.get("generation_s", 0.0),
             tokens_per_s=timings.get("tokens_per_s", 0.0),
             batched_max=int(timings.get("batched_max", 1) or 1),
+            draft_tokens=int(timings.get("draft_tokens", 0) or 0),
+            draft_accepted=int(timings.get("draft_accepted", 0) or 0),
             prompt_tokens=prompt_tokens,
             prompt_tokens_reused=int(usage.get("prompt_tokens_reused", 0) or 0),
             completion_tokens=completion,
@@ -264,6 +270,10 @@ def done_body(
     if isinstance(msg.get("length_reason"), str):
         done["length_reason"] = msg["length_reason"]
     return done
+
+
+#: The runner's counts of prompt-lookup drafting in a ``done``'s timings (runner/speculate.py).
+DRAFT_TIMINGS = ("draft_tokens", "draft_accepted", "draft_steps")
 
 
 def joined(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, Any]:
@@ -284,6 +294,7 @@ def joined(earlier: Mapping[str, Any], later: Mapping[str, Any]) -> dict[str, An
         prompt_eval_s=first_times.get("prompt_eval_s", 0.0), generation_s=generation,
         tokens_per_s=int(usage.get("completion_tokens", 0)) / generation if generation else 0.0,
         batched_max=max(int(first_times.get("batched_max", 1)), int(timings.get("batched_max", 1))),
+        **{k: int(first_times.get(k, 0)) + int(timings.get(k, 0)) for k in DRAFT_TIMINGS},
     )  # fmt: skip
     return {**later, "usage": usage, "timings": timings}
 

@@ -26,7 +26,7 @@ import llama_cpp
 import llama_cpp._internals
 
 from modeld.errors import ErrorCode, ModeldError
-from modeld.runner import decodecall, kvpool, microbatch, resume, specs
+from modeld.runner import decodecall, kvpool, microbatch, resume, specs, verify
 from modeld.runner.generation import DecodeBatch, PromptState
 from modeld.runner.prepare import Prepared, Preparer, discard, preparing
 from modeld.runner.prompting import PromptText
@@ -235,7 +235,7 @@ class BatchEngine:
         self.encode_images(stream)
         self.streams.append(stream)
         if not todo:  # an exact hit: its logits are stored, sample now
-            self._sampled(stream, self._sample(stream))
+            self.sampled(stream, self.sample(stream))
 
     def encode_images(self, stream: Stream) -> None:
         """Encode the images the stream still evaluates (on this thread: vision.py says why);
@@ -294,10 +294,13 @@ class BatchEngine:
                            key=lambda s: s.seq)
         if not streaming:
             return bool(calls)
+        drafts = verify.drafts(self, streaming)
         if not self.invariant or not any(s.spec.sampling.greedy for s in streaming):
-            self._decode_tokens(streaming)  # no greedy row to keep invariant: one call
+            self._decode_tokens(streaming, drafts)  # no greedy row to keep invariant: one call
             return True
         by_seq = {s.seq: s for s in streaming}
+        for seq, draft in drafts.items():  # a call of its own: 1 + len(draft) rows, no pad
+            self._decode_tokens([by_seq.pop(seq)], {seq: draft})
         for call in microbatch.decode_calls(list(by_seq), self.max_rows):
             self._decode_tokens([by_seq[seq] for seq in call], pad=microbatch.needs_pad(
                 len(call) == 1, len(by_seq[call[0]].state.tokens)))
@@ -367,7 +370,7 @@ class BatchEngine:
                 continue
             # the first token goes out before the snapshot is copied (the time to first token);
             # the state and the logits row stay as they are until the next decode
-            self._sampled(stream, self._sample(stream, index))
+            self.sampled(stream, self.sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
 
     def _decode_image(self, stream: Stream, piece: Piece) -> None:
@@ -393,13 +396,15 @@ class BatchEngine:
             return
         stream.state.evaluated(piece, stream.prompt[start:end], alone=True)
         if last:
-            self._sampled(stream, self._sample(stream, index))
+            self.sampled(stream, self.sample(stream, index))
             stream.state.prompt_done(len(stream.prompt), index)
 
-    def _decode_tokens(self, streaming: list[Stream], *, pad: bool = False) -> None:
-        """The next token of each of ``streaming`` in one call. ``pad``: the one sequence gets
-        a second query row at its next position (dropped after the call), so its attention is
-        computed as beside other sequences (microbatch.py)."""
+    def _decode_tokens(self, streaming: list[Stream], drafts: Mapping[int, list[int]] = {},
+                       *, pad: bool = False) -> None:
+        """The next token of each of ``streaming`` in one call, followed by the tokens a
+        sequence drafted (``drafts``: verify.py). ``pad``: the one sequence gets a second query
+        row at its next position (dropped after the call), so its attention is computed as
+        beside other sequences (microbatch.py)."""
         tokens: list[tuple[Stream, int]] = []
         for stream in streaming:
             assert stream.next_token is not None
@@ -408,7 +413,12 @@ class BatchEngine:
             stream.batched_max = max(stream.batched_max, len(streaming))
 
         def fill(part: list[tuple[Stream, int]]) -> list[int]:
-            indices = [self.batch.add(token, len(s.state.tokens), s.seq, True) for s, token in part]
+            indices = []
+            for s, token in part:
+                pos = len(s.state.tokens)
+                indices.append(self.batch.add(token, pos, s.seq, True))
+                for j, drafted in enumerate(drafts.get(s.seq, ()), pos + 1):
+                    self.batch.add(drafted, j, s.seq, True)
             if pad:  # its position is free: a stream decodes at most at n_ctx_seq - 2
                 (stream, token), = part
                 self.batch.add(token, len(stream.state.tokens) + 1, stream.seq, False)
@@ -421,15 +431,18 @@ class BatchEngine:
                                           stream.seq, len(stream.state.tokens) + 1, -1)
         for (stream, token), index in zip(decoded, indices or (), strict=True):
             stream.state.decoded(token)
-            self._sampled(stream, self._sample(stream, index))
+            if stream.seq in drafts:
+                verify.accept(self, stream, index, drafts[stream.seq])
+            else:
+                self.sampled(stream, self.sample(stream, index))
 
     @staticmethod
-    def _sample(stream: Stream, index: int = -1) -> int:
+    def sample(stream: Stream, index: int = -1) -> int:
         sampling = stream.spec.sampling
         return stream.state.sample(stream.sampler, index, greedy=plain_greedy(sampling),
                                    grammar=stream.grammar, top_k=shortlist_top_k(sampling))
 
-    def _sampled(self, stream: Stream, token: int) -> None:
+    def sampled(self, stream: Stream, token: int) -> None:
         """Handle one new token of ``stream``: end of generation, text, stop strings, limits."""
         now = time.perf_counter()
         if stream.t_first is None:

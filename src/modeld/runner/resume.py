@@ -63,7 +63,7 @@ def pause(engine: Engine, stream: Stream) -> None:
         prompt_tokens=stream.prompt_tokens, prompt_tokens_reused=stream.reused,
         completion_tokens=stream.completion, prompt_eval_s=first - stream.t0,
         generation_s=now - first, batched_max=stream.batched_max, memory=probe.own_memory(),
-        resume=stream.written,
+        resume=stream.written, drafts=stream.draft_counts(),
     ))  # fmt: skip
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from modeld import replyparse
 from modeld.model import probe
-from modeld.runner import specs
+from modeld.runner import specs, speculate
 from modeld.runner.generation import PromptState
 from modeld.runner.prompting import Media
 from modeld.runner.promptplan import Piece, Span
@@ -66,6 +66,7 @@ class Stream:
     # span start -> the image's embeddings, or why it could not be encoded (the request ends
     # with that when it reaches the image: batch.py)
     encoded: dict[int, np.ndarray[Any, Any] | Exception] = field(default_factory=dict)
+    drafter: speculate.Drafter | None = None  # its prompt-lookup drafts (verify.py)
 
     def release(self) -> None:
         """Free the prompt's images not freed yet (an encoded one was, by its encoding)."""
@@ -155,6 +156,10 @@ class Stream:
         self.unsent, self.unsent_thinking, self.last_send = "", "", now
         self.unsent_calls, self.unsent_logprobs, self.unsent_done = [], [], []
 
+    def draft_counts(self) -> dict[str, int] | None:
+        """What its prompt-lookup drafting did, for its ``done`` (None: it never drafted)."""
+        return self.drafter.counts.as_dict() if self.drafter is not None else None
+
     def finish_reply(self, send: Send) -> RunnerGenerateDone:
         """Send what the reply still holds (text kept for a stop string, the parser's tail),
         then return its ``done`` message: why it ended, its usage and its timings."""
@@ -185,6 +190,7 @@ class Stream:
             memory=probe.own_memory(),
             tool_calls=[call_done(c) for c in self.calls],
             stop_sequence=self.text.stop_hit,
+            drafts=self.draft_counts(),
         )
 
 

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from modeld.config import MAX_DRAFT
+
 #: Most tokens one reply may ask for. "Until the end of the text or of the context" (Ollama's
 #: ``num_predict: -1``, an omitted OpenAI ``max_tokens``) is this value: the context ends first.
 MAX_TOKENS = 1 << 24
@@ -68,6 +70,11 @@ class Sampling:
     logprobs: bool = _opt(False, doc="return each token's log-probability")
     top_logprobs: int = _opt(0, 0, MAX_TOP_LOGPROBS,
                              doc="also the most likely alternatives of each token")  # fmt: skip
+    draft_max: int = _opt(-1, -1, MAX_DRAFT, ollama="draft_max",
+                          openai=("draft_max", "speculative.n_max"),
+                          doc="most tokens drafted from the context and checked per step "
+                          "(prompt lookup; the text is the same): 0 off, -1 the daemon's "
+                          "draft_max setting")  # fmt: skip
 
     def to_wire(self) -> dict[str, Any]:
         """The JSON form (what :func:`parse` reads back)."""

@@ -35,6 +35,8 @@ class GenerateTimings(TypedDict):
     generation_s: float
     tokens_per_s: float
     batched_max: int  # the most requests that shared one of its decode steps, itself included
+    draft_tokens: int  # tokens drafted from the context and checked (runner/speculate.py)
+    draft_accepted: int  # of those, the ones the model agreed with: decode steps saved
     prompt_tokens: int
     prompt_tokens_reused: int
     completion_tokens: int
@@ -246,7 +248,9 @@ class RunnerGenerateDone(TypedDict):
     rid: str
     finish_reason: str
     usage: Usage
-    timings: dict[str, float]  # prompt_eval_s, generation_s, tokens_per_s, batched_max
+    # prompt_eval_s, generation_s, tokens_per_s, batched_max; draft_tokens, draft_accepted and
+    # draft_steps when it drafted
+    timings: dict[str, float]
     memory: NotRequired[RunnerMemory]  # measured right after
     tool_calls: NotRequired[list[ToolCallDone]]
     stop_sequence: NotRequired[str]

@@ -283,6 +283,7 @@ def done_generate(
     stop_sequence: str | None = None,
     length_reason: str | None = None,
     resume: Sequence[int] = (),
+    drafts: Mapping[str, int] | None = None,
 ) -> RunnerGenerateDone:
     """The end of a generation, with usage and timings (tokens_per_s over generation_s;
     ``batched_max``: the most sequences that shared one of its decode steps, itself included).
@@ -292,6 +293,8 @@ def done_generate(
     ``length``): ``max_tokens`` reached, or ``context_window`` (the sequence's cells ran out).
     ``resume`` (with ``context_window``, when the request allowed ``grow``): the tokens written
     so far; the daemon continues the reply in a larger context (runner/resume.py).
+    ``drafts``: what prompt-lookup drafting did (runner/speculate.py ``Counts``), in the
+    timings.
     """
     tps = completion_tokens / generation_s if generation_s > 0 else 0.0
     msg: RunnerGenerateDone = {
@@ -308,6 +311,7 @@ def done_generate(
             "generation_s": generation_s,
             "tokens_per_s": tps,
             "batched_max": batched_max,
+            **(drafts or {}),
         },
     }
     if memory is not None:
