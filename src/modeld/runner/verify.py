@@ -37,10 +37,14 @@ _END_MARGIN = 3
 
 def drafts(engine: Engine, streaming: Sequence[Stream]) -> dict[int, list[int]]:
     """Sequence id -> the tokens it drafts in this step (none where drafting is off, paused or
-    finds nothing). Only where decode calls are shaped for batch invariance: there a row of a
-    verification call equals the one-row decode's, bit for bit (speculate.py)."""
+    finds nothing). Only where decode calls are shaped for batch invariance (there a row of a
+    verification call equals the one-row decode's, bit for bit: speculate.py), and only for a
+    sequence decoding alone: beside others its rows would cost a weight pass of their own
+    (llama.cpp gives each micro-batch equal tokens per sequence), which pays only when more
+    draft tokens are taken than there are sequences, and the step's tokens already come from
+    the batch."""
     out: dict[int, list[int]] = {}
-    if not engine.invariant:
+    if not engine.invariant or len(streaming) != 1:
         return out
     for stream in streaming:
         k_max = min(stream.spec.sampling.draft_max, microbatch.MAX_ROWS - 1)
