@@ -22,14 +22,23 @@ import sections
 from harness import RESULTS, ROOT, MiB
 from notes import NOTES
 from plot import cumulative_loads_svg
-from sections import agent_session, cli_floor, gpu, heavy, kv_cache_type, rpc, tree_memory
+from sections import (
+    agent_session,
+    cli_floor,
+    gpu,
+    heavy,
+    kv_cache_type,
+    rpc,
+    speculation,
+    tree_memory,
+)
 
 DOC = ROOT / "docs" / "benchmarks.md"
 ORDER = ("warm_call", "streaming", "cold_load", "prefix_reuse", "trace", "footprint",
          "cli_startup", "concurrency", "http_api", "structured", "agent_turns",
          "agent_session", "agent_session_peer", "kv_cache_type", "kv_unified", "gpu", "chaos",
          "parallel", "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc",
-         "cluster", "heavy", "vision")  # fmt: skip
+         "cluster", "heavy", "vision", "speculation")  # fmt: skip
 
 def _f(x: Any, digits: int = 3) -> str:
     if x is None:
@@ -448,7 +457,7 @@ _RENDER = {"warm_call": _warm, "streaming": _stream, "cold_load": _cold, "prefix
            "pull": _pull, "rpc": rpc, "cluster": _cluster, "tree_memory": tree_memory,
            "heavy": heavy, "vision": sections.vision,
            "cli_floor": cli_floor, "kv_cache_type": kv_cache_type, "gpu": gpu,
-           "kv_unified": sections.kv_unified}
+           "kv_unified": sections.kv_unified, "speculation": speculation}
 
 
 def _calibration(data: dict[str, dict[str, Any]]) -> list[str]:

@@ -217,3 +217,15 @@ def vision(doc: dict[str, Any]) -> list[str]:
             f"{doc.get('threads')} threads on both sides; CPU flags "
             f"`{' '.join(doc.get('cpu_flags') or [])}`."]
     return rows
+
+
+def speculation(doc: dict[str, Any]) -> list[str]:
+    """Issue 46: drafts on against off per workload (bench/spec_speed.py)."""
+    rows = ["| workload | sampling | tok/s off | tok/s on | on / off | drafted | accepted | "
+            "acceptance | replies differing |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc.get("results", []):
+        rows.append(f"| {r['workload']} | {r['sampling']} | {_f1(r['tps_off'])} | "
+                    f"{_f1(r['tps_on'])} | {_f1(r['speedup'], 2)} | {r['drafted']} | "
+                    f"{r['accepted']} | {_f1(r['acceptance'], 2)} | {r['differ']} of "
+                    f"{doc.get('rounds')} |")
+    return rows

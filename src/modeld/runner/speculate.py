@@ -24,12 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-#: Longest and shortest suffix looked up (longer matches first: they predict better).
-NGRAM_MAX = 4
+#: Longest and shortest suffix matched (the longest match wins: it predicts better, and it
+#: tells apart look-alike places such as the records of a list: ``7, "name": "item-`` is 8
+#: tokens, and only 8 find record 7 rather than the record written last).
+NGRAM_MAX = 8
 NGRAM_MIN = 2
+#: Places kept per pair of tokens (the newest): a lookup compares the suffix with each.
+PLACES = 32
 #: Most positions indexed in one step when a long prompt is first looked up: the index is
 #: built from the newest tokens back, a bounded part a step, so a 40k-token prompt never
-#: stalls the other sequences' step for long (~1 ms a 1,000 positions).
+#: stalls a step for long (~1 ms a 1,000 positions).
 INDEX_STEP = 4096
 #: After this many drafts in a row with nothing accepted, drafting pauses for a number of
 #: steps that doubles with each such run (up to :data:`MAX_PAUSE`): fresh prose costs nothing.
@@ -64,8 +68,8 @@ class Drafter:
     k_max: int
     k: int = 0
     counts: Counts = field(default_factory=Counts)
-    # n -> n-gram -> the position right after its latest occurrence
-    _index: dict[int, dict[tuple[int, ...], int]] = field(default_factory=dict)
+    # a pair of tokens (as one int) -> positions right after it, up to PLACES, newest last
+    _index: dict[int, list[int]] = field(default_factory=dict)
     _hi: int = 0  # positions < _hi (and >= _lo) are indexed
     _lo: int = 0
     _misses: int = 0
@@ -74,7 +78,6 @@ class Drafter:
 
     def __post_init__(self) -> None:
         self.k = max(0, min(self.k or self.k_max, self.k_max))
-        self._index = {n: {} for n in range(NGRAM_MIN, NGRAM_MAX + 1)}
 
     def draft(self, tokens: Sequence[int], limit: int) -> list[int]:
         """Up to ``min(k, limit)`` tokens likely to follow ``tokens`` (the sequence so far,
@@ -87,11 +90,16 @@ class Drafter:
             return []
         self._extend(tokens)
         end = len(tokens)
-        for n in range(min(NGRAM_MAX, end - 1), NGRAM_MIN - 1, -1):
-            after = self._index[n].get(tuple(tokens[end - n:end]))
-            if after is not None:
-                return list(tokens[after:min(after + want, end)])
-        return []
+        best, best_n = -1, NGRAM_MIN - 1
+        for after in reversed(self._index.get(_pair(tokens, end), ())):
+            n = NGRAM_MIN  # the pair matches; how far back does the match go?
+            while n < NGRAM_MAX and after > n and tokens[after - n - 1] == tokens[end - n - 1]:
+                n += 1
+            if n > best_n:  # the newest place wins a tie
+                best, best_n = after, n
+                if n == NGRAM_MAX:
+                    break
+        return list(tokens[best:min(best + want, end)]) if best >= 0 else []
 
     def record(self, drafted: int, accepted: int) -> None:
         """The outcome of one verified draft: adapt the length, pause while nothing is taken."""
@@ -113,20 +121,27 @@ class Drafter:
             self._pause, self._misses = self._paused_for, 0
 
     def _extend(self, tokens: Sequence[int]) -> None:
-        """Index the n-grams that end before the last position: new positions forward (a later
-        occurrence replaces an earlier one), older ones backward a bounded part a step (an
-        occurrence already indexed is newer and stays)."""
-        end = len(tokens) - 1  # the suffix itself (ending at len(tokens)) is what is looked up
+        """Index the places after each pair of tokens that ends before the last position (the
+        suffix ending at ``len(tokens)`` is what is looked up): new positions forward, older
+        ones backward a bounded part a step; each pair keeps its :data:`PLACES` newest."""
+        end = len(tokens) - 1
         if self._hi == 0:
             self._hi = self._lo = max(end, NGRAM_MIN)
+        index = self._index
         for after in range(self._hi, end + 1):
-            for n, table in self._index.items():
-                if after >= n:
-                    table[tuple(tokens[after - n:after])] = after
+            places = index.setdefault(_pair(tokens, after), [])
+            places.append(after)
+            if len(places) > 2 * PLACES:
+                del places[:PLACES]
         self._hi = max(self._hi, end + 1)
         stop = max(NGRAM_MIN, self._lo - INDEX_STEP)
         for after in range(self._lo - 1, stop - 1, -1):
-            for n, table in self._index.items():
-                if after >= n:
-                    table.setdefault(tuple(tokens[after - n:after]), after)
+            places = index.setdefault(_pair(tokens, after), [])
+            if len(places) < PLACES:
+                places.insert(0, after)  # older than every place it holds
         self._lo = min(self._lo, stop)
+
+
+def _pair(tokens: Sequence[int], after: int) -> int:
+    """The two tokens before position ``after`` as one dict key."""
+    return (tokens[after - 2] << 32) | tokens[after - 1]
