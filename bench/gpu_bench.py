@@ -267,16 +267,16 @@ def modeld_rows(model: str, plan: Plan) -> None:
             with row("modeld", clients=n, gpu_layers=-1) as r:
                 got = c.load(model, n_ctx=plan.n_ctx, parallel=n, gpu_layers=-1)  # reloads for n
                 res, wall = clients_at_once(n, one)
-                r.update(aggregate_tok_s=sum(int(x["usage"]["completion_tokens"]) for x in res) / wall,
-                         per_stream_tok_s=[x["timings"].get("tokens_per_s") for x in res],
+                tokens = sum(int(x["usage"]["completion_tokens"]) for x in res)
+                r.update(aggregate_tok_s=tokens / wall, tokens=tokens, per_stream_tok_s=[x["timings"].get("tokens_per_s") for x in res],
                          batched_max=max(int(x["timings"].get("batched_max") or 1) for x in res),
                          processor=got.get("processor"), parallel=got.get("parallel"))  # fmt: skip
         half = n_layers(model) // 2
         with row("modeld", clients=1, gpu_layers=half) as r:
             got = c.load(model, n_ctx=plan.n_ctx, parallel=1, gpu_layers=half)
             res, wall = clients_at_once(1, one)
-            r.update(aggregate_tok_s=sum(int(x["usage"]["completion_tokens"]) for x in res) / wall,
-                     processor=got.get("processor"))
+            tokens = sum(int(x["usage"]["completion_tokens"]) for x in res)
+            r.update(aggregate_tok_s=tokens / wall, tokens=tokens, processor=got.get("processor"))
         emit("modeld_stats", **{k: v for k, v in c.stats().items() if k in (
             "backend", "devices", "vram_estimate_error_samples", "estimate_error_samples")})
 

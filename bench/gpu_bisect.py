@@ -215,7 +215,7 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(model: str, out: Path, gpu_layers: int = -1, only: list[str] | None = None) -> int:
-    folder = Path(tempfile.mkdtemp(prefix="gpu-bisect-"))
+    folder = Path(tempfile.mkdtemp(prefix="gpu-bisect-", dir=os.environ.get("BISECT_DIR")))
     endpoint = f"ipc://{folder / 'router.sock'}"
     preload = native_handler(folder)
     stop = threading.Event()

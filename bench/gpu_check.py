@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,9 @@ LINKS = ("exclude-libs", "hide-std")
 WATCH = ("_ZNSo9_M_insertIlEERSoT_", "_ZNKSt7codecvtIDsc11__mbstate_tE10do_unshiftERS0_PcS3_RS3_",
          "_ZNSt6locale7classicEv", "_ZNKSt7num_putIcSt19ostreambuf_iteratorIcSt11char_traitsIcEEE6do_putES3_RSt8ios_basecl")  # fmt: skip
 STD = re.compile(r" [TWVBDRu] (_ZNSt|_ZNKSt|_ZSt|_ZNSo|_ZNKSo|_ZNSi|_ZNSd|_ZT[ISV]N?St)")
-BIND = re.compile(r"(_M_insert|locale|codecvt|num_put|ctype|facet|basic_ios|ios_base)")
+#: std:: symbols of the stream and locale machinery (print_info's path), for the bindings' list
+BIND = re.compile(r"^(_ZNSo9_M_insert|_ZNSt6locale|_ZNKSt6locale|_ZNSt8ios_base|_ZNKSt7codecvt|_ZNSt7codecvt|"
+                  r"_ZNKSt7num_put|_ZNSt7num_put|_ZNKSt5ctype|_ZNSt5ctype|_ZNSt9basic_ios|_ZNKSt9basic_ios|_ZSt9use_facet)")
 
 
 class Steps:
@@ -101,6 +105,16 @@ def library_facts(path: Path) -> dict[str, Any]:
             "std_exports": len(std), "watched": [w for w in WATCH if w in std], "std_sample": std[:15]}
 
 
+def _distinct(lib: Path) -> list[list[str]]:
+    """The libraries of ``lib``, each once: a wheel holds copies under each soname alias."""
+    seen: dict[tuple[int, bytes], list[str]] = {}
+    for p in sorted(lib.glob("*.so*"), key=lambda q: len(q.name)):
+        with open(p, "rb") as f:
+            key = (p.stat().st_size, hashlib.sha1(f.read(1 << 20)).digest())
+        seen.setdefault(key, []).append(p.name)
+    return list(seen.values())
+
+
 def link_line(build: Path | None, target: str) -> str | None:
     if build is None or not (build / "build.ninja").exists():
         return None
@@ -131,7 +145,7 @@ def facts(st: Steps, lib: Path, build: Path | None, model: Path) -> None:
         "glibc": ["ldd", "--version"], "python": [PY, "-VV"], "driver": ["nvidia-smi", "-q", "-d", "COMPUTE"],
     }.items()}}  # fmt: skip
     f["cmake_cache"] = _cache(build)
-    f["libraries"] = {p.name: library_facts(p) for p in sorted(lib.glob("*.so*")) if not p.is_symlink()}
+    f["libraries"] = {" = ".join(names): library_facts(lib / names[0]) for names in _distinct(lib)}
     import zmq
 
     zlibs = sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/*.so*"))
@@ -148,11 +162,19 @@ def facts(st: Steps, lib: Path, build: Path | None, model: Path) -> None:
         trace = st.work / f"{name}.trace"
         env = dict(os.environ, LD_DEBUG="bindings", LD_DEBUG_OUTPUT=str(trace))
         st.sh(name, [PY, __file__, "load", str(model), *(["--zmq"] if zmq_ctx else [])], 60, env)
-        lines = []
+        lines, targets = [], Counter[str]()
         for part in st.work.glob(f"{name}.trace*"):
-            lines += [x.split(":", 1)[-1].strip() for x in part.read_text(errors="replace").splitlines()
-                      if "libllama" in x.split("to")[0] and BIND.search(x)]  # fmt: skip
-        st.results["facts"][name] = sorted(set(lines))[:60]
+            for x in part.read_text(errors="replace").splitlines():
+                b = re.search(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: normal symbol `([^']+)'", x)
+                if not b or not Path(b.group(1)).name.startswith(("libllama", "libggml")):
+                    continue
+                pair = f"{Path(b.group(1)).name} -> {Path(b.group(2)).name}"
+                if STD.search(f" T {b.group(3)}"):
+                    targets[pair] += 1
+                if BIND.search(b.group(3)):
+                    lines.append(f"{pair}: {b.group(3)}")
+        st.results["facts"][name] = sorted(set(lines))[:80]
+        st.results["facts"][f"{name}-std-targets"] = dict(targets.most_common())
 
 
 def _cache(build: Path | None) -> dict[str, str]:
@@ -173,8 +195,7 @@ def relink(st: Steps, line: str, cwd: Path, lib_name: str, variant: str, into: P
     flags = _out([str(ROOT / "scripts" / "cuda-link.sh"), variant]).split()
     into.mkdir(parents=True, exist_ok=True)
     target = into / lib_name
-    words = line.split(" && ")[-1].split()  # cmake writes ": && cmd && :"
-    words = [w for w in words if w not in (":", "&&")]
+    words = next(part for part in line.split(" && ") if " -shared " in part).split()  # ": && cmd && :"
     at = words.index("-o")
     words[at + 1] = str(target)
     done = st.sh(f"relink-{lib_name}-{variant}", [*words, *flags], 60, cwd=cwd)
@@ -308,7 +329,8 @@ def summary_md(st: Steps, cpu: bool) -> str:
     for lib, x in f.get("libraries", {}).items():
         lines.append(f"- {lib}: {x['std_exports']} std:: exports, watched {x['watched']}, NEEDED {x['needed']}")
     for key in ("bindings-plain", "bindings-zmq"):
-        lines.append(f"- {key}: " + "; ".join(f.get(key, [])[:6]))
+        lines.append(f"- {key}, where llama.cpp's std:: references bound: {f.get(key + '-std-targets')}")
+        lines += [f"  - {x}" for x in f.get(key, []) if "libllama.so -> libstdc++" not in x][:8]
     if f.get("ggml_cuda_inputs_defining"):
         lines.append(f"- inputs of ggml-cuda's link defining the watched symbols: {f['ggml_cuda_inputs_defining']}")
     lines += ["", "## Relinks (std:: exports / watched symbols)"]
@@ -321,7 +343,8 @@ def summary_md(st: Steps, cpu: bool) -> str:
         lines.append(f"- {name}: {'LOADED' if x.get('loaded') else 'failed'} {x.get('processor') or ''} "
                      f"{(x.get('error') or '')[:200]}")
     lines += [f"- chosen for pytest and bench: {r.get('chosen')}", "", "## pytest -m gpu",
-              f"- {r.get('pytest', '')}", "", "## Benchmark (gpu.json targets)"]
+              f"- {r.get('pytest', '')}", "", "## Benchmark (gpu.json: rows, targets)"]
+    lines += [f"- {x}" for x in r.get("bench_rows", [])] + [f"- error: {e}" for e in r.get("bench_errors", [])]
     for t in r.get("targets", []):
         value = "n/a" if t["value"] is None else f"{t['value']:.3f}"
         lines.append(f"- {'MET ' if t['met'] else 'MISS'} {t['name']}: {value} ({t['op']} {t['limit']})")
@@ -337,7 +360,7 @@ def run(a: argparse.Namespace) -> int:
     relinks(st, build)
     bis = st.sh("theory", [PY, str(ROOT / "bench" / "gpu_bisect.py"), a.model, str(work / "bisect.jsonl"), "-1",
                            "--only", "plain,plain+zmq,plain+stdcxx+zmq,plain+zmq_after"], 120,
-                dict(os.environ, BISECT_CHILD_S="45"))  # fmt: skip
+                dict(os.environ, BISECT_CHILD_S="45", BISECT_DIR=str(work)))  # fmt: skip
     st.results["theory"] = bis.stdout.splitlines()[:8] if bis else []
     chosen = candidates(st, Path(a.model))
     env = candidate_env(chosen or "default", work)
@@ -358,8 +381,25 @@ def run(a: argparse.Namespace) -> int:
         gpu = json.loads((bench / "gpu.json").read_text())
         shutil.copy(bench / "gpu.json", out / "gpu.json")
     st.results["targets"] = gpu.get("targets", [])
+    st.results["bench_rows"] = bench_rows(gpu)
     st.results["bench_errors"] = [json.dumps(e)[:300] for e in gpu.get("errors", [])]
     return pack(st, a.cpu)
+
+
+def bench_rows(gpu: dict[str, Any]) -> list[str]:
+    """One line per measured row of gpu.json (the targets follow them)."""
+    out = [f"VRAM {v['n_ctx']} x {v['n_seq']}: NVML {v['nvml'] / 2**20:.0f} MiB, estimate "
+           f"{v['estimate'] / 2**20:.0f} MiB ({v['error']:+.1%})" for v in gpu.get("vram", [])]
+    out += [f"llama-server -np {x['np']} -ngl {x['ngl']}: {x.get('aggregate_tok_s', 0):.1f} tok/s, ready "
+            f"{x.get('ready_s', 0):.2f} s" for x in gpu.get("server", [])]  # fmt: skip
+    out += [f"modeld {x['clients']} client(s), gpu_layers {x['gpu_layers']}: {x.get('aggregate_tok_s', 0):.1f} "
+            f"tok/s ({x.get('tokens')} tokens, {x.get('processor')})" for x in gpu.get("modeld", [])]  # fmt: skip
+    cold, ttft = gpu.get("cold_load", {}), gpu.get("ttft", {})
+    if cold:
+        out.append(f"modeld cold load: {cold.get('wall_s', 0):.2f} s ({cold.get('processor')})")
+    out.append(f"first token of the long prompt (median): modeld {ttft.get('modeld_s')} s, "
+               f"llama-server {ttft.get('server_s')} s")
+    return out
 
 
 def pack(st: Steps, cpu: bool) -> int:
@@ -369,8 +409,9 @@ def pack(st: Steps, cpu: bool) -> int:
     (st.out / "summary.md").write_text(text)
     with tarfile.open(st.out / "logs.tar.gz", "w:gz") as tar:
         for p in sorted(st.work.rglob("*")):
-            if p.is_file() and p.suffix not in (".gguf", ".so", ".o", ".a") and ".so." not in p.name \
-                    and p.stat().st_size < 8 << 20:
+            skip = p.suffix in (".gguf", ".so", ".o", ".a") or ".so." in p.name or "probe/b/" in str(p) \
+                or "llama_cpp_python" in str(p) or "/site/" in str(p)
+            if p.is_file() and not skip and p.stat().st_size < 8 << 20:
                 tar.add(p, arcname=str(p.relative_to(st.work)))
         for p in sorted(st.out.glob("*")):
             if p.name not in ("summary.md", "results.json", "gpu.json", "logs.tar.gz") and p.is_file():

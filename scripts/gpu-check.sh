@@ -50,8 +50,9 @@ if [ "${1:-}" = --cpu ]; then
     SERVER=$("$PY" -c "import sys; sys.path.insert(0, '$ROOT/bench'); import peer; b = peer.cache_dir(); \
 print(next(iter(sorted(b.glob('*/llama.cpp/build/bin/llama-server'))), 'none'))" 2>/dev/null || echo none)
     el "cpu mode: $LIB, model $MODEL, llama-server $SERVER"
-    exec "$PY" "$ROOT/bench/gpu_check.py" run --cpu --out "$OUT" --work "$W" --lib "$LIB" --model "$MODEL" \
+    "$PY" "$ROOT/bench/gpu_check.py" run --cpu --out "$OUT" --work "$W" --lib "$LIB" --model "$MODEL" \
         --big "$MODEL" --server "$SERVER" --deadline $(( T0 + BUDGET ))
+    rc=$?; rm -rf "$W"; exit $rc
 fi
 
 BUDGET=${GPU_CHECK_BUDGET:-540}
@@ -84,5 +85,6 @@ mkdir -p "$L/llama_cpp/lib" && find "$LL/build" -name "*.so*" -exec cp -P {} "$L
 $PY -c "import llama_cpp; from modeld.daemon.forkserver import gpu_backends; print('backends', gpu_backends())" 2>&1 | tee -a "$W/logs/steps.log"
 MODEL=$($PY -c "import ggufgen, pathlib; print(ggufgen.cached_model(pathlib.Path('$W/models'), 'llama', **ggufgen.TINY))")
 timeout 120 tail --pid=$GEN -f /dev/null; el "model generated"
-exec $PY "$ROOT/bench/gpu_check.py" run --out "$OUT" --work "$W" --lib "$L/llama_cpp/lib" --build "$LL/build" \
+$PY "$ROOT/bench/gpu_check.py" run --out "$OUT" --work "$W" --lib "$L/llama_cpp/lib" --build "$LL/build" \
     --model "$MODEL" --big "$W/big.gguf" --server "$LL/build/bin/llama-server" --deadline $(( T0 + BUDGET ))
+rc=$?; el "done rc=$rc"; exit $rc
