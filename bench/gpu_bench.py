@@ -29,7 +29,6 @@ import concurrent.futures as cf
 import contextlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +36,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import gpu_summary
 
 OUT = os.environ.get("OUT", "/tmp/out")
 LOG = os.path.join(OUT, "gpu.jsonl")
@@ -56,10 +57,18 @@ class Plan:
     child_s: float  # one measuring child's limit
 
 
-CARD = Plan(False, ((4096, 1, 256), (16384, 1, 0), (4096, 4, 0), (32768, 1, 0)), (1, 4, 8), 256,
-            3000, 4096, 180.0)  # fmt: skip
-CPU = Plan(True, ((512, 1, 16), (1024, 1, 0), (256, 4, 0), (2048, 1, 0)), (1, 4, 8), 16, 300,
-           512, 120.0)  # fmt: skip
+CARD = Plan(
+    False,
+    ((4096, 1, 256), (16384, 1, 0), (4096, 4, 0), (32768, 1, 0)),
+    (1, 4, 8),
+    256,
+    3000,
+    4096,
+    180.0,
+)
+CPU = Plan(
+    True, ((512, 1, 16), (1024, 1, 0), (256, 4, 0), (2048, 1, 0)), (1, 4, 8), 16, 300, 512, 120.0
+)
 
 
 def emit(kind: str, **kw: object) -> None:
@@ -112,9 +121,17 @@ def child(model: str, n_ctx: int, n_seq: int, gen: int, cpu: bool) -> None:
         emit("bare", devices=n, used_delta=_delta(nvml_used(cpu), base))
         return
     with llamaopen._sequences(n_seq, False):
-        llm = llama_cpp.Llama(model_path=model, n_ctx=n_ctx * n_seq, n_batch=512, n_ubatch=512,
-                              flash_attn=True, swa_full=False, logits_all=False, verbose=False,
-                              n_gpu_layers=-1)  # fmt: skip
+        llm = llama_cpp.Llama(
+            model_path=model,
+            n_ctx=n_ctx * n_seq,
+            n_batch=512,
+            n_ubatch=512,
+            flash_attn=True,
+            swa_full=False,
+            logits_all=False,
+            verbose=False,
+            n_gpu_layers=-1,
+        )
     load_s = time.time() - t0
     after_load = _delta(nvml_used(cpu), base)
     n_eval = min(512, n_ctx) - 1
@@ -128,11 +145,23 @@ def child(model: str, n_ctx: int, n_seq: int, gen: int, cpu: bool) -> None:
     if gen:
         eos = llm.token_eos()
         t1 = time.time()
-        out: Any = llm.create_completion("Once upon a time", max_tokens=gen, temperature=0.0,
-                                         logit_bias={eos: -1e9} if eos >= 0 else None)  # fmt: skip
+        out: Any = llm.create_completion(
+            "Once upon a time",
+            max_tokens=gen,
+            temperature=0.0,
+            logit_bias={eos: -1e9} if eos >= 0 else None,
+        )
         rate = out["usage"]["completion_tokens"] / (time.time() - t1)
-    emit("vram_measured", n_ctx=n_ctx, n_seq=n_seq, load_s=round(load_s, 2), after_load=after_load,
-         after_eval=after_eval, nvml_process=own, decode_tok_s=rate)  # fmt: skip
+    emit(
+        "vram_measured",
+        n_ctx=n_ctx,
+        n_seq=n_seq,
+        load_s=round(load_s, 2),
+        after_load=after_load,
+        after_eval=after_eval,
+        nvml_process=own,
+        decode_tok_s=rate,
+    )
 
 
 def estimate(model: str, n_ctx: int, n_seq: int) -> dict[str, Any]:
@@ -140,8 +169,13 @@ def estimate(model: str, n_ctx: int, n_seq: int) -> dict[str, Any]:
 
     info = gguf.read_model_info(model)
     d = placement.with_layers(info, n_ctx, info.block_count + 1, parallel=n_seq).to_dict()
-    return {"vram": d.get("vram"), "total_local": d.get("total"), "kv": d.get("kv_cache"),
-            "compute": d.get("compute"), "weights_local": d.get("weights")}  # fmt: skip
+    return {
+        "vram": d.get("vram"),
+        "total_local": d.get("total"),
+        "kv": d.get("kv_cache"),
+        "compute": d.get("compute"),
+        "weights_local": d.get("weights"),
+    }
 
 
 def n_layers(model: str) -> int:
@@ -172,20 +206,42 @@ def prompts() -> list[str]:
 
 
 def _post(url: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return dict(json.loads(r.read()))
 
 
 @contextlib.contextmanager
-def llama_server(server: str, model: str, np_: int, ngl: int, n_ctx: int) -> Iterator[tuple[str, float]]:
+def llama_server(
+    server: str, model: str, np_: int, ngl: int, n_ctx: int
+) -> Iterator[tuple[str, float]]:
     """A llama-server on loopback; yields its URL and its start-to-ready seconds."""
     port = 18088 + np_ + 10 * (ngl % 97)
     started = time.time()
     with open(os.path.join(OUT, f"server-np{np_}-ngl{ngl}.log"), "w") as log:
-        p = subprocess.Popen([server, "-m", model, "-ngl", str(ngl), "-c", str(n_ctx * np_),
-                              "-np", str(np_), "-fa", "on", "--port", str(port), "-t", "8"],
-                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        p = subprocess.Popen(
+            [
+                server,
+                "-m",
+                model,
+                "-ngl",
+                str(ngl),
+                "-c",
+                str(n_ctx * np_),
+                "-np",
+                str(np_),
+                "-fa",
+                "on",
+                "--port",
+                str(port),
+                "-t",
+                "8",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 120
@@ -203,7 +259,9 @@ def llama_server(server: str, model: str, np_: int, ngl: int, n_ctx: int) -> Ite
         p.wait(10)
 
 
-def clients_at_once(n: int, one: Callable[[int], dict[str, Any]]) -> tuple[list[dict[str, Any]], float]:
+def clients_at_once(
+    n: int, one: Callable[[int], dict[str, Any]]
+) -> tuple[list[dict[str, Any]], float]:
     one(0)  # warm
     t0 = time.time()
     with cf.ThreadPoolExecutor(n) as ex:
@@ -215,28 +273,58 @@ def server_rows(server: str, model: str, plan: Plan) -> None:
     """llama-server: ready time and tok/s at -np 1/4/8 (every layer), the long prompt's first
     token (-np 1), half the layers (-np 1)."""
     for np_ in plan.clients:
-        with row("server", np=np_, ngl=99) as r, llama_server(server, model, np_, 99, plan.n_ctx) as (url, ready):
+        with (
+            row("server", np=np_, ngl=99) as r,
+            llama_server(server, model, np_, 99, plan.n_ctx) as (url, ready),
+        ):
 
             def one(i: int) -> dict[str, Any]:
-                return _post(f"{url}/completion", {"prompt": f"Once upon a time {i}", "n_predict": plan.gen,
-                             "temperature": 0, "ignore_eos": True})  # fmt: skip
+                return _post(
+                    f"{url}/completion",
+                    {
+                        "prompt": f"Once upon a time {i}",
+                        "n_predict": plan.gen,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                    },
+                )
 
             res, wall = clients_at_once(np_, one)
-            r.update(ready_s=ready, aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall,
-                     per_stream_tok_s=[x["timings"]["predicted_per_second"] for x in res])  # fmt: skip
+            r.update(
+                ready_s=ready,
+                aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall,
+                per_stream_tok_s=[x["timings"]["predicted_per_second"] for x in res],
+            )
             if np_ == 1:
                 r["ttft"] = [_ttft_server(url, p) for p in prompts()]
     half = n_layers(model) // 2
-    with row("server", np=1, ngl=half) as r, llama_server(server, model, 1, half, plan.n_ctx) as (url, ready):
-        res, wall = clients_at_once(1, lambda i: _post(f"{url}/completion", {
-            "prompt": f"Once upon a time {i}", "n_predict": plan.gen, "temperature": 0, "ignore_eos": True}))
-        r.update(ready_s=ready, aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall)
+    with (
+        row("server", np=1, ngl=half) as r,
+        llama_server(server, model, 1, half, plan.n_ctx) as (url, ready),
+    ):
+        res, wall = clients_at_once(
+            1,
+            lambda i: _post(
+                f"{url}/completion",
+                {
+                    "prompt": f"Once upon a time {i}",
+                    "n_predict": plan.gen,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            ),
+        )
+        r.update(
+            ready_s=ready, aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall
+        )
 
 
 def _ttft_server(url: str, prompt: str) -> dict[str, Any]:
     t0 = time.time()
-    x = _post(f"{url}/completion", {"prompt": prompt, "n_predict": 1,
-                                    "temperature": 0, "cache_prompt": False})  # fmt: skip
+    x = _post(
+        f"{url}/completion",
+        {"prompt": prompt, "n_predict": 1, "temperature": 0, "cache_prompt": False},
+    )
     return {"wall_s": time.time() - t0, "prompt_tokens": x["timings"]["prompt_n"]}
 
 
@@ -249,15 +337,33 @@ def modeld_rows(model: str, plan: Plan) -> None:
         with row("modeld_cold_load") as r:
             t0 = time.time()
             got = c.load(model, n_ctx=plan.n_ctx, parallel=1, gpu_layers=-1)
-            r.update(wall_s=time.time() - t0, **{k: got.get(k) for k in (
-                "load_seconds", "processor", "gpu_layers", "size_vram", "vram_estimate", "vram_measured")})
+            r.update(
+                wall_s=time.time() - t0,
+                **{
+                    k: got.get(k)
+                    for k in (
+                        "load_seconds",
+                        "processor",
+                        "gpu_layers",
+                        "size_vram",
+                        "vram_estimate",
+                        "vram_measured",
+                    )
+                },
+            )
         with row("modeld_ttft") as r:
             r["ttft"] = [_ttft_modeld(d, model, p) for p in prompts()]
 
         def one(i: int) -> dict[str, Any]:
             with d.client(timeout=600) as mine:
-                g = mine.generate(model, f"Once upon a time {i}", raw=True, max_tokens=plan.gen,
-                                  temperature=0, seed=1)  # fmt: skip
+                g = mine.generate(
+                    model,
+                    f"Once upon a time {i}",
+                    raw=True,
+                    max_tokens=plan.gen,
+                    temperature=0,
+                    seed=1,
+                )
                 for _ in g:
                     pass
                 assert g.done is not None
@@ -268,99 +374,44 @@ def modeld_rows(model: str, plan: Plan) -> None:
                 got = c.load(model, n_ctx=plan.n_ctx, parallel=n, gpu_layers=-1)  # reloads for n
                 res, wall = clients_at_once(n, one)
                 tokens = sum(int(x["usage"]["completion_tokens"]) for x in res)
-                r.update(aggregate_tok_s=tokens / wall, tokens=tokens, per_stream_tok_s=[x["timings"].get("tokens_per_s") for x in res],
-                         batched_max=max(int(x["timings"].get("batched_max") or 1) for x in res),
-                         processor=got.get("processor"), parallel=got.get("parallel"))  # fmt: skip
+                r.update(
+                    aggregate_tok_s=tokens / wall,
+                    tokens=tokens,
+                    per_stream_tok_s=[x["timings"].get("tokens_per_s") for x in res],
+                    batched_max=max(int(x["timings"].get("batched_max") or 1) for x in res),
+                    processor=got.get("processor"),
+                    parallel=got.get("parallel"),
+                )
         half = n_layers(model) // 2
         with row("modeld", clients=1, gpu_layers=half) as r:
             got = c.load(model, n_ctx=plan.n_ctx, parallel=1, gpu_layers=half)
             res, wall = clients_at_once(1, one)
             tokens = sum(int(x["usage"]["completion_tokens"]) for x in res)
             r.update(aggregate_tok_s=tokens / wall, tokens=tokens, processor=got.get("processor"))
-        emit("modeld_stats", **{k: v for k, v in c.stats().items() if k in (
-            "backend", "devices", "vram_estimate_error_samples", "estimate_error_samples")})
+        emit(
+            "modeld_stats",
+            **{
+                k: v
+                for k, v in c.stats().items()
+                if k
+                in ("backend", "devices", "vram_estimate_error_samples", "estimate_error_samples")
+            },
+        )
 
 
 def _ttft_modeld(d: Any, model: str, prompt: str) -> dict[str, Any]:
     with d.client(timeout=600) as mine:
         t0 = time.time()
-        g = mine.generate(model, prompt, raw=True, max_tokens=1,
-                          temperature=0, seed=1)  # fmt: skip
+        g = mine.generate(model, prompt, raw=True, max_tokens=1, temperature=0, seed=1)
         first = None
         for _ in g:
             first = first or time.time() - t0
         assert g.done is not None
-        return {"wall_s": time.time() - t0, "first_s": first,
-                "prompt_tokens": g.done["usage"]["prompt_tokens"]}
-
-
-def _median_wall(rows: list[dict[str, Any]]) -> float | None:
-    walls = [t["wall_s"] for r in rows for t in r.get("ttft", [])]
-    return statistics.median(walls) if walls else None
-
-
-def summary() -> dict[str, Any]:
-    """$OUT/gpu.json from gpu.jsonl: the rows and the issue's targets (error rows are kept
-    as rows and meet no target)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from harness import target
-
-    with open(LOG) as f:
-        recs = [json.loads(line) for line in f if line.strip()]
-
-    def ok(kind: str) -> list[dict[str, Any]]:
-        return [r for r in recs if r.get("kind") == kind and "error" not in r]
-
-    vram = []
-    for m in ok("vram_measured"):
-        est = next((e for e in ok("vram_estimate") if (e["n_ctx"], e["n_seq"]) == (m["n_ctx"], m["n_seq"])), {})
-        if est.get("vram") and m.get("nvml_process"):
-            vram.append({"n_ctx": m["n_ctx"], "n_seq": m["n_seq"], "nvml": m["nvml_process"],
-                         "estimate": est["vram"], "error": (est["vram"] - m["nvml_process"]) / m["nvml_process"]})
-    server = {(r["np"], r["ngl"]): r for r in ok("server")}
-    ours = {(r["clients"], r["gpu_layers"]): r for r in ok("modeld")}
-    cold = next(iter(ok("modeld_cold_load")), {})
-    targets = [target(f"VRAM estimate error, n_ctx {v['n_ctx']} x {v['n_seq']}", abs(v["error"]), 0.05, "<=")
-               for v in vram]  # fmt: skip
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    for n in (1, 4, 8):
-        if (n, 99) in server and (n, -1) in ours:
-            targets.append(target(f"{n} client(s): modeld / llama-server -np {n} (tok/s)", ratio(
-                ours[n, -1]["aggregate_tok_s"], server[n, 99]["aggregate_tok_s"]), 0.95 if n == 1 else 1.0, ">="))
-    if cold.get("wall_s") and (1, 99) in server:
-        targets.append(target("cold load: modeld load / llama-server start to ready",
-                              ratio(cold["wall_s"], server[1, 99]["ready_s"]), 1.1, "<="))
-    ttft_ours, ttft_server = _median_wall(ok("modeld_ttft")), _median_wall([server.get((1, 99), {})])
-    if ttft_ours is not None and ttft_server is not None:
-        targets.append(target("first token of the long prompt: modeld / llama-server",
-                              ratio(ttft_ours, ttft_server), 1.1, "<="))
-    part_s = [v for (n, ngl), v in server.items() if n == 1 and ngl != 99]
-    part_o = [v for (n, ngl), v in ours.items() if n == 1 and ngl != -1]
-    if part_s and part_o:
-        targets.append(target(f"half the layers on the card (-ngl {part_s[0]['ngl']}): modeld / llama-server",
-                              ratio(part_o[0]["aggregate_tok_s"], part_s[0]["aggregate_tok_s"]), 0.9, ">="))
-    probe = next(iter(ok("probe")), {})
-    card = (probe.get("gpus") or [{}])[0]
-    doc = {"benchmark": "gpu", "title": "On an NVIDIA card (issues 34, 44)",
-           "what": "a TinyLlama-1.1B-shaped f16 model (2.2 GB, generated), every layer on the card unless "
-           "said; VRAM per process (NVML) vs modeld's estimate; decode of llama-server -ngl 99 -fa on "
-           "(-np 1/4/8) vs the modeld daemon (parallel 1/4/8), greedy tokens per client; cold load; first "
-           "token of a ~3,000-token prompt; half the layers offloaded",
-           "card": card.get("name"), "cpu_check": bool(probe.get("cpu")), "vram": vram,
-           "server": list(server.values()), "modeld": list(ours.values()), "cold_load": cold,
-           "ttft": {"modeld_s": ttft_ours, "server_s": ttft_server},
-           "errors": [r for r in recs if "error" in r or r.get("kind") == "child_failed"],
-           "targets": targets}  # fmt: skip
-    with open(os.path.join(OUT, "gpu.json"), "w") as f:
-        json.dump(doc, f, indent=2)
-    for t in targets:
-        value = "n/a" if t["value"] is None else f"{t['value']:.3f}"
-        print(f"{'MET ' if t['met'] else 'MISS'} {t['name']}: {value} ({t['op']} {t['limit']})")
-    print(f"rows with errors: {len(doc['errors'])}")
-    return doc
+        return {
+            "wall_s": time.time() - t0,
+            "first_s": first,
+            "prompt_tokens": g.done["usage"]["prompt_tokens"],
+        }
 
 
 def main(model: str, server: str, plan: Plan) -> None:
@@ -368,7 +419,10 @@ def main(model: str, server: str, plan: Plan) -> None:
         if not plan.cpu:
             from modeld.model import probe
 
-            r.update(gpus=[g.to_dict() for g in probe.gpu_memory()], budget=probe.usable_memory().to_dict())
+            r.update(
+                gpus=[g.to_dict() for g in probe.gpu_memory()],
+                budget=probe.usable_memory().to_dict(),
+            )
     me = [sys.executable, os.path.abspath(__file__), "child", model]
     flag = ["--cpu"] if plan.cpu else []
     subprocess.run([*me, "0", "1", "0", *flag], timeout=plan.child_s)
@@ -376,19 +430,33 @@ def main(model: str, server: str, plan: Plan) -> None:
         with row("vram_estimate", n_ctx=n_ctx, n_seq=n_seq) as r:
             r.update(estimate(model, n_ctx, n_seq))
         try:
-            done = subprocess.run([*me, str(n_ctx), str(n_seq), str(gen), *flag], timeout=plan.child_s,
-                                  capture_output=True, text=True)  # fmt: skip
+            done = subprocess.run(
+                [*me, str(n_ctx), str(n_seq), str(gen), *flag],
+                timeout=plan.child_s,
+                capture_output=True,
+                text=True,
+            )
             if done.returncode:
-                emit("child_failed", n_ctx=n_ctx, n_seq=n_seq, rc=done.returncode, error=done.stderr[-1500:])
+                emit(
+                    "child_failed",
+                    n_ctx=n_ctx,
+                    n_seq=n_seq,
+                    rc=done.returncode,
+                    error=done.stderr[-1500:],
+                )
         except subprocess.TimeoutExpired:
-            emit("child_failed", n_ctx=n_ctx, n_seq=n_seq, error=f"timed out after {plan.child_s} s")
-    subprocess.run([*me[:-2], "prompts", model, str(plan.prompt_tokens)], timeout=plan.child_s, check=True)
+            emit(
+                "child_failed", n_ctx=n_ctx, n_seq=n_seq, error=f"timed out after {plan.child_s} s"
+            )
+    subprocess.run(
+        [*me[:-2], "prompts", model, str(plan.prompt_tokens)], timeout=plan.child_s, check=True
+    )
     if os.path.exists(server):
         server_rows(server, model, plan)
     else:
         emit("server", np=0, ngl=0, error=f"no llama-server at {server!r}: its rows are skipped")
     modeld_rows(model, plan)
-    summary()
+    gpu_summary.summary()
 
 
 if __name__ == "__main__":
@@ -399,6 +467,6 @@ if __name__ == "__main__":
     elif args[0] == "prompts":
         long_prompts(args[1], int(args[2]))
     elif args[0] == "summary":
-        summary()
+        gpu_summary.summary()
     else:
         main(args[1], args[2], CPU if cpu else CARD)

@@ -21,7 +21,7 @@ and, not runner steps, to tell theories apart (issue 44; ``--only`` runs a subse
   stdcxx     libstdc++.so.6 loaded RTLD_GLOBAL before llama_cpp (MODELD_RUNNER_PRELOAD's way)
   zmq_after  the ZeroMQ context and DEALER made after the load, before the first decode
 
-    python bench/gpu_bisect.py MODEL OUT.jsonl [GPU_LAYERS] [--only NAME,NAME]   (GPU_LAYERS: -1 = all)
+    python bench/gpu_bisect.py MODEL OUT.jsonl [GPU_LAYERS] [--only NAME,NAME]   (-1: all layers)
 
 One JSON line per configuration: steps, exit code, signal, the last lines; then a verdict.
 On a CPU build every configuration loads (a check of the script itself).
@@ -235,7 +235,7 @@ def main(model: str, out: Path, gpu_layers: int = -1, only: list[str] | None = N
                   flush=True)  # fmt: skip
         v = verdict(rows)
         f.write(json.dumps(v) + "\n")
-    print(v["text"], "| needed:", v.get("needed"), "| crash alone:", v.get("crash_alone"), flush=True)
+    print(v["text"], "| needed:", v.get("needed"), "| alone:", v.get("crash_alone"), flush=True)
     print(f"logs of each child: {folder}", flush=True)
     stop.set()
     drain.join(5)

@@ -26,8 +26,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("gpu-out")
     env = dict(os.environ, OUT=str(out), PY=sys.executable)
     env.pop("PYTHONPATH", None)
-    done = subprocess.run([str(ROOT / "scripts" / "gpu-check.sh"), "--cpu"], env=env, capture_output=True,
-                          text=True, timeout=400)  # fmt: skip
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-check.sh"), "--cpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out, done.stdout
 
@@ -38,23 +43,37 @@ def results(out: Path) -> dict[str, Any]:
 
 def test_out_holds_the_few_files_a_card_run_can_bring_back(run: tuple[Path, str]) -> None:
     out, stdout = run
-    assert sorted(p.name for p in out.iterdir()) == ["gpu.json", "logs.tar.gz", "results.json", "summary.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu.json",
+        "logs.tar.gz",
+        "results.json",
+        "summary.md",
+    ]
     summary = (out / "summary.md").read_text()
     assert summary.strip() in stdout  # printed too: the last 12,000 characters come back
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
-    for want in ("logs/candidate-default.log", "logs/theory.log", "bench/gpu.jsonl", "bisect.jsonl"):
+    for want in (
+        "logs/candidate-default.log",
+        "logs/theory.log",
+        "bench/gpu.jsonl",
+        "bisect.jsonl",
+    ):
         assert want in names, names
 
 
 def test_every_step_ran_in_time(run: tuple[Path, str]) -> None:
     steps = results(run[0])["steps"]
     want = ["facts", "bindings-plain", "bindings-zmq", "probe-build", "theory", "pytest", "bench"]
-    want += [f"candidate-{c}" for c in ("default", "hide-std", "exclude-libs", "preload", "ld-preload")]
+    want += [
+        f"candidate-{c}" for c in ("default", "hide-std", "exclude-libs", "preload", "ld-preload")
+    ]
     assert {n: steps.get(n, {}).get("status") for n in want} == dict.fromkeys(want, "ok")
 
 
-def test_the_facts_name_libraries_and_where_their_std_references_bind(run: tuple[Path, str]) -> None:
+def test_the_facts_name_libraries_and_where_their_std_references_bind(
+    run: tuple[Path, str],
+) -> None:
     facts = results(run[0])["facts"]
     llama = next(v for k, v in facts["libraries"].items() if k.startswith("libllama.so"))
     assert "libstdc++.so.6" in llama["needed"] and llama["std_exports"] > 0
@@ -69,7 +88,9 @@ def test_the_relinks_tell_which_flag_removes_which_copy(run: tuple[Path, str]) -
     --exclude-libs hides only the archive's, the version script hides both, the API stays."""
     probe = results(run[0])["relink"]["probe"]
     assert INSERT_LONG in probe["default"]["watched"] and probe["default"]["std_exports"] > 100
-    assert INSERT_LONG in probe["exclude-libs"]["watched"] and probe["exclude-libs"]["std_exports"] < 5
+    assert (
+        INSERT_LONG in probe["exclude-libs"]["watched"] and probe["exclude-libs"]["std_exports"] < 5
+    )
     assert probe["hide-std"]["watched"] == [] and probe["hide-std"]["std_exports"] == 0
 
 
@@ -79,7 +100,9 @@ def test_each_candidate_loads_a_model_in_a_real_runner(run: tuple[Path, str]) ->
         assert row.get("loaded") is True and row["processor"] == "100% CPU", (name, row)
     assert r["chosen"] == "default"
     theory = {line.split()[0]: line.split()[1] for line in r["theory"][:4]}
-    assert theory == dict.fromkeys(("plain", "plain+zmq", "plain+stdcxx+zmq", "plain+zmq_after"), "ok")
+    assert theory == dict.fromkeys(
+        ("plain", "plain+zmq", "plain+stdcxx+zmq", "plain+zmq_after"), "ok"
+    )
     assert "skipped" in r["pytest"]  # the gpu tests skip without a card, and say so
 
 
@@ -91,4 +114,6 @@ def test_the_benchmark_writes_every_row_without_a_card(run: tuple[Path, str]) ->
     assert all(m["aggregate_tok_s"] > 0 and m["tokens"] > 0 for m in gpu["modeld"])
     assert gpu["cold_load"]["wall_s"] > 0 and gpu["ttft"]["modeld_s"] > 0
     # only the llama-server rows may be missing (no llama-server built here): said, not dropped
-    assert all(e.get("kind") == "server" and "llama-server" in e["error"] for e in gpu["errors"]), gpu["errors"]
+    assert all(e.get("kind") == "server" and "llama-server" in e["error"] for e in gpu["errors"]), (
+        gpu["errors"]
+    )

@@ -28,7 +28,10 @@ print(loaded(), preload.preload(), loaded())
 def test_names_split_on_colons_and_spaces() -> None:
     assert preload.names({}) == []
     assert preload.names({preload.ENV: "libstdc++.so.6:libm.so.6  libgcc_s.so.1"}) == [
-        "libstdc++.so.6", "libm.so.6", "libgcc_s.so.1"]
+        "libstdc++.so.6",
+        "libm.so.6",
+        "libgcc_s.so.1",
+    ]
 
 
 def test_preload_loads_the_library_in_a_fresh_process() -> None:
