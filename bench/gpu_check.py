@@ -63,7 +63,7 @@ def candidates(st: Steps, model: Path) -> str | None:
         done = st.sh(
             f"candidate-{name}",
             [PY, __file__, "candidate", str(model)],
-            75,
+            45,
             candidate_env(name, st.work),
         )
         row: dict[str, Any] = {
@@ -216,18 +216,18 @@ def run(a: argparse.Namespace) -> int:
             "plain,plain+zmq,plain+stdcxx+zmq,plain+zmq_after",
         ],
         120,
-        dict(os.environ, BISECT_CHILD_S="45", BISECT_DIR=str(work)),
+        dict(os.environ, BISECT_CHILD_S="40", BISECT_DIR=str(work)),
     )
     st.results["theory"] = bis.stdout.splitlines()[:8] if bis else []
     chosen = candidates(st, Path(a.model))
     env = candidate_env(chosen or "default", work)
-    if not a.cpu:
-        # the pytest fixtures' daemons keep MODELD_*; harness.daemon (the bench) drops them
-        env = candidate_env("ld-preload", work) if chosen == "preload" else env
+    # the pytest fixtures' daemons keep MODELD_*, harness.daemon (the bench's) drops them: with
+    # the runner's preload chosen, the bench's processes get libstdc++ by LD_PRELOAD instead
+    bench_env = candidate_env("ld-preload", work) if chosen == "preload" else env
     t = st.sh(
         "pytest",
         [PY, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-        150,
+        100,
         env,
         cwd=ROOT,
     )
@@ -245,15 +245,16 @@ def run(a: argparse.Namespace) -> int:
             *(["--cpu"] if a.cpu else []),
         ],
         420,
-        dict(env, OUT=str(bench)),
+        dict(bench_env, OUT=str(bench)),
         cwd=bench,
+        keep=6,  # the summary's, if the deadline cuts the bench short
     )
     if not (bench / "gpu.json").exists() and (bench / "gpu.jsonl").exists():
         st.sh(
             "bench-summary",
             [PY, str(ROOT / "bench" / "gpu_bench.py"), "summary"],
             30,
-            dict(env, OUT=str(bench)),
+            dict(bench_env, OUT=str(bench)),
         )
     gpu: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):

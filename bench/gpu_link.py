@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,7 +21,8 @@ from typing import Any
 
 from gpu_steps import PY, ROOT, Steps, _out
 
-LINKS = ("exclude-libs", "hide-std")  # scripts/cuda-link.sh's variants besides the default
+LINKS = ("exclude-libs", "hide-std")
+CUDA_TARGET = "ggml-cuda"  # the ninja target of llama.cpp's CUDA backend
 
 WATCH = (
     "_ZNSo9_M_insertIlEERSoT_",
@@ -70,10 +72,14 @@ def link_line(build: Path | None, target: str) -> str | None:
 
 
 def inputs_defining(line: str, cwd: Path, symbols: tuple[str, ...]) -> dict[str, list[str]]:
-    """Which object files and archives of a link line define each of ``symbols``."""
+    """Which object files and archives of a link line (``-lNAME`` looked up as libNAME.a in
+    its ``-L`` folders) define each of ``symbols``."""
+    words = [w.replace('"', "") for w in line.replace(";", " ").split()]
+    dirs = [Path(w[2:]) for w in words if w.startswith("-L")]
+    paths = [Path(w) if w.startswith("/") else cwd / w for w in words if not w.startswith("-")]
+    paths += [d / f"lib{w[2:]}.a" for w in words if w.startswith("-l") for d in dirs]
     found: dict[str, list[str]] = {s: [] for s in symbols}
-    for word in line.replace(";", " ").split():
-        p = Path(word) if word.startswith("/") else cwd / word
+    for p in paths:
         if p.suffix in (".o", ".a") and p.is_file():
             nm = _out(["nm", "--defined-only", str(p)])
             for s in symbols:
@@ -89,6 +95,8 @@ def facts(st: Steps, lib: Path, build: Path | None, model: Path) -> None:
             k: _out(c)[:300]
             for k, c in {
                 "g++": ["g++", "--version"],
+                "g++ -v": ["g++", "-v"],
+                "libstdc++.a": ["g++", "-print-file-name=libstdc++.a"],
                 "cc": ["cc", "--version"],
                 "cmake": ["cmake", "--version"],
                 "ninja": ["ninja", "--version"],
@@ -108,7 +116,7 @@ def facts(st: Steps, lib: Path, build: Path | None, model: Path) -> None:
     zlibs = sorted(Path(zmq.__file__).parent.parent.glob("pyzmq.libs/*.so*"))
     zlibs += sorted(Path(zmq.__file__).parent.glob("backend/cython/*.so"))
     f["pyzmq"] = {p.name: library_facts(p) for p in zlibs}
-    line = link_line(build, "ggml-cuda")
+    line = link_line(build, CUDA_TARGET)
     f["ggml_cuda_link"] = line
     if line and build is not None:
         f["ggml_cuda_inputs_defining"] = inputs_defining(line, build, WATCH[:2])
@@ -160,15 +168,13 @@ def _cache(build: Path | None) -> dict[str, str]:
 
 def relink(st: Steps, line: str, cwd: Path, lib_name: str, variant: str, into: Path) -> Path | None:
     """Link the library of ``line`` again with ``variant``'s flags, into ``into/lib_name``."""
-    flags = _out([str(ROOT / "scripts" / "cuda-link.sh"), variant]).split()
+    flags = _out([str(ROOT / "scripts" / "cuda-link.sh"), variant])
     into.mkdir(parents=True, exist_ok=True)
     target = into / lib_name
-    words = next(
-        part for part in line.split(" && ") if " -shared " in part
-    ).split()  # ": && cmd && :"
-    at = words.index("-o")
-    words[at + 1] = str(target)
-    done = st.sh(f"relink-{lib_name}-{variant}", [*words, *flags], 60, cwd=cwd)
+    cmd = next(part for part in line.split(" && ") if " -shared " in part)  # ": && cmd && :"
+    cmd = re.sub(r" -o \S+", lambda _: f" -o {shlex.quote(str(target))}", cmd, count=1)
+    # through a shell: CMake quotes some words of its link lines (-L"/usr/local/cuda/...")
+    done = st.sh(f"relink-{lib_name}-{variant}", ["sh", "-c", f"{cmd} {flags}"], 60, cwd=cwd)
     if done is None or done.returncode != 0:
         return None
     for link in ("so", "so.0"):  # the names libggml.so's NEEDED and a dlopen use
@@ -216,10 +222,12 @@ def relinks(st: Steps, build: Path | None) -> None:
     ]
     if made is None or made.returncode != 0:
         jobs = []
-    cuda = link_line(build, "ggml-cuda")
+    cuda = link_line(build, CUDA_TARGET)
     if cuda and build is not None:
-        so = re.search(r"-o (\S*libggml-cuda\.so\S*)", cuda)
-        jobs.append(("ggml-cuda", cuda, build, Path(so.group(1)).name if so else "libggml-cuda.so"))
+        so = re.search(r" -o (\S+)", cuda)
+        jobs.append(
+            (CUDA_TARGET, cuda, build, Path(so.group(1)).name if so else f"lib{CUDA_TARGET}.so")
+        )
     for label, line, cwd, lib_name in jobs:
         if line is None:
             continue
