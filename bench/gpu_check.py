@@ -78,6 +78,7 @@ def candidates(st: Steps, model: Path) -> str | None:
     st.results["candidates"] = rows
     works = [n for n, r in rows.items() if r.get("loaded")]
     st.results["chosen"] = works[0] if works else None
+    st.results["verdict"] = verdict(rows)
     return works[0] if works else None
 
 
@@ -135,9 +136,45 @@ def plain_load(model: str, zmq_ctx: bool) -> None:
     print("loaded", flush=True)
 
 
+def verdict(candidates: dict[str, dict[str, Any]]) -> str:
+    """What the candidates' loads say about the cause (issue 44's theories)."""
+    ok = {name for name, row in candidates.items() if row.get("loaded")}
+    if not candidates:
+        return "no candidate ran"
+    if "default" in ok:
+        return "the build as it is loads here: no crash to fix on this machine"
+    if not ok:
+        return (
+            "no candidate loads: not (only) a std:: copy that libllama binds to; see the "
+            "native stacks (bisect.jsonl) and the bindings"
+        )
+    said = []
+    if "hide-std" in ok:
+        said.append(
+            "ggml-cuda relinked to export no std:: code loads: libllama bound its stream "
+            "code to ggml-cuda's copy (fix: MODELD_CUDA_LINK=hide-std)"
+        )
+    if "exclude-libs" in ok:
+        said.append(
+            "--exclude-libs,ALL is enough: the copy came from a static archive (see "
+            "facts.ggml_cuda_inputs_defining)"
+        )
+    elif "hide-std" in ok:
+        said.append(
+            "--exclude-libs,ALL is not enough: the copy was instantiated in ggml-cuda's own objects"
+        )
+    if ok & {"preload", "ld-preload"}:
+        said.append(
+            "libstdc++.so.6 in the global scope first also loads (symbol interposition "
+            f"confirmed: {sorted(ok & {'preload', 'ld-preload'})})"
+        )
+    return "; ".join(said)
+
+
 def summary_md(st: Steps, cpu: bool) -> str:
     r = st.results
     lines = [f"# gpu-check {'(--cpu: a CPU build, no card)' if cpu else ''}", ""]
+    lines += [f"VERDICT: {verdict(r.get('candidates', {}))}", ""]
     for name, s in r["steps"].items():
         lines.append(f"- {name}: {s.get('status')} ({s.get('seconds', '-')} s)")
     f = r.get("facts", {})

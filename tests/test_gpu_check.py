@@ -117,3 +117,40 @@ def test_the_benchmark_writes_every_row_without_a_card(run: tuple[Path, str]) ->
     assert all(e.get("kind") == "server" and "llama-server" in e["error"] for e in gpu["errors"]), (
         gpu["errors"]
     )
+
+
+def test_a_step_past_its_deadline_is_stopped_with_its_children(tmp_path: Path) -> None:
+    """A slow step cannot eat the rest: at its deadline its process group is killed (a
+    daemon it started too), and a step with no time left is skipped, both said."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import time
+
+    from gpu_steps import Steps
+
+    st = Steps(tmp_path, tmp_path, deadline=time.time() + 17, reserve=10)
+    pid_file = tmp_path / "grandchild.pid"
+    done = st.sh("slow", ["sh", "-c", f"sleep 60 & echo $! > {pid_file}; wait"], limit=60)
+    assert done is not None and st.results["steps"]["slow"]["status"].startswith("timed out")
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not Path(f"/proc/{grandchild}").exists():
+            break
+        time.sleep(0.1)
+    assert not Path(f"/proc/{grandchild}").exists()
+    assert st.sh("late", ["true"], limit=60) is None
+    assert st.results["steps"]["late"] == {"status": "skipped: out of time"}
+
+
+def test_the_verdict_follows_the_candidates() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check import verdict
+
+    def rows(*ok: str) -> dict[str, dict[str, Any]]:
+        names = ("default", "hide-std", "exclude-libs", "preload", "ld-preload")
+        return {n: {"loaded": n in ok} for n in names}
+
+    assert "no crash" in verdict(rows("default", "hide-std"))
+    assert "no candidate loads" in verdict(rows())
+    text = verdict(rows("hide-std", "preload"))
+    assert "MODELD_CUDA_LINK=hide-std" in text and "not enough" in text and "interposition" in text
+    assert "static archive" in verdict(rows("hide-std", "exclude-libs"))
