@@ -35,7 +35,7 @@ if [ "${1:-}" = prepare ]; then
     P="--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64"
     "$PIP" download -q --only-binary=:all: --python-version 3.12 --implementation cp $P -d "$G/whl" \
         pyzmq platformdirs starlette uvicorn diskcache gguf typer click rich psutil nvidia-ml-py \
-        numpy jinja2 markupsafe typing-extensions pydantic pytest sentencepiece pyyaml tqdm
+        numpy jinja2 markupsafe typing-extensions pydantic pytest sentencepiece pyyaml tqdm prometheus-client
     rm -rf "$T"; du -sh "$G"; exit 0
 fi
 
@@ -64,7 +64,9 @@ fi
 for tool in nvcc cmake ninja python3 nm readelf; do
     command -v $tool >/dev/null || { echo "gpu-check: $tool is missing" >&2; exit 2; }; done
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv | tee "$W/logs/card.csv"
-PY=python3
+PY=${PY:-python3}  # the wheels in .gpu/whl are for CPython 3.12
+"$PY" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' || {
+    echo "gpu-check: $PY is $("$PY" -V 2>&1), .gpu/whl holds CPython 3.12 wheels: PY=python3.12" >&2; exit 2; }
 $PY -m pip install -q --no-index --no-deps --no-compile --target "$W/site" "$G"/whl/*.whl 2>&1 | tail -2
 tar xzf "$G/llcpp-slim.tar.gz" -C "$W"; L=$W/llama_cpp_python-$V; LL=$L/vendor/llama.cpp
 export PYTHONPATH=$W/site:$L:$ROOT/src:$ROOT/tests
