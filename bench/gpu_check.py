@@ -234,30 +234,49 @@ def summary_md(st: Steps, cpu: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def theory(st: Steps, model: str, everything: bool) -> None:
+    """bench/gpu_bisect.py: the configurations that tell the theories apart, or (no candidate
+    loaded) all of them, with the time that is left."""
+    only = [] if everything else ["--only", "plain,plain+zmq,plain+stdcxx+zmq,plain+zmq_after"]
+    bis = st.sh(
+        "theory",
+        [
+            PY,
+            str(ROOT / "bench" / "gpu_bisect.py"),
+            model,
+            str(st.work / "bisect.jsonl"),
+            "-1",
+            *only,
+        ],
+        300 if everything else 120,
+        dict(os.environ, BISECT_CHILD_S="40", BISECT_DIR=str(st.work)),
+    )
+    st.results["theory"] = bis.stdout.splitlines()[-30:] if bis else []
+
+
 def run(a: argparse.Namespace) -> int:
+    """Facts, relinks, candidates; with one that loads pytest and the bench, then the theory
+    configurations; with none, the whole bisect (the order keeps the measurements in time)."""
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     st = Steps(out, work, a.deadline or time.time() + (240 if a.cpu else 540))
     build = Path(a.build) if a.build else None
     facts(st, Path(a.lib), build, Path(a.model))
     relinks(st, build)
-    bis = st.sh(
-        "theory",
-        [
-            PY,
-            str(ROOT / "bench" / "gpu_bisect.py"),
-            a.model,
-            str(work / "bisect.jsonl"),
-            "-1",
-            "--only",
-            "plain,plain+zmq,plain+stdcxx+zmq,plain+zmq_after",
-        ],
-        120,
-        dict(os.environ, BISECT_CHILD_S="40", BISECT_DIR=str(work)),
-    )
-    st.results["theory"] = bis.stdout.splitlines()[:8] if bis else []
     chosen = candidates(st, Path(a.model))
-    env = candidate_env(chosen or "default", work)
+    if chosen is None:
+        st.results["pytest"] = "not run: no candidate loaded (the time went to the whole bisect)"
+        theory(st, a.model, everything=True)
+        return pack(st, a.cpu)
+    measure(st, a, chosen)
+    theory(st, a.model, everything=False)
+    return pack(st, a.cpu)
+
+
+def measure(st: Steps, a: argparse.Namespace, chosen: str) -> None:
+    """pytest -m gpu and bench/gpu_bench.py under the chosen candidate's environment."""
+    work = st.work
+    env = candidate_env(chosen, work)
     # the pytest fixtures' daemons keep MODELD_*, harness.daemon (the bench's) drops them: with
     # the runner's preload chosen, the bench's processes get libstdc++ by LD_PRELOAD instead
     bench_env = candidate_env("ld-preload", work) if chosen == "preload" else env
@@ -271,20 +290,14 @@ def run(a: argparse.Namespace) -> int:
     st.results["pytest"] = (t.stdout.strip().splitlines() or [""])[-1] if t else "not run"
     bench = work / "bench"
     bench.mkdir(exist_ok=True)
+    cpu = ["--cpu"] if a.cpu else []
     st.sh(
         "bench",
-        [
-            PY,
-            str(ROOT / "bench" / "gpu_bench.py"),
-            "main",
-            a.big,
-            a.server,
-            *(["--cpu"] if a.cpu else []),
-        ],
+        [PY, str(ROOT / "bench" / "gpu_bench.py"), "main", a.big, a.server, *cpu],
         420,
         dict(bench_env, OUT=str(bench)),
         cwd=bench,
-        keep=6,  # the summary's, if the deadline cuts the bench short
+        keep=6 + (0 if a.cpu else 20),  # the summary's, and the theory's control runs
     )
     if not (bench / "gpu.json").exists() and (bench / "gpu.jsonl").exists():
         st.sh(
@@ -296,11 +309,10 @@ def run(a: argparse.Namespace) -> int:
     gpu: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         gpu = json.loads((bench / "gpu.json").read_text())
-        shutil.copy(bench / "gpu.json", out / "gpu.json")
+        shutil.copy(bench / "gpu.json", st.out / "gpu.json")
     st.results["targets"] = gpu.get("targets", [])
     st.results["bench_rows"] = bench_rows(gpu)
     st.results["bench_errors"] = [json.dumps(e)[:300] for e in gpu.get("errors", [])]
-    return pack(st, a.cpu)
 
 
 def bench_rows(gpu: dict[str, Any]) -> list[str]:
