@@ -43,14 +43,32 @@ def library_facts(path: Path) -> dict[str, Any]:
     """NEEDED, RUNPATH, exported std:: symbols (count, the watched ones) of one library."""
     dyn = _out(["readelf", "-d", str(path)])
     nm = _out(["nm", "-D", "--defined-only", str(path)])
-    std = [line.split()[-1] for line in nm.splitlines() if STD.search(line)]
+    found = [line.split()[-1] for line in nm.splitlines() if STD.search(line)]
+    std = {name.split("@")[0]: name for name in found}  # nm shows a version as NAME@@VERSION
     return {
         "needed": re.findall(r"\(NEEDED\).*\[(.*)\]", dyn),
         "runpath": re.findall(r"\((?:RUNPATH|RPATH)\).*\[(.*)\]", dyn),
         "std_exports": len(std),
         "watched": [w for w in WATCH if w in std],
-        "std_sample": std[:15],
+        "watched_as": [std[w] for w in WATCH if w in std],  # with its version, if any
+        "std_sample": found[:15],
     }
+
+
+def cxx_headers(build: Path | None) -> dict[str, list[str]]:
+    """The C++ standard library headers the build compiled against, per kind of source
+    (``ninja -t deps``: a .cu's host code and a .cpp's could differ)."""
+    out: dict[str, set[str]] = {}
+    if build is None or not (build / "build.ninja").exists():
+        return {}
+    kind = None
+    for line in _out(["ninja", "-C", str(build), "-t", "deps"]).splitlines():
+        if not line.startswith(" "):
+            m = re.search(r"\.(cu|cpp)\.o: ", line)
+            kind = m.group(1) if m else None
+        elif kind and (h := re.search(r"(\S*/c\+\+/[^/\s]+)/(?:ostream|sstream)$", line.strip())):
+            out.setdefault(kind, set()).add(h.group(1))
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _distinct(lib: Path) -> list[list[str]]:
@@ -110,6 +128,7 @@ def facts(st: Steps, lib: Path, build: Path | None, model: Path) -> None:
         }
     }
     f["cmake_cache"] = _cache(build)
+    f["cxx_headers"] = cxx_headers(build)
     f["libraries"] = {" = ".join(names): library_facts(lib / names[0]) for names in _distinct(lib)}
     import zmq
 
