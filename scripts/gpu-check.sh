@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The card check of issues 34 and 44 in one command (docs/benchmarks.md, "On an NVIDIA card").
+# The card check of issues 34 and 44 in one command (docs/architecture.md, "Not yet working on
+# a card"). With this project's device tool: `scripts/gpu-check.sh prepare` here, then one call
+#   run(command='scripts/gpu-check.sh', carry=['.gpu'], timeout_s=600)   (it stops by 540 s)
 #
-#   scripts/gpu-check.sh prepare     here, with a package index: fills .gpu/ (ignored by git, ~25
+#   scripts/gpu-check.sh prepare     here, with a package index: fills .gpu/ (ignored by git, ~35
 #                                    MB): the pinned llama-cpp-python sdist slimmed, cp312 wheels
 #                                    of what the card's machine lacks (it has no network)
 #   OUT=/out scripts/gpu-check.sh    on the card's machine (nvcc, cmake, ninja, Python 3.12), from
