@@ -277,19 +277,7 @@ def server_rows(server: str, model: str, plan: Plan) -> None:
             row("server", np=np_, ngl=99) as r,
             llama_server(server, model, np_, 99, plan.n_ctx) as (url, ready),
         ):
-
-            def one(i: int) -> dict[str, Any]:
-                return _post(
-                    f"{url}/completion",
-                    {
-                        "prompt": f"Once upon a time {i}",
-                        "n_predict": plan.gen,
-                        "temperature": 0,
-                        "ignore_eos": True,
-                    },
-                )
-
-            res, wall = clients_at_once(np_, one)
+            res, wall = clients_at_once(np_, lambda i: _complete(url, plan, i))
             r.update(
                 ready_s=ready,
                 aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall,
@@ -302,21 +290,17 @@ def server_rows(server: str, model: str, plan: Plan) -> None:
         row("server", np=1, ngl=half) as r,
         llama_server(server, model, 1, half, plan.n_ctx) as (url, ready),
     ):
-        res, wall = clients_at_once(
-            1,
-            lambda i: _post(
-                f"{url}/completion",
-                {
-                    "prompt": f"Once upon a time {i}",
-                    "n_predict": plan.gen,
-                    "temperature": 0,
-                    "ignore_eos": True,
-                },
-            ),
-        )
+        res, wall = clients_at_once(1, lambda i: _complete(url, plan, i))
         r.update(
             ready_s=ready, aggregate_tok_s=sum(x["timings"]["predicted_n"] for x in res) / wall
         )
+
+
+def _complete(url: str, plan: Plan, i: int) -> dict[str, Any]:
+    """One client's greedy completion of ``plan.gen`` tokens (no early stop) on llama-server."""
+    body = {"prompt": f"Once upon a time {i}", "n_predict": plan.gen, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    return _post(f"{url}/completion", body)
 
 
 def _ttft_server(url: str, prompt: str) -> dict[str, Any]:
@@ -425,7 +409,8 @@ def main(model: str, server: str, plan: Plan) -> None:
             )
     me = [sys.executable, os.path.abspath(__file__), "child", model]
     flag = ["--cpu"] if plan.cpu else []
-    subprocess.run([*me, "0", "1", "0", *flag], timeout=plan.child_s)
+    with row("bare_run"):  # the child emits the "bare" row itself
+        subprocess.run([*me, "0", "1", "0", *flag], timeout=plan.child_s, check=True)
     for n_ctx, n_seq, gen in plan.vram:
         with row("vram_estimate", n_ctx=n_ctx, n_seq=n_seq) as r:
             r.update(estimate(model, n_ctx, n_seq))
@@ -448,9 +433,9 @@ def main(model: str, server: str, plan: Plan) -> None:
             emit(
                 "child_failed", n_ctx=n_ctx, n_seq=n_seq, error=f"timed out after {plan.child_s} s"
             )
-    subprocess.run(
-        [*me[:-2], "prompts", model, str(plan.prompt_tokens)], timeout=plan.child_s, check=True
-    )
+    with row("prompts", tokens=plan.prompt_tokens):  # without them the first-token rows fail
+        subprocess.run([*me[:-2], "prompts", model, str(plan.prompt_tokens)], timeout=plan.child_s,
+                       check=True)  # fmt: skip
     if os.path.exists(server):
         server_rows(server, model, plan)
     else:
