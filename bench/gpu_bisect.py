@@ -17,8 +17,11 @@ compiler exists, a preloaded signal handler that prints the native stack (librar
   hello      the hello: llama_supports_rpc() (initialises every backend), sent to the parent
   capture    llama.cpp's lines written to a load log as they come
   llamaopen  the runner's open_llama (default-params patches) instead of a plain Llama()
+and, not runner steps, to tell theories apart (issue 44; ``--only`` runs a subset):
+  stdcxx     libstdc++.so.6 loaded RTLD_GLOBAL before llama_cpp (MODELD_RUNNER_PRELOAD's way)
+  zmq_after  the ZeroMQ context and DEALER made after the load, before the first decode
 
-    python bench/gpu_bisect.py MODEL OUT.jsonl [GPU_LAYERS]     (GPU_LAYERS: default -1 = all)
+    python bench/gpu_bisect.py MODEL OUT.jsonl [GPU_LAYERS] [--only NAME,NAME]   (-1: all layers)
 
 One JSON line per configuration: steps, exit code, signal, the last lines; then a verdict.
 On a CPU build every configuration loads (a check of the script itself).
@@ -41,6 +44,8 @@ STEPS = ("zmq_first", "sigint", "logcb", "early", "zmq", "heartbeat", "nvml", "h
          "capture", "llamaopen")  # fmt: skip
 OLD_RUNNER = tuple(s for s in STEPS if s != "early")  # what crashed on the H100
 EXTRA = ("early_ctx",)  # not a runner step (yet): tried on top of the runner
+#: Configurations that tell the theories of issue 44 apart (see the module's docstring).
+THEORY = (("plain+stdcxx+zmq", ("stdcxx", "zmq")), ("plain+zmq_after", ("zmq_after",)))
 
 _SEGV_C = r"""
 #define _GNU_SOURCE
@@ -91,6 +96,10 @@ def child(steps: set[str], endpoint: str, model: str, gpu_layers: int, load_log:
 
     if "zmq_first" in steps:
         import zmq  # noqa: F401
+    if "stdcxx" in steps:
+        from modeld.runner import preload
+
+        preload.preload({preload.ENV: "libstdc++.so.6"})
     import llama_cpp
 
     from modeld.model import probe
@@ -128,6 +137,8 @@ def child(steps: set[str], endpoint: str, model: str, gpu_layers: int, load_log:
             llm = llama_cpp.Llama(model_path=model, n_ctx=1024, n_gpu_layers=gpu_layers,
                                   flash_attn=True, swa_full=False, verbose=False)
         llamalog.capture_stop()
+        if "zmq_after" in steps:
+            stack.enter_context(transport.connect(endpoint, "c"))
         llm.eval(llm.tokenize(b"Hello there", add_bos=True)[:8])
         print("loaded and evaluated", flush=True)
         llm.close()
@@ -154,7 +165,7 @@ def configurations() -> list[tuple[str, tuple[str, ...]]]:
            ("runner+early_ctx", (*STEPS, *EXTRA))]
     out += [(f"old-runner-{s}", tuple(x for x in OLD_RUNNER if x != s)) for s in OLD_RUNNER]
     out += [(f"plain+{s}", (s,)) for s in STEPS if s != "zmq_first"]
-    out += [("plain+zmq_first+zmq", ("zmq_first", "zmq"))]
+    out += [("plain+zmq_first+zmq", ("zmq_first", "zmq")), *THEORY]
     return out
 
 
@@ -166,7 +177,8 @@ def run_one(name: str, steps: tuple[str, ...], endpoint: str, model: str, gpu_la
     cmd = [sys.executable, __file__, "--child", ",".join(steps), endpoint, model,
            str(gpu_layers), str(folder / f"{name}.load.log")]  # fmt: skip
     try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        limit = float(os.environ.get("BISECT_CHILD_S", "240"))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=limit)
         code, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
         code, out = None, f"timed out: {exc}"
@@ -181,6 +193,9 @@ def run_one(name: str, steps: tuple[str, ...], endpoint: str, model: str, gpu_la
 def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Which steps a crash needs (the old runner passes without them) and which alone crash."""
     by = {r["config"]: r for r in rows}
+    if not all(name in by for name, _ in configurations()):  # a subset (--only): each row says
+        return {"kind": "verdict", "text": "subset: " + ", ".join(
+            f"{r['config']} {'ok' if r['ok'] else r['signal'] or r['exit_code']}" for r in rows)}
     old, new, plain = by["old-runner"]["ok"], by["runner"]["ok"], by["plain"]["ok"]
     needed = [s for s in OLD_RUNNER if not old and by[f"old-runner-{s}"]["ok"]]
     alone = [s for s in STEPS if s != "zmq_first" and not by[f"plain+{s}"]["ok"]]
@@ -199,8 +214,8 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "needed": needed, "crash_alone": alone, "text": text}
 
 
-def main(model: str, out: Path, gpu_layers: int = -1) -> int:
-    folder = Path(tempfile.mkdtemp(prefix="gpu-bisect-"))
+def main(model: str, out: Path, gpu_layers: int = -1, only: list[str] | None = None) -> int:
+    folder = Path(tempfile.mkdtemp(prefix="gpu-bisect-", dir=os.environ.get("BISECT_DIR")))
     endpoint = f"ipc://{folder / 'router.sock'}"
     preload = native_handler(folder)
     stop = threading.Event()
@@ -209,6 +224,8 @@ def main(model: str, out: Path, gpu_layers: int = -1) -> int:
     rows: list[dict[str, Any]] = []
     with open(out, "a") as f:
         for name, steps in configurations():
+            if only is not None and name not in only:
+                continue
             row = run_one(name, steps, endpoint, model, gpu_layers, folder, preload)
             row["native_handler"] = preload is not None
             rows.append(row)
@@ -218,7 +235,7 @@ def main(model: str, out: Path, gpu_layers: int = -1) -> int:
                   flush=True)  # fmt: skip
         v = verdict(rows)
         f.write(json.dumps(v) + "\n")
-    print(v["text"], "| needed:", v["needed"], "| crash alone:", v["crash_alone"], flush=True)
+    print(v["text"], "| needed:", v.get("needed"), "| alone:", v.get("crash_alone"), flush=True)
     print(f"logs of each child: {folder}", flush=True)
     stop.set()
     drain.join(5)
@@ -230,4 +247,9 @@ if __name__ == "__main__":
         child(set(filter(None, sys.argv[2].split(","))), sys.argv[3], sys.argv[4],
               int(sys.argv[5]), sys.argv[6])  # fmt: skip
     else:
-        sys.exit(main(sys.argv[1], Path(sys.argv[2]), *(int(a) for a in sys.argv[3:4])))
+        args = sys.argv[1:]
+        subset = None
+        if "--only" in args:
+            at = args.index("--only")
+            subset, args = args[at + 1].split(","), args[:at] + args[at + 2:]
+        sys.exit(main(args[0], Path(args[1]), int(args[2]) if args[2:] else -1, subset))

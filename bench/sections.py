@@ -175,17 +175,21 @@ def gpu(doc: dict[str, Any]) -> list[str]:
             "estimate MiB | error |", "|---|---:|---:|---:|"]
     rows += [f"| {v['n_ctx']} x {v['n_seq']} | {_mib(v['nvml'])} | {_mib(v['estimate'])} | "
              f"{v['error'] * 100:+.1f}% |" for v in doc.get("vram", [])]
-    server = {r["np"]: r for r in doc.get("server", [])}
-    rows += ["", "| clients | llama-server -np N tok/s | modeld parallel N tok/s |",
-             "|---:|---:|---:|"]
+    server = {(r["np"], r.get("ngl", 99)): r for r in doc.get("server", [])}
+    rows += ["", "| clients | layers on the card | llama-server -np N tok/s | modeld parallel N "
+             "tok/s |", "|---:|---|---:|---:|"]
     for r in doc.get("modeld", []):
-        s = server.get(r.get("clients"), {})
-        rows.append(f"| {r.get('clients')} | {_f1(s.get('aggregate_tok_s'))} | "
-                    f"{_f1(r.get('aggregate_tok_s'))} |")
-    cold, first = doc.get("cold_load") or {}, server.get(1, {})
+        full = r.get("gpu_layers", -1) == -1
+        s = server.get((r.get("clients"), 99)) if full else next(
+            (v for (n, ngl), v in server.items() if n == 1 and ngl != 99), None)
+        rows.append(f"| {r.get('clients')} | {'all' if full else (s or {}).get('ngl', 'half')} | "
+                    f"{_f1((s or {}).get('aggregate_tok_s'))} | {_f1(r.get('aggregate_tok_s'))} |")
+    cold, first, ttft = doc.get("cold_load") or {}, server.get((1, 99), {}), doc.get("ttft") or {}
     rows += ["", f"Cold load: modeld `load` {_f1(cold.get('wall_s'), 2)} s (runner "
              f"{_f1(cold.get('load_seconds'), 2)} s), llama-server start to ready "
-             f"{_f1(first.get('ready_s'), 2)} s."]
+             f"{_f1(first.get('ready_s'), 2)} s. First token of a ~3,000-token prompt (median "
+             f"of 3): modeld {_f1(ttft.get('modeld_s'), 3)} s, llama-server "
+             f"{_f1(ttft.get('server_s'), 3)} s."]
     return rows
 
 

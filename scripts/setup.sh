@@ -41,6 +41,11 @@ if [ -z "${CMAKE_ARGS:-}" ]; then
         # the card's architecture ("90" for an H100); native when nvidia-smi cannot say
         arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
         CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${arch:-native} -DGGML_CUDA_NCCL=OFF -DCMAKE_CUDA_COMPILER=$nvcc_bin"
+        # MODELD_CUDA_LINK=exclude-libs|hide-std: link llama.cpp's libraries so that they export
+        # no libstdc++ code of their own (scripts/cuda-link.sh; issue 44, default unchanged until
+        # scripts/gpu-check.sh on a card says which is right)
+        link_flags=$(scripts/cuda-link.sh "${MODELD_CUDA_LINK:-default}")
+        [ -z "$link_flags" ] || CMAKE_ARGS="$CMAKE_ARGS -DCMAKE_SHARED_LINKER_FLAGS=$link_flags"
     fi
 fi
 echo "setup: llama.cpp backend: $backend (MODELD_BACKEND=cpu|cuda to choose)" >&2

@@ -15,9 +15,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from modeld.runner import openmp
+from modeld.runner import openmp, preload
 
 openmp.settle()  # before llama.cpp's libgomp loads: it reads its environment once
+preload.preload()  # MODELD_RUNNER_PRELOAD: libraries in the global scope before llama.cpp's
 
 import llama_cpp  # noqa: E402
 
