@@ -232,4 +232,10 @@ def speculation(doc: dict[str, Any]) -> list[str]:
                     f"{_f1(r['tps_on'])} | {_f1(r['speedup'], 2)} | {r['drafted']} | "
                     f"{r['accepted']} | {_f1(r['acceptance'], 2)} | {r['differ']} of "
                     f"{doc.get('rounds')} |")
+    m = doc.get("machine") or {}
+    rows += ["", f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores, shared with other "
+             "work during the run (absolute rates are context only; each pair ran interleaved). "
+             "Sampled replies use one seed; a differing one is a near-tie drawn the other way "
+             "(a lone sampled row past 512 cells is computed one way, a checked draft another: "
+             "runner/speculate.py)."]
     return rows

@@ -13,9 +13,10 @@ One daemon (``--parallel 4``, the default model), each workload sent with ``draf
 
 Tokens/s is the reply's ``completion_tokens / generation_s`` (the daemon's timings; for
 ``mixed_4`` completion tokens over the wall time of the four). Every pair of replies is
-compared (``differ``: drafts on vs off; greedy replies must be equal, and seeded sampled ones
-too: rows are sampled in order from bit-equal logits). llama-server's n-gram speculation is not
-run here (bench/peer.py builds it; the next comparison to add).
+compared (``differ``: drafts on vs off; greedy replies must be equal; seeded sampled ones may
+differ where a near-tie falls the other way past 512 cells: runner/speculate.py).
+llama-server's n-gram speculation is not run here (bench/peer.py builds it; the next
+comparison to add).
 
     .venv/bin/python bench/spec_speed.py [--rounds 3] [--tokens 160] [--out FILE]
 """

@@ -8,13 +8,16 @@ self-speculation, vLLM's ngram proposer, mlx-lm's prompt lookup).
 
 Exactness: every row is sampled in order from its own logits, as a plain decode would sample
 it, and a draft token counts only when it equals that sample; so a draft is a point-mass
-proposal and the speculative-sampling accept rule reduces to this comparison (a sampled
-request keeps its distribution, and with the same seed its very tokens). Greedy text stays
-the same when the rows' logits equal the one-row decode's: measured (bench/spec_exact.py) on
-loads whose decode is already shaped for batch invariance (runner/microbatch.py: no repacked
-weights, a KV stream per sequence, at most :data:`microbatch.MAX_ROWS` rows a call, never one
-lone query row): 0 of 474 rows differ. Elsewhere (``parallel`` 1: repacked weights and a lone
-row's split attention past 512 cells) rows differ in their last bits, so drafting is off there.
+proposal and the speculative-sampling accept rule reduces to this comparison: a sampled
+request keeps its distribution. Greedy text stays the same when the rows' logits equal the
+one-row decode's: measured (bench/spec_exact.py) on loads whose greedy decode is shaped for
+batch invariance (runner/microbatch.py: no repacked weights, a KV stream per sequence, at most
+:data:`microbatch.MAX_ROWS` rows a call, never one lone query row): 0 of 474 rows differ.
+Elsewhere (``parallel`` 1: repacked weights, and a lone row's split attention past 512 cells)
+rows differ in their last bits, so drafting is off there. A sampled sequence decoding alone is
+not padded (its step is not shaped for invariance), so past 512 cells the same seed may draw
+the other side of a near-tie with drafts than without (bench/spec_speed.py: 2 of 8 sampled
+replies); its distribution is the model's either way.
 
 Pure: no native imports.
 """
