@@ -326,10 +326,12 @@ class Service:
         ref = None if ref in (None, "", "default") else ref
         path: str | None = None
         try:
-            path = os.path.realpath(registry.resolve(ref, self.settings).path)
+            path = ModelKey.for_file(registry.resolve(ref, self.settings).path).path
         except ModelNotFoundError:
             if ref is None:
                 raise
+        except OSError:  # gone since: the names ps shows still find it
+            pass
         loaded = views.loaded(self.sched)
         keys = [
             k for k, name in loaded.items()

@@ -204,7 +204,7 @@ class AnthropicAPI(API):
             body = messages_generate(doc, count=True)
             if body.pop("tool_choice", None) == "none":  # the only choice that changes the
                 body.pop("tools", None)  # prompt: the tools are not shown
-            done = await self.bridge.call("generate", model=model_ref(doc.get("model")),
+            done = await self.bridge.call("generate", model=model_ref(doc.get("model"), self.settings),
                                           count_only=True, **body)
         except ModeldError as exc:
             return error(exc)
@@ -216,5 +216,5 @@ class AnthropicAPI(API):
             body = messages_generate(doc)
         except ModeldError as exc:
             return error(exc)
-        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+        return await generation(self.bridge, {"model": model_ref(doc.get("model"), self.settings), **body},
                                 _Message(doc, body), bool(doc.get("stream")))

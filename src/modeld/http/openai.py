@@ -219,7 +219,7 @@ class OpenAIAPI(API):
 
     async def _complete(self, doc: dict[str, Any], body: dict[str, Any], chat: bool
                         ) -> Response:
-        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+        return await generation(self.bridge, {"model": model_ref(doc.get("model"), self.settings), **body},
                                 _Completion(doc, body, chat), bool(doc.get("stream")))
 
     async def embeddings(self, request: Request) -> Response:
@@ -234,7 +234,7 @@ class OpenAIAPI(API):
             if fmt not in ("float", "base64"):
                 raise InvalidRequestError(f"encoding_format {fmt!r} is not supported",
                                           hint='use "float" or "base64"')
-            body = await self.bridge.call("embed", model=model_ref(doc.get("model")),
+            body = await self.bridge.call("embed", model=model_ref(doc.get("model"), self.settings),
                                           inputs=inputs, keep_alive=doc.get("keep_alive"))
         except ModeldError as exc:
             return error(exc)
@@ -266,7 +266,7 @@ class OpenAIAPI(API):
                                       or top_n < 1):
                 raise InvalidRequestError("'top_n' must be a positive integer")
             body = await self.bridge.call(
-                "rerank", model=model_ref(doc.get("model")), query=query, documents=docs,
+                "rerank", model=model_ref(doc.get("model"), self.settings), query=query, documents=docs,
                 top_n=min(top_n or len(docs), len(docs)), keep_alive=doc.get("keep_alive"),
             )  # fmt: skip
         except ModeldError as exc:
@@ -296,7 +296,7 @@ class OpenAIAPI(API):
         if not row.get("architecture"):
             return {}
         try:
-            body = await self.bridge.call("show", model=model_ref(str(row["name"])))
+            body = await self.bridge.call("show", model=model_ref(str(row["name"]), self.settings))
         except ModeldError:
             return {}
         out = {"context_length": body.get("n_ctx"), "max_context_length": body.get("n_ctx_max")}

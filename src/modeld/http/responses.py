@@ -252,5 +252,5 @@ class ResponsesAPI(API):
         except ModeldError as exc:
             return error(exc)
         return await generation(
-            self.bridge, {"model": model_ref(doc.get("model")), **body},
+            self.bridge, {"model": model_ref(doc.get("model"), self.settings), **body},
             _Response(doc, previous, conversation, self.store), bool(doc.get("stream")))

@@ -205,7 +205,8 @@ def read_header(r: Reader, *, stop_after_key: str | None = None) -> Header:
     magic = r.take(4, "magic") if r.size >= 4 else b""
     if magic != GGUF_MAGIC:
         raise r.fail(
-            f"not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})",
+            # never the bytes it found: a caller must not learn a file's first bytes from this
+            f"not a GGUF file (it does not begin with {GGUF_MAGIC!r})",
             "modeld loads GGUF models only; convert other formats with llama.cpp's tools",
         )
     h.version = r.u32("version")
