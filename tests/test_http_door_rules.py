@@ -126,8 +126,8 @@ def test_a_hard_link_is_the_same_model(tmp_path: Path) -> None:
     other = tmp_path / "sub" / "b.gguf"
     other.parent.mkdir()
     os.link(first, other)
-    assert ModelKey.for_file(other) == ModelKey.for_file(first)
-    assert ModelKey.for_file(other).path == str(first.resolve())
+    key = ModelKey.for_file(first)
+    assert ModelKey.for_file(other) == key and key.path == str(first.resolve())
     first.unlink()  # the first name gone: the file is keyed by the name it still has
     assert ModelKey.for_file(other).path == str(other.resolve())
     copy = tmp_path / "c.gguf"

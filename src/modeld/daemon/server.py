@@ -31,13 +31,13 @@ from modeld.daemon.forkserver import ForkServer
 from modeld.daemon.logsafe import QuietFileHandler
 from modeld.daemon.service import Service
 from modeld.daemon.supervisor import Supervisor
-from modeld.http import fds
 from modeld.errors import (
     InvalidRequestError,
     ModeldError,
     format_bytes,
     unusable_path,
 )
+from modeld.http import fds
 from modeld.model import probe
 from modeld.settingvalues import parse_bool
 

@@ -116,6 +116,10 @@ class API:
         self.bridge, self.settings = bridge, settings
         self.limit = int(settings.max_message_bytes)
 
+    def model(self, name: object) -> str | None:
+        """The reference a request's ``model`` sends (:func:`model_ref`)."""
+        return model_ref(name, self.settings)
+
 
 def input_list(doc: dict[str, Any], hint: str) -> list[Any]:
     """The ``input`` of an embedding request as a non-empty list (one string becomes a list)."""

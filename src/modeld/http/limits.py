@@ -76,7 +76,7 @@ class Limits:
     total: int = 1 << 20
     strangers: str = "all"  # http_users on a loopback door: owner, key or all
     reading: dict[str, OrderedDict[GuardedH11, None]] = field(default_factory=dict)
-    open: OrderedDict[GuardedH11, None] = field(default_factory=OrderedDict)
+    live: OrderedDict[GuardedH11, None] = field(default_factory=OrderedDict)
     closed: dict[str, int] = field(default_factory=lambda: {
         "header": 0, "body": 0, "crowded": 0, "full": 0, "user": 0})  # fmt: skip
 
@@ -98,19 +98,19 @@ class Limits:
     def admit(self, conn: GuardedH11) -> str | None:
         """Count ``conn`` as open, making room when the front door is full; why it is refused
         instead ("user", "full"), or None."""
-        while len(self.open) >= self.total:
+        while len(self.live) >= self.total:
             victim = self._victim()
             if victim is None:
                 return "full"
             victim.expire("full", linger=False)
-            self.open.pop(victim, None)
-        self.open[conn] = None  # a refused user's too: it lingers, and counts meanwhile
+            self.live.pop(victim, None)
+        self.live[conn] = None  # a refused user's too: it lingers, and counts meanwhile
         return "user" if conn.stranger and self.strangers == "owner" else None
 
     def _victim(self) -> GuardedH11 | None:
         """A connection to close for a new one: one already answered and closing, else the
         oldest still sending a request of the client that has the most of those."""
-        for conn in self.open:
+        for conn in self.live:
             if conn.expired:
                 return conn
         if not self.reading:
@@ -119,7 +119,7 @@ class Limits:
         return next(iter(most))
 
     def closed_for_good(self, conn: GuardedH11) -> None:
-        self.open.pop(conn, None)
+        self.live.pop(conn, None)
 
 
 _REASONS = {
