@@ -260,3 +260,35 @@ def test_a_path_over_http_is_an_unknown_model_unless_paths_are_allowed(
                        json={"model": str(tiny_chat_model)})
     assert shown.status_code == 200, shown.text
     assert d2.proc.poll() is None
+
+
+def test_a_prompt_sized_from_its_bytes_is_counted_before_any_reload(
+        daemon_factory: Factory, tiny_model: Path) -> None:
+    """A prompt the runner refuses from its bytes (a lower bound of its tokens) that a larger
+    context might hold is counted exactly by the runner it has, first: one that can never fit
+    (over the training context) is refused without reloading the model; one that fits after
+    all grows the context as before."""
+    d, port = _start(daemon_factory, "--ctx-floor", "256", "--ctx-ceiling", "256",
+                     "--parallel", "1")
+    (d.root / "models").mkdir(exist_ok=True)
+    (d.root / "models" / "tiny.gguf").write_bytes(tiny_model.read_bytes())
+    base = f"http://127.0.0.1:{port}"
+
+    def generate(prompt: str) -> httpx.Response:
+        return httpx.post(f"{base}/api/generate", timeout=300, json={
+            "model": "tiny", "prompt": prompt, "raw": True, "stream": False,
+            "options": {"num_predict": 1, "temperature": 0}})
+
+    assert generate("hi").status_code == 200
+    never = generate("hello world " * 700)  # ~7,000 tokens, fewer by its bytes
+    assert never.status_code == 400, never.text
+    error = never.json()["error"]
+    assert "trained for 2048" in error and "at least" not in error, error
+    stats = d.client().stats()
+    assert stats["loads"] == 1, stats  # no reload for a prompt that could never fit
+    fits = generate("hello world " * 180)  # 2,160 bytes, ~1,800 tokens: over 256, under 2048
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["prompt_eval_count"] > 256
+    assert d.client().stats()["loads"] == 2  # the one reload it needed
+    log = (d.log_dir / "modeld.log").read_text()
+    assert log.count("counted before a reload") == 2  # both were sized from their bytes
