@@ -108,15 +108,16 @@ class Limits:
         return "user" if conn.stranger and self.strangers == "owner" else None
 
     def _victim(self) -> GuardedH11 | None:
-        """A connection to close for a new one: one already answered and closing, else the
-        oldest still sending a request of the client that has the most of those."""
+        """A connection to close for a new one: one already answered and closing, else of the
+        client with the most connections sending a request, the oldest that has sent nothing
+        of it (idle), else its oldest."""
         for conn in self.live:
             if conn.expired:
                 return conn
         if not self.reading:
             return None
-        most = max(self.reading.values(), key=len)
-        return next(iter(most))
+        most = max(self.reading.values(), key=len)  # the oldest that has sent nothing yet
+        return next((c for c in most if not c.heard), next(iter(most)))
 
     def closed_for_good(self, conn: GuardedH11) -> None:
         self.live.pop(conn, None)
@@ -151,6 +152,7 @@ class GuardedH11(H11Protocol):
         self.phase: str | None = None  # "header" or "body" while a request is being sent
         self.since = 0.0
         self.body_bytes = 0
+        self.heard = False  # a byte of the request it is sending has come
         self.timer: asyncio.TimerHandle | None = None
         self.expired = False
 
@@ -171,6 +173,7 @@ class GuardedH11(H11Protocol):
     def data_received(self, data: bytes) -> None:
         if self.expired:
             return  # answered and closing: what it still sends is dropped
+        self.heard = True
         if self.phase == "body":
             self.body_bytes += len(data)
         super().data_received(data)
@@ -201,6 +204,7 @@ class GuardedH11(H11Protocol):
 
     def enter(self, phase: str) -> None:
         self.phase, self.since, self.body_bytes = phase, self.loop.time(), 0
+        self.heard = phase == "body"
         self.limits.track(self)
         self.arm(self.deadline())
 
