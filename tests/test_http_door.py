@@ -37,10 +37,14 @@ NOFILE = 640
 FLOOD = 600
 
 
-def _start(daemon_factory: Factory, *flags: str, **kw: Any) -> tuple[Any, int]:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+        return int(s.getsockname()[1])
+
+
+def _start(daemon_factory: Factory, *flags: str, **kw: Any) -> tuple[Any, int]:
+    port = _free_port()
     d = daemon_factory("--http", f"127.0.0.1:{port}", *flags, **kw)
     until(lambda: _answers(port), timeout=30, what="the HTTP front door")
     return d, port
@@ -193,6 +197,38 @@ def test_another_local_user_is_refused_by_default(daemon_factory: Factory,
     tags = httpx.get(f"http://127.0.0.1:{port}/api/tags", timeout=30)
     assert tags.status_code == 200 and "tiny" in [m["name"] for m in tags.json()["models"]]
     assert d.proc.poll() is None
+
+
+@needs_root
+def test_with_http_users_key_another_user_needs_the_api_key(daemon_factory: Factory) -> None:
+    port = _free_port()
+    daemon_factory("--http", f"127.0.0.1:{port}",
+                   env={"MODELD_HTTP_USERS": "key", "MODELD_API_KEY": "k3y"})
+    until(lambda: _status(port, "Bearer k3y") == 200, timeout=30, what="the HTTP front door")
+    assert _nobody_status(port, "") == 401
+    assert _nobody_status(port, "bearer k3y") == 200  # the scheme's case is free
+    assert _status(port, "") == 401  # the owner too, once a key is set (as before)
+
+
+def _status(port: int, authorization: str) -> int:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/api/tags", timeout=5,
+                         headers={"Authorization": authorization}).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def _nobody_status(port: int, authorization: str) -> int:
+    """The status ``nobody`` gets for ``GET /api/tags`` with this Authorization header."""
+    script = ("import socket,sys; s=socket.create_connection(('127.0.0.1',int(sys.argv[1])),10);"
+              "s.sendall(('GET /api/tags HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nAuthorization: '"
+              "+sys.argv[2]+'\\r\\nConnection: close\\r\\n\\r\\n').encode());"
+              "print(s.recv(64).split(b' ')[1].decode())")
+    out = subprocess.run(["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY),
+                          "--clear-groups", os.path.realpath(sys.executable), "-I", "-c", script,
+                          str(port), authorization], capture_output=True, text=True, timeout=30,
+                         cwd="/")
+    return int(out.stdout.strip() or 0)
 
 
 @needs_root
