@@ -328,3 +328,36 @@ def test_a_prompt_sized_from_its_bytes_is_counted_before_any_reload(
     assert d.client().stats()["loads"] == 2  # the one reload it needed
     log = (d.log_dir / "modeld.log").read_text()
     assert log.count("counted before a reload") == 2  # both were sized from their bytes
+
+
+def test_a_prompt_its_bytes_prove_too_long_is_refused_without_its_runner(
+        daemon_factory: Factory, tiny_model: Path) -> None:
+    """The daemon refuses a prompt whose bytes prove it over the training context before it
+    waits for a sequence: here the model's one runner is stopped (SIGSTOP), and the answer
+    still comes, from the daemon (a 5 MB prompt waited 122 s behind a stream for it)."""
+    import signal
+
+    d, port = _start(daemon_factory, "--parallel", "1", "--runner-stall", "60")
+    (d.root / "models").mkdir(exist_ok=True)
+    (d.root / "models" / "tiny.gguf").write_bytes(tiny_model.read_bytes())
+    base = f"http://127.0.0.1:{port}"
+    body = {"model": "tiny", "raw": True, "stream": False, "options": {"num_predict": 1}}
+    assert httpx.post(f"{base}/api/generate", json={**body, "prompt": "hi"},
+                      timeout=120).status_code == 200
+    runner = next(r["runner_pid"] for r in d.client().ps() if r["state"] == "ready")
+    os.kill(runner, signal.SIGSTOP)
+    try:
+        r = httpx.post(f"{base}/api/generate", timeout=30, json={
+            **body, "prompt": "hello world " * 20_000})  # 240 KB: >= 40,000 tokens, 2,048 fit
+        assert r.status_code == 400, r.text
+        assert "at least" in r.json()["error"] and "trained for 2048" in r.json()["error"]
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+            "model": "tiny", "max_tokens": 1, "messages": [
+                {"role": "user", "content": "hello world " * 20_000}]})
+        assert r.status_code == 400 and "trained for 2048" in r.text, r.text
+    finally:
+        os.kill(runner, signal.SIGCONT)
+    assert d.client().stats()["runner_stalls"] == 0
+    counted = httpx.post(f"{base}/v1/messages/count_tokens", timeout=120, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hello world " * 20_000}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 2048  # still counted

@@ -19,11 +19,43 @@ from modeld.config import Settings
 from modeld.daemon.jobs import Job, Slot, joined
 from modeld.errors import ContextExceededError
 from modeld.model import placement
+from modeld.model.modelinfo import ModelInfo
+from modeld.wire import reqparse
 
 log = logging.getLogger("modeld.daemon")
 
 #: Where a load of a model goes (its KV type, its cards): admission.Admission.where.
 WhereOf = Callable[[ModelKey, str, list[Job]], placement.Where]
+#: Prompts shorter than this are never sized from their bytes here (the runner counts them).
+FROM_BYTES = 1 << 16
+_SPACES = b" \t\n\r\x0b\x0c"
+
+
+def too_long(req: reqparse.GenerateRequest, info: ModelInfo, name: str
+             ) -> ContextExceededError | None:
+    """The refusal of a prompt whose bytes alone prove it can never fit ``info``'s training
+    context, before it waits for one of the model's sequences (a 5 MB prompt waited 122 s
+    behind a stream on a one-sequence model for its runner to refuse it). The text counted is
+    the raw prompt, else the longest user message (a chat template renders it), without
+    whitespace (a special token may swallow what follows it); no token of an SPM or
+    byte-level BPE vocabulary decodes to more bytes than its stored text
+    (``token_bytes_max``)."""
+    longest, train = info.token_bytes_max, info.context_length
+    if req.count_only or not longest or not train:
+        return None
+    texts = [req.prompt] if req.prompt else [m.content for m in req.messages or ()
+                                              if m.role == "user"]  # fmt: skip
+    text = max(texts, key=len, default="")
+    if len(text) < FROM_BYTES:
+        return None
+    data = text.encode("utf-8", "surrogatepass")
+    least = (len(data) - sum(data.count(c) for c in _SPACES)) // longest
+    if least < train:
+        return None
+    return ContextExceededError(
+        f"the prompt has at least {least} tokens but {name} was trained for {train} at most",
+        hint="shorten the prompt",
+        details={"prompt_tokens": least, "prompt_tokens_at_least": True, "n_ctx_train": train})
 
 
 class Growth:
