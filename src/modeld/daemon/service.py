@@ -313,6 +313,7 @@ class Service:
         except ModeldError:  # unreadable: its load fails and says why
             return
         if (err := growth.too_long(req, info, name)) is not None:
+            self.sched.cache.record_request()  # a request seen, and answered: counted
             raise err
 
     def _check_vision(self, key: ModelKey, name: str) -> None:
