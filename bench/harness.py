@@ -353,6 +353,7 @@ def daemon(*args: str, spare: bool = True, env: dict[str, str] | None = None) ->
         MODELD_NO_AUTOSTART="1",
         MODELD_NO_SPINNER="1",
         MODELD_HTTP="off",  # the HTTP benchmark turns it on with a free port
+        MODELD_HTTP_MODEL_PATHS="1",  # the benchmarks name their generated models by path
     )
     full_env.update(env or {})
     sock_path = run_dir / "modeld" / "modeld.sock"

@@ -174,18 +174,29 @@ def _wait_ready(handle: DaemonHandle, timeout: float = 30.0) -> None:
     raise RuntimeError(f"daemon did not become ready:\n{handle.log_text()}")
 
 
+def _limit_nofile(n: int) -> Callable[[], None]:
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return limit
+
+
 @pytest.fixture
 def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
     """``daemon_factory("--memory-cap", "300000000", ...)`` starts a daemon and waits for it.
 
     Extra keyword ``env`` adds environment variables; ``root`` reuses a directory (to test the
-    lock or stale sockets); ``wait=False`` returns before it answers.
+    lock or stale sockets); ``wait=False`` returns before it answers; ``nofile`` sets its
+    open-file limit, soft and hard (a descriptor flood then stays small and quick).
     """
     handles: list[DaemonHandle] = []
     roots: list[Path] = []
 
     def start(
-        *args: str, env: dict[str, str] | None = None, root: Path | None = None, wait: bool = True
+        *args: str, env: dict[str, str] | None = None, root: Path | None = None, wait: bool = True,
+        nofile: int | None = None,
     ) -> DaemonHandle:
         if root is None:
             root = Path(tempfile.mkdtemp(prefix="md-", dir="/tmp"))
@@ -219,6 +230,7 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
                 stdin=subprocess.DEVNULL,
                 stdout=err,
                 stderr=subprocess.STDOUT,
+                preexec_fn=None if nofile is None else _limit_nofile(nofile),
             )
         handle = DaemonHandle(proc, endpoint, root, full_env)
         handles.append(handle)

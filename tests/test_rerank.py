@@ -172,8 +172,8 @@ def test_cli_rerank_text_json_stdin_and_exit_codes(reranker: Path, tiny_model: P
 def test_http_rerank_has_llama_servers_shape(
     daemon_factory: Factory, reranker: Path, oracle_scores: list[float]
 ) -> None:
-    port = free_port()
-    d = daemon_factory("--http", f"127.0.0.1:{port}")
+    port = free_port()  # the model named by its path: the owner allows paths over HTTP
+    d = daemon_factory("--http", f"127.0.0.1:{port}", "--http-model-paths")
     until(lambda: _answers(port), timeout=30, what="the HTTP front door")
     body = {"model": str(reranker), "query": QUERY, "documents": DOCS, "top_n": 3}
     for route in ("/v1/rerank", "/rerank"):

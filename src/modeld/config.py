@@ -29,6 +29,7 @@ from modeld.settingvalues import (
     parse_gpu_layers,
     parse_http,
     parse_http_address,
+    parse_http_users,
     parse_int,
     parse_keep_alive_text,
     parse_kv_cache_type,
@@ -255,6 +256,19 @@ class Settings:
         env="MODELD_HTTP_CLIENT_CONNECTIONS", parse=parse_int, check=_at_least(1),
         help="Most HTTP connections one client address may have sending a request at once;"
         " one more closes its oldest (429)."))
+    http_connections: int = field(default=1024, metadata=_spec(
+        env="MODELD_HTTP_CONNECTIONS", parse=parse_int, check=_at_least(8),
+        help="Most HTTP connections open at once, all clients together (fewer when the"
+        " descriptor limit is low); past it the oldest idle one is closed, else the new one"
+        " refused (503)."))
+    http_users: str = field(default="owner", metadata=_spec(
+        env="MODELD_HTTP_USERS", parse=parse_http_users,
+        help="Local users the HTTP front door serves over loopback: owner (the daemon's user"
+        " and root), key (others when they send the api_key) or all."))
+    http_model_paths: bool = field(default=False, metadata=_spec(
+        env="MODELD_HTTP_MODEL_PATHS", parse=parse_bool,
+        help="Let HTTP requests name a model by a file path (true or false); by default they"
+        " name models (the models dir, pulled names, aliases) and the CLI takes paths."))
     parallel: int | None = field(default=None, metadata=_spec(
         env="MODELD_PARALLEL", parse=parse_optional_int,
         check=lambda v: None if 1 <= v <= 64 else "must be between 1 and 64 (or 0/auto)",
@@ -356,6 +370,8 @@ def _validate(s: Settings, sources: Mapping[str, str]) -> None:
             raise bad(name, why)
     if s.ctx_ceiling < s.ctx_floor:
         raise bad("ctx_ceiling", f"must be >= ctx_floor ({s.ctx_floor})")
+    if s.http_users == "key" and not s.api_key:
+        raise bad("http_users", "key needs an api_key (MODELD_API_KEY) for other users to send")
 
 
 def read_config_file(path: Path) -> dict[str, object]:

@@ -229,3 +229,9 @@ def format_bytes(n: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"  # pragma: no cover - loop always returns
+
+
+def clip(text: str, most: int = 200) -> str:
+    """``text`` cut to ``most`` characters for a message: what a caller sent (a 100 KB path,
+    a header) is never echoed whole."""
+    return text if len(text) <= most else f"{text[:most]}… ({len(text)} characters)"

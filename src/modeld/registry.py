@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from modeld.errors import InvalidModelError, InvalidRequestError, ModelNotFoundError
+from modeld.errors import InvalidModelError, InvalidRequestError, ModelNotFoundError, clip
 from modeld.pull.names import is_model_file
 
 if TYPE_CHECKING:
@@ -66,6 +66,18 @@ def looks_like_path(ref: str) -> bool:
         or ref.startswith(("~", "."))
         or ref.lower().endswith(".gguf")
     )
+
+
+def named_ref(ref: str, models_dir: Path) -> str | None:
+    """``ref`` as a caller who may name models but not files sends it (the HTTP API unless
+    ``http_model_paths``), or None when it is a file path. A name, an alias, a pulled hub name
+    pass as they are; a bare ``name.gguf`` is that file in the models dir (never one in the
+    daemon's working directory)."""
+    if "\0" in ref or not looks_like_path(ref) or is_hub_name(ref, models_dir):
+        return None if "\0" in ref else ref
+    if _is_bare(ref):
+        return str(models_dir / ref)
+    return None
 
 
 def normalize_ref(ref: str | None, cwd: str | os.PathLike[str] | None = None) -> str | None:
@@ -308,8 +320,8 @@ def resolve(ref: str | None, settings: Settings) -> ResolvedModel:
     hint = f"did you mean {', '.join(close)}? " if close else ""
     hint += f"{list_hint}; or pass a path to a .gguf file"
     raise ModelNotFoundError(
-        f"unknown model {ref!r}", hint=hint,
-        details={"name": ref, "suggestions": close, "models_dir": str(models_dir)},
+        f"unknown model {clip(ref)!r}", hint=hint,
+        details={"name": clip(ref), "suggestions": close, "models_dir": str(models_dir)},
     )
 
 

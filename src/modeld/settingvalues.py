@@ -229,6 +229,18 @@ def parse_eviction(value: object) -> str:
     return text
 
 
+#: Who may use the HTTP front door over loopback (``http_users``): only the daemon's own user
+#: (and root), other local users too when they send the api_key, or every local user.
+HTTP_USERS = ("owner", "key", "all")
+
+
+def parse_http_users(value: object) -> str:
+    text = str(value).strip().lower()
+    if text not in HTTP_USERS:
+        raise ValueError(f"http_users must be one of {', '.join(HTTP_USERS)}")
+    return text
+
+
 def parse_kv_cache_type(value: object) -> str:
     """``f16``, ``q8_0`` or ``q4_0`` (kvcache.KV_CACHE_TYPES; case and ``-`` forgiven)."""
     from modeld.model.kvcache import KV_CACHE_TYPES

@@ -51,6 +51,10 @@ class EvictionReason(StrEnum):
     SHUTDOWN = "shutdown"
 
 
+#: The path each model file (device, inode) was first keyed by (:meth:`ModelKey.for_file`).
+_FIRST_NAME: dict[tuple[int, int], str] = {}
+
+
 @dataclass(frozen=True, order=True)
 class ModelKey:
     """Identity of a loaded model. A file replaced on disk (size or mtime) is a new key."""
@@ -62,9 +66,22 @@ class ModelKey:
 
     @classmethod
     def for_file(cls, path: str | os.PathLike[str], mode: Mode = "generate") -> ModelKey:
-        """The key for ``path`` as it is on disk now (raises OSError when it is missing)."""
+        """The key for ``path`` as it is on disk now (raises OSError when it is missing). A
+        file is one model whatever its names: a hard link to a file seen before (the same
+        device and inode) gets the path it was first seen at, so it is not loaded twice."""
         real = os.path.realpath(os.fspath(path))
         st = os.stat(real)
+        inode = (st.st_dev, st.st_ino)
+        first = _FIRST_NAME.setdefault(inode, real)
+        if first != real:
+            try:
+                again = os.stat(first)
+            except OSError:
+                again = None
+            if again is not None and (again.st_dev, again.st_ino) == inode:
+                real = first
+            else:  # that name is gone or another file now: this one is the name
+                _FIRST_NAME[inode] = real
         return cls(real, st.st_size, st.st_mtime_ns, mode)
 
     @property

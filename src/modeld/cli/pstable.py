@@ -12,6 +12,8 @@ table with ``--verbose``; ``--json`` always has everything.
 
 from __future__ import annotations
 
+from modeld.cli.visible import visible
+
 HEADERS = ("MODEL", "MODE", "STATE", "MEM meas/est", "CTX", "REQ", "UNTIL", "USED")
 PROCESSOR_AT = 4  # the PROCESSOR column's place, when shown (after MEM, as in ollama ps)
 MIN_NAME = 12  # the MODEL column folds long names down to this width, never less
@@ -145,7 +147,7 @@ def text(
 ) -> str:
     """The whole ``ps`` output, at most ``width`` columns unless names cannot fold further."""
     gpu = on_gpu(models)
-    cells = rows(models, now, gpu)
+    cells = [tuple(visible(c) for c in row) for row in rows(models, now, gpu)]
     if not cells:
         return "no models loaded\n"
     headers = HEADERS if not gpu else (*HEADERS[:PROCESSOR_AT], "PROCESSOR",
@@ -162,7 +164,7 @@ def text(
     lines += [line for m in models if (line := devices_line(m) or gpu_line(m))]
     if verbose:
         for m in models:
-            lines += ["", f"{m.get('name')} ({m.get('mode')}):"]
+            lines += ["", visible(f"{m.get('name')} ({m.get('mode')}):")]
             lines += [f"  {label}: {value}" for label, value in details(m)]
     return "\n".join(lines) + "\n"
 

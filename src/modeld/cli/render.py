@@ -62,7 +62,7 @@ def key_value_table(title: str, rows: Iterable[tuple[str, str]]) -> Any:
     table.add_column(style="bold")
     table.add_column()
     for key, value in rows:
-        table.add_row(key, value)
+        table.add_row(_cell(key), _cell(value))
     return table
 
 
@@ -75,8 +75,18 @@ def grid_table(headers: Sequence[str], rows: Iterable[Sequence[str]], title: str
     for header in headers:
         table.add_column(header, overflow="fold")
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(_cell(c) for c in row))
     return table
+
+
+def _cell(value: str) -> Any:
+    """A table cell as text, not rich markup (a file named ``[red]x.gguf`` is printed as it
+    is called), its unprintable characters escaped (:mod:`modeld.cli.visible`)."""
+    from rich.text import Text
+
+    from modeld.cli.visible import visible
+
+    return Text(visible(value))
 
 
 def print_renderables(*renderables: Any) -> None:

@@ -273,6 +273,9 @@ class Dispatch:
         """The runner finished ``job``: count its tokens and the runner's peak memory, free
         its sequence and reply with the ``done`` body; a reply that stopped for a larger
         context (``resume``) is queued again first instead (sized with ``baseline``)."""
+        if job.counting is not None:  # its exact count: grow for it, or refuse (growth.py)
+            self.failed(slot, job, self.growth.counted(job, msg), baseline)
+            return
         entry = self.cache.get(slot.key)
         resume = msg.get("resume")
         if isinstance(resume, list) and resume and entry is not None and not job.cancel_sent:

@@ -19,11 +19,43 @@ from modeld.config import Settings
 from modeld.daemon.jobs import Job, Slot, joined
 from modeld.errors import ContextExceededError
 from modeld.model import placement
+from modeld.model.modelinfo import ModelInfo
+from modeld.wire import reqparse
 
 log = logging.getLogger("modeld.daemon")
 
 #: Where a load of a model goes (its KV type, its cards): admission.Admission.where.
 WhereOf = Callable[[ModelKey, str, list[Job]], placement.Where]
+#: Prompts shorter than this are never sized from their bytes here (the runner counts them).
+FROM_BYTES = 1 << 16
+_SPACES = b" \t\n\r\x0b\x0c"
+
+
+def too_long(req: reqparse.GenerateRequest, info: ModelInfo, name: str
+             ) -> ContextExceededError | None:
+    """The refusal of a prompt whose bytes alone prove it can never fit ``info``'s training
+    context, before it waits for one of the model's sequences (a 5 MB prompt waited 122 s
+    behind a stream on a one-sequence model for its runner to refuse it). The text counted is
+    the raw prompt, else the longest user message (a chat template renders it), without
+    whitespace (a special token may swallow what follows it); no token of an SPM or
+    byte-level BPE vocabulary decodes to more bytes than its stored text
+    (``token_bytes_max``)."""
+    longest, train = info.token_bytes_max, info.context_length
+    if req.count_only or not longest or not train:
+        return None
+    texts = [req.prompt] if req.prompt else [m.content for m in req.messages or ()
+                                              if m.role == "user"]  # fmt: skip
+    text = max(texts, key=len, default="")
+    if len(text) < FROM_BYTES:
+        return None
+    data = text.encode("utf-8", "surrogatepass")
+    least = (len(data) - sum(data.count(c) for c in _SPACES)) // longest
+    if least < train:
+        return None
+    return ContextExceededError(
+        f"the prompt has at least {least} tokens but {name} was trained for {train} at most",
+        hint="shorten the prompt",
+        details={"prompt_tokens": least, "prompt_tokens_at_least": True, "n_ctx_train": train})
 
 
 class Growth:
@@ -43,7 +75,7 @@ class Growth:
         if not isinstance(prompt_tokens, int) or job.ctx_retries >= 2:
             return False
         try:
-            job.n_ctx = sizing.context_for_prompt(
+            n_ctx = sizing.context_for_prompt(
                 slot.info, slot.name, slot.key, self.cache, baseline, self.settings,
                 prompt_tokens, int(job.payload.get("max_tokens", 256)), slot.planned_parallel,
                 current=loaded if isinstance(loaded := err.details.get("n_ctx"), int) else 0,
@@ -59,9 +91,33 @@ class Growth:
             # caller's holding the returned error) would form a cycle that keeps the request's
             # payload (a 10 MB prompt) resident until the collector runs
             return exc.with_traceback(None)
+        loaded = err.details.get("n_ctx")
+        if err.details.get("prompt_tokens_at_least") and job.kind == "generate":
+            # only a bound from its bytes, which a larger context might hold: the runner it
+            # has counts it exactly first (tokenized, evaluated never), so a prompt that can
+            # never fit is refused without a reload (a 400 KB one was "at least 8,333" tokens,
+            # reloaded the model into 16,384 and then counted 88,887)
+            job.counting = loaded if isinstance(loaded, int) else 0
+            job.payload = dict(job.payload, count_only=True)
+            log.info("%s: a prompt of at least %d tokens is counted before a reload",
+                     slot.name, prompt_tokens)
+            return True
+        job.n_ctx = n_ctx
         job.ctx_retries += 1
         log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
         return True
+
+    @staticmethod
+    def counted(job: Job, msg: dict[str, Any]) -> ContextExceededError:
+        """The count a ``counting`` ``job``'s runner sent (its count_only done) as the refusal
+        it stands for; the job is a plain one again."""
+        loaded, job.counting = job.counting or 0, None
+        job.payload = {k: v for k, v in job.payload.items() if k != "count_only"}
+        tokens = int(msg.get("usage", {}).get("prompt_tokens", 0))
+        return ContextExceededError(
+            f"the prompt is {tokens} tokens but the loaded context holds {loaded}",
+            hint="load the model with a larger n_ctx, or shorten the prompt",
+            details={"prompt_tokens": tokens, "n_ctx": loaded})
 
     def for_reply(self, slot: Slot, job: Job, msg: dict[str, Any], resume: list[Any],
                   loaded: int, baseline: int) -> None:

@@ -55,6 +55,9 @@ class Job:
     runner_rid: str = ""
     waited_for_load: bool = False
     ctx_retries: int = 0
+    # its prompt was re-sent to be counted (count_only): the loaded context it was refused in
+    # by a bound from its bytes; the exact count then decides the growth (daemon/growth.py)
+    counting: int | None = None
     cancel_sent: bool = False
     client_gone: bool = False
     parallel: int | None = None  # a load's own ``parallel`` (None: the setting)

@@ -37,6 +37,7 @@ from modeld.errors import (
     format_bytes,
     unusable_path,
 )
+from modeld.http import fds
 from modeld.model import probe
 from modeld.settingvalues import parse_bool
 
@@ -104,6 +105,9 @@ class Daemon:
             self._unlock()
 
     def _run_locked(self) -> int:
+        # the hard limit, not 1,024: libzmq aborts the process when it finds no descriptor
+        # (http/fds.py), and the HTTP front door's cap on connections is sized from this
+        nofile = fds.raise_limit()
         # before the first thread (ZeroMQ's I/O threads): a process with threads cannot fork
         forks, how = ForkServer.start() if self.settings.runner_fork else (
             None, "runners start as new processes (runner_fork is off)")
@@ -160,7 +164,7 @@ class Daemon:
             format_bytes(self.usable_bytes),
             self.settings.max_models,
         )
-        log.info("%s", how)
+        log.info("%s; open-file limit %d", how, nofile)
         door = self._front_door()
         if door is not None:  # the port it really has (``modeld launch`` reads it)
             host, port = door.address[:2]

@@ -22,7 +22,7 @@ import zmq
 from modeld import __version__
 from modeld.cache.policy import CachePolicy, ModelKey
 from modeld.config import Settings
-from modeld.daemon import grammarproc, views
+from modeld.daemon import grammarproc, growth, views
 from modeld.daemon.builds import Build, Builds
 from modeld.daemon.jobs import (
     Job,
@@ -290,6 +290,9 @@ class Service:
             key, name = self._key(req.model, req.mode)
             if isinstance(req, reqparse.GenerateRequest) and req.has_images:
                 self._check_vision(key, name)
+            if isinstance(req, reqparse.GenerateRequest) and len(req.prompt or "") + sum(
+                    len(m.content) for m in req.messages or ()) >= growth.FROM_BYTES:
+                self._check_size(req, key, name)
             job = request_job(client, rid, req, key, name, self.settings, gbnf)
             job.rpc = self.settings.rpc.get(name)  # a model whose workers the config names
             return job
@@ -302,6 +305,16 @@ class Service:
                    kv_cache_type=req.kv_cache_type,
                    gpu_layers=req.gpu_layers, mmproj=req.mmproj,
                    rpc=req.rpc if req.rpc is not None else self.settings.rpc.get(name))  # fmt: skip
+
+    def _check_size(self, req: reqparse.GenerateRequest, key: ModelKey, name: str) -> None:
+        """A prompt its bytes prove too long for the model is refused now, not queued."""
+        try:
+            info = self.sched.model_info(key)
+        except ModeldError:  # unreadable: its load fails and says why
+            return
+        if (err := growth.too_long(req, info, name)) is not None:
+            self.sched.cache.record_request()  # a request seen, and answered: counted
+            raise err
 
     def _check_vision(self, key: ModelKey, name: str) -> None:
         """A request with images for a model without an image projector fails here, by name."""
@@ -326,10 +339,12 @@ class Service:
         ref = None if ref in (None, "", "default") else ref
         path: str | None = None
         try:
-            path = os.path.realpath(registry.resolve(ref, self.settings).path)
+            path = ModelKey.for_file(registry.resolve(ref, self.settings).path).path
         except ModelNotFoundError:
             if ref is None:
                 raise
+        except OSError:  # gone since: the names ps shows still find it
+            pass
         loaded = views.loaded(self.sched)
         keys = [
             k for k, name in loaded.items()

@@ -24,7 +24,6 @@ from modeld.http.anthropicreq import messages_generate, one_call
 from modeld.http.common import (
     API,
     message_of,
-    model_ref,
     read_json,
     status_of,
     validation_of,
@@ -204,7 +203,7 @@ class AnthropicAPI(API):
             body = messages_generate(doc, count=True)
             if body.pop("tool_choice", None) == "none":  # the only choice that changes the
                 body.pop("tools", None)  # prompt: the tools are not shown
-            done = await self.bridge.call("generate", model=model_ref(doc.get("model")),
+            done = await self.bridge.call("generate", model=self.model(doc.get("model")),
                                           count_only=True, **body)
         except ModeldError as exc:
             return error(exc)
@@ -216,5 +215,5 @@ class AnthropicAPI(API):
             body = messages_generate(doc)
         except ModeldError as exc:
             return error(exc)
-        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+        return await generation(self.bridge, {"model": self.model(doc.get("model")), **body},
                                 _Message(doc, body), bool(doc.get("stream")))

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from modeld.config import Settings
-from modeld.errors import ModeldError
+from modeld.errors import ModeldError, clip
 from modeld.http import ollama, openai
 from modeld.http.anthropic import AnthropicAPI
 from modeld.http.bridge import Bridge
@@ -28,8 +28,8 @@ log = logging.getLogger("modeld.http")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
-    return JSONResponse({"error": f"no such endpoint: {request.method} {request.url.path}"},
-                        status_code=404)
+    return JSONResponse({"error": f"no such endpoint: {clip(request.method, 20)} "
+                                  f"{clip(request.url.path)}"}, status_code=404)
 
 
 def _api_error(request: Request, exc: ModeldError) -> Response:

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 
 from modeld.config import Settings
-from modeld.errors import CancelledError, ErrorCode, InvalidRequestError, ModeldError
+from modeld.errors import (
+    CancelledError,
+    ErrorCode,
+    InvalidRequestError,
+    ModeldError,
+    ModelNotFoundError,
+    clip,
+)
 from modeld.http.bridge import Bridge
 from modeld.http.checks import check_common
 from modeld.wire import options
@@ -108,6 +116,10 @@ class API:
         self.bridge, self.settings = bridge, settings
         self.limit = int(settings.max_message_bytes)
 
+    def model(self, name: object) -> str | None:
+        """The reference a request's ``model`` sends (:func:`model_ref`)."""
+        return model_ref(name, self.settings)
+
 
 def input_list(doc: dict[str, Any], hint: str) -> list[Any]:
     """The ``input`` of an embedding request as a non-empty list (one string becomes a list)."""
@@ -119,9 +131,11 @@ def input_list(doc: dict[str, Any], hint: str) -> list[Any]:
     return inputs
 
 
-def model_ref(name: object) -> str | None:
+def model_ref(name: object, settings: Settings) -> str | None:
     """An API model name as a modeld reference: ``name:tag`` (Ollama's tags) loses the tag,
-    ``default`` or nothing is the built-in model; paths pass as they are."""
+    ``default`` or nothing is the built-in model. A file path is refused unless
+    ``http_model_paths`` allows it (an HTTP caller may be anyone allowed in, and must not make
+    the daemon open, or tell about, a file outside the models)."""
     if name is None or name == "":
         return None
     if not isinstance(name, str):
@@ -129,7 +143,24 @@ def model_ref(name: object) -> str | None:
     ref = name.strip()
     if "/" not in ref and ":" in ref:
         ref = ref.rsplit(":", 1)[0]
-    return None if ref in ("", "default") else ref
+    if ref in ("", "default"):
+        return None
+    return ref if settings.http_model_paths else model_name(ref, settings)
+
+
+def model_name(ref: str, settings: Settings) -> str:
+    """``ref`` if it names a model rather than a file (:func:`modeld.registry.named_ref`), else
+    the same "unknown model" whether or not such a file exists."""
+    from modeld.registry import named_ref
+
+    named = named_ref(ref, Path(settings.models_dir).expanduser())
+    if named is None:
+        raise ModelNotFoundError(
+            f"unknown model {clip(ref)!r}: the HTTP API takes model names, not file paths",
+            hint="GET /api/tags (or /v1/models) lists the models; the daemon's owner can name a"
+            " file with an alias (the config's aliases table) or set http_model_paths = true",
+            details={"name": clip(ref)})  # fmt: skip
+    return named
 
 
 def iso_now() -> str:

@@ -27,7 +27,6 @@ from modeld.http.common import (
     iso_now,
     iso_time,
     message_of,
-    model_ref,
     read_json,
     status_of,
     validation_of,
@@ -168,7 +167,7 @@ class OllamaAPI(API):
     async def generate(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
-            ref = model_ref(doc.get("model"))
+            ref = self.model(doc.get("model"))
             prompt = doc.get("prompt") or ""
             if not isinstance(prompt, str):
                 raise InvalidRequestError("'prompt' must be a string", hint="send text")
@@ -197,7 +196,7 @@ class OllamaAPI(API):
     async def chat(self, request: Request) -> Response:
         try:
             doc = await read_json(request, self.limit)
-            ref = model_ref(doc.get("model"))
+            ref = self.model(doc.get("model"))
             body = ollama_generate(doc)
             if doc.get("images"):
                 raise InvalidRequestError("'images' goes on a message in /api/chat",
@@ -243,7 +242,7 @@ class OllamaAPI(API):
             started = time.monotonic()
             opts = doc.get("options") or {}
             body = await self.bridge.call(
-                "embed", model=model_ref(doc.get("model")), inputs=[str(i) for i in inputs],
+                "embed", model=self.model(doc.get("model")), inputs=[str(i) for i in inputs],
                 keep_alive=doc.get("keep_alive"),
                 n_ctx=opts.get("num_ctx") if isinstance(opts, dict) else None,
                 gpu_layers=opts.get("num_gpu") if isinstance(opts, dict) else None)
@@ -262,7 +261,7 @@ class OllamaAPI(API):
         try:
             doc = await read_json(request, self.limit)
             body = await self.bridge.call(
-                "embed", model=model_ref(doc.get("model")), inputs=[str(doc.get("prompt", ""))],
+                "embed", model=self.model(doc.get("model")), inputs=[str(doc.get("prompt", ""))],
                 keep_alive=doc.get("keep_alive"))
         except ModeldError as exc:
             return error(exc)
@@ -300,7 +299,7 @@ class OllamaAPI(API):
         try:
             doc = await read_json(request, self.limit)
             name = doc.get("model") or doc.get("name")
-            body = await self.bridge.call("show", model=model_ref(name), mode="generate")
+            body = await self.bridge.call("show", model=self.model(name), mode="generate")
         except ModeldError as exc:
             return error(exc)
         info = body.get("info", {})

@@ -27,7 +27,6 @@ from modeld.http.common import (
     headers_of,
     input_list,
     message_of,
-    model_ref,
     read_json,
     status_of,
     validation_of,
@@ -219,7 +218,7 @@ class OpenAIAPI(API):
 
     async def _complete(self, doc: dict[str, Any], body: dict[str, Any], chat: bool
                         ) -> Response:
-        return await generation(self.bridge, {"model": model_ref(doc.get("model")), **body},
+        return await generation(self.bridge, {"model": self.model(doc.get("model")), **body},
                                 _Completion(doc, body, chat), bool(doc.get("stream")))
 
     async def embeddings(self, request: Request) -> Response:
@@ -234,7 +233,7 @@ class OpenAIAPI(API):
             if fmt not in ("float", "base64"):
                 raise InvalidRequestError(f"encoding_format {fmt!r} is not supported",
                                           hint='use "float" or "base64"')
-            body = await self.bridge.call("embed", model=model_ref(doc.get("model")),
+            body = await self.bridge.call("embed", model=self.model(doc.get("model")),
                                           inputs=inputs, keep_alive=doc.get("keep_alive"))
         except ModeldError as exc:
             return error(exc)
@@ -266,7 +265,7 @@ class OpenAIAPI(API):
                                       or top_n < 1):
                 raise InvalidRequestError("'top_n' must be a positive integer")
             body = await self.bridge.call(
-                "rerank", model=model_ref(doc.get("model")), query=query, documents=docs,
+                "rerank", model=self.model(doc.get("model")), query=query, documents=docs,
                 top_n=min(top_n or len(docs), len(docs)), keep_alive=doc.get("keep_alive"),
             )  # fmt: skip
         except ModeldError as exc:
@@ -296,7 +295,7 @@ class OpenAIAPI(API):
         if not row.get("architecture"):
             return {}
         try:
-            body = await self.bridge.call("show", model=model_ref(str(row["name"])))
+            body = await self.bridge.call("show", model=self.model(str(row["name"])))
         except ModeldError:
             return {}
         out = {"context_length": body.get("n_ctx"), "max_context_length": body.get("n_ctx_max")}

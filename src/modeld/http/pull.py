@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from modeld.errors import InvalidRequestError, ModeldError
-from modeld.http.common import API, message_of, read_json, status_of
+from modeld.http.common import API, message_of, model_name, read_json, status_of
 from modeld.http.reply import committed, ndjson, stream_or_error
 
 _END = object()
@@ -175,7 +175,10 @@ class PullAPI(API):
             from modeld import registry
             from modeld.pull import store
 
-            path = await asyncio.to_thread(registry.removable, name.strip(), self.settings)
+            ref = name.strip()
+            if not self.settings.http_model_paths:  # a name, never a path: as every route
+                ref = model_name(ref, self.settings)
+            path = await asyncio.to_thread(registry.removable, ref, self.settings)
             rows = (await self.bridge.call("ps")).get("models", [])
             if any(r.get("path") == str(path) for r in rows):
                 await self.bridge.call("unload", model=str(path))  # as `modeld rm --force`

@@ -26,7 +26,6 @@ from modeld.http.bridge import Bridge
 from modeld.http.common import (
     API,
     message_of,
-    model_ref,
     read_json,
     validation_of,
 )
@@ -252,5 +251,5 @@ class ResponsesAPI(API):
         except ModeldError as exc:
             return error(exc)
         return await generation(
-            self.bridge, {"model": model_ref(doc.get("model")), **body},
+            self.bridge, {"model": self.model(doc.get("model")), **body},
             _Response(doc, previous, conversation, self.store), bool(doc.get("stream")))

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from modeld.config import Settings
+from modeld.errors import clip
 from modeld.settingvalues import is_loopback
 
 Scope = MutableMapping[str, Any]
@@ -107,13 +108,14 @@ class Guard:
             return 403, {"error": "forbidden: the Host header must name this machine's "
                                   "loopback address (DNS rebinding protection)"}, []
         if origin and not self.origin_allowed(origin):
-            return 403, {"error": f"forbidden: origin {origin} is not allowed (add it to "
-                                  "http_origins)"}, []
+            return 403, {"error": f"forbidden: origin {clip(origin)} is not allowed (add it "
+                                  "to http_origins)"}, []
         if self.key is not None:
-            bearer = headers.get("authorization", "").encode()
+            scheme, _, token = headers.get("authorization", "").strip().partition(" ")
+            bearer = token.strip().encode() if scheme.lower() == "bearer" else b""
             given = headers.get("x-api-key", "").encode()
-            if not (hmac.compare_digest(bearer, f"Bearer {self.key}".encode())
-                    or hmac.compare_digest(given, self.key.encode())):
+            key = self.key.encode()  # the scheme's case is free (RFC 9110), the key's is not
+            if not (hmac.compare_digest(bearer, key) | hmac.compare_digest(given, key)):
                 return 401, {"error": "unauthorized: send Authorization: Bearer <api_key> "
                                       "(or x-api-key: <api_key>)"}, [
                     (b"www-authenticate", b"Bearer")]

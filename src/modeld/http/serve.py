@@ -14,6 +14,7 @@ from typing import Any
 
 from modeld.config import Settings
 from modeld.errors import InvalidRequestError
+from modeld.http import fds
 from modeld.settingvalues import is_loopback
 
 log = logging.getLogger("modeld.http")
@@ -43,10 +44,13 @@ class FrontDoor:
 
         self.sock = sock
         self.bridge = Bridge(endpoint)
-        # h11 with time limits on request heads and bodies and a per-client cap (limits.py)
+        # h11 with time limits on request heads and bodies, a per-client cap, a cap on all
+        # connections and the local users it serves (limits.py); ``backlog`` is also how many
+        # connections asyncio accepts at once (uvicorn's default: 2048)
+        self.protocol = protocol_class(settings)
         config = uvicorn.Config(build(settings, self.bridge), log_level="warning",
                                 access_log=False, lifespan="off", loop="asyncio",
-                                http=protocol_class(settings), ws="none",
+                                http=self.protocol, ws="none", backlog=fds.BACKLOG,
                                 timeout_graceful_shutdown=2)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._run, name="http", daemon=True)
@@ -82,7 +86,7 @@ def start(settings: Settings, endpoint: str) -> FrontDoor | None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(128)
+        sock.listen(fds.BACKLOG)
     except OSError as exc:
         sock.close()
         log.warning("HTTP front door not started: cannot listen on %s:%d (%s); the ZeroMQ "
@@ -91,5 +95,9 @@ def start(settings: Settings, endpoint: str) -> FrontDoor | None:
         return None
     door = FrontDoor(settings, endpoint, sock)
     door.start()
-    log.info("HTTP front door (Ollama, OpenAI and Anthropic APIs) on http://%s:%d", host, port)
+    limits = door.protocol.limits
+    log.info("HTTP front door (Ollama, OpenAI and Anthropic APIs) on http://%s:%d: at most %d "
+             "connections, local users served: %s", host, port, limits.total,
+             {"owner": "this one (and root)", "key": "others with the api_key",
+              "all": "all"}[limits.strangers])
     return door

@@ -204,6 +204,10 @@ def _build_info(r: Reader, h: Header, notes: list[str]) -> ModelInfo:
         feed_forward_length=n_ff,
         expert_count=num(p + "expert_count", 0) or 0,
         tokenizer_model=tok_model if isinstance(tok_model, str) else None,
+        # a piece decodes to at most its stored bytes in these two (SPM's "▁" is 3 bytes for
+        # one space, a byte token "<0xNN>" 6 for one; GPT-2's byte-level letters 1-2 for one)
+        token_bytes_max=h.longest_strings.get("tokenizer.ggml.tokens")
+        if tok_model in ("llama", "gpt2") else None,
         bos_token_id=num("tokenizer.ggml.bos_token_id"),
         eos_token_id=num("tokenizer.ggml.eos_token_id"),
         tensors=tuple(h.tensors),

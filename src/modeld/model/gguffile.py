@@ -136,21 +136,25 @@ class Reader:
         except UnicodeDecodeError as exc:
             raise self.fail(f"{what} is not valid UTF-8 ({exc.reason})") from None
 
-    def skip_strings(self, count: int, what: str) -> None:
-        """Skip ``count`` length-prefixed strings without decoding or copying them."""
+    def skip_strings(self, count: int, what: str) -> int:
+        """Skip ``count`` length-prefixed strings without decoding or copying them; the
+        longest one's length in bytes."""
         if count > (self.size - self.pos) // 8:
             raise self.fail(f"{what} claims {count} strings, more than the file can hold")
         unpack = _U64.unpack_from
-        left = count
+        left, longest = count, 0
         while left:
             self.need(8, what)
             buf, i, k = self.buf, self.i, 0
             last = len(buf) - 8
             while k < left and i <= last:
-                i += 8 + unpack(buf, i)[0]
+                n = unpack(buf, i)[0]
+                longest = n if n > longest else longest
+                i += 8 + n
                 k += 1
             left -= k
             self.seek_to(self.base + i, what)  # may land past the buffer: re-reads from there
+        return longest
 
 
 def _absurd_count(r: Reader, what: str, count: int, min_size: int) -> None:
@@ -166,6 +170,7 @@ class Header:
     scalars: dict[str, str | int | float | bool] = field(default_factory=dict)
     arrays: dict[str, tuple[int | float | bool, ...]] = field(default_factory=dict)
     array_lengths: dict[str, int] = field(default_factory=dict)
+    longest_strings: dict[str, int] = field(default_factory=dict)  # of string arrays, in bytes
     tensors: list[TensorInfo] = field(default_factory=list)
     data_offset: int = 0
 
@@ -182,7 +187,7 @@ def _read_value(r: Reader, h: Header, key: str, vtype: int) -> None:
         count = r.u64(f"length of {key}")
         h.array_lengths[key] = count
         if etype == _STRING:
-            r.skip_strings(count, f"array {key}")
+            h.longest_strings[key] = r.skip_strings(count, f"array {key}")
         elif etype in _SCALARS:
             fmt, size = _SCALARS[etype]
             _absurd_count(r, f"length of array {key}", count, size)
@@ -205,7 +210,8 @@ def read_header(r: Reader, *, stop_after_key: str | None = None) -> Header:
     magic = r.take(4, "magic") if r.size >= 4 else b""
     if magic != GGUF_MAGIC:
         raise r.fail(
-            f"not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})",
+            # never the bytes it found: a caller must not learn a file's first bytes from this
+            f"not a GGUF file (it does not begin with {GGUF_MAGIC!r})",
             "modeld loads GGUF models only; convert other formats with llama.cpp's tools",
         )
     h.version = r.u32("version")

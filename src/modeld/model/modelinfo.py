@@ -61,6 +61,9 @@ class ModelInfo:
     feed_forward_length: int = 0
     expert_count: int = 0
     tokenizer_model: str | None = None
+    # the longest token's text in bytes, where no token decodes to more (SPM, byte-level BPE):
+    # a text of n bytes is at least n / this many tokens (None: no such bound)
+    token_bytes_max: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     tensors: tuple[TensorInfo, ...] = field(default=(), repr=False)
