@@ -1,0 +1,65 @@
+"""Run as a subprocess by test_checkpoints.py: a prompt that branches back past a sliding window
+restores a context checkpoint, in-process with real llama.cpp (modeld.runner.generation).
+
+Prints one JSON object: for a sampled (fast) and a greedy (reproducible) branch, the tokens
+reused and where from, and whether the first logits rows equal a fresh evaluation's (bitwise,
+and the largest difference).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import llama_cpp
+import numpy as np
+from generation_probe import TEXT, SoloState
+
+
+def main(path: str) -> dict[str, Any]:
+    llm = llama_cpp.Llama(
+        model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
+        flash_attn=True, swa_full=False, logits_all=False, verbose=False, seed=1,
+    )  # fmt: skip
+    n_vocab = llm.n_vocab()
+    words = llm.tokenize(TEXT.encode() * 40, add_bos=False)
+    bos = [llm.token_bos()] if llm.token_bos() >= 0 else []
+    first = bos + words[:1500]
+    shared = 900
+    branch = first[:shared] + words[1600:1900]
+
+    def row(state: SoloState) -> Any:
+        if state._pending is not None:
+            return np.frombuffer(state._pending, dtype=np.float32, count=n_vocab).copy()
+        ptr = llama_cpp.llama_get_logits_ith(state.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
+
+    out: dict[str, Any] = {"n_swa": int(llama_cpp.llama_model_n_swa(llm._model.model))}
+    for name, greedy in (("sampled", False), ("greedy", True)):
+        fresh = SoloState(llm, 0)
+        fresh.reset()
+        fresh.prepare(branch, greedy)
+        want = row(fresh)
+        state = SoloState(llm, 256 << 20)
+        state.reset()
+        state.prepare(first, greedy)
+        positions = [c.n for c in state.store.checkpoints(0)]
+        got = state.prepare(branch, greedy)
+        have = row(state)
+        out[name] = {
+            "checkpoints": positions,
+            "checkpoint_bytes": state.store.checkpoint_bytes,
+            "reused": got.reused,
+            "source": got.source,
+            "shared": shared,
+            "logits_equal": bool(np.array_equal(want, have)),
+            "max_diff": float(np.max(np.abs(want - have))),
+            "argmax_equal": int(np.argmax(want)) == int(np.argmax(have)),
+        }
+        state.store.clear()
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))
