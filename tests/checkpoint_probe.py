@@ -17,17 +17,16 @@ import numpy as np
 from generation_probe import TEXT, SoloState
 
 
-def main(path: str) -> dict[str, Any]:
+def main(path: str, n_first: int, shared: int) -> dict[str, Any]:
     llm = llama_cpp.Llama(
-        model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
+        model_path=path, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
         flash_attn=True, swa_full=False, logits_all=False, verbose=False, seed=1,
     )  # fmt: skip
     n_vocab = llm.n_vocab()
-    words = llm.tokenize(TEXT.encode() * 40, add_bos=False)
+    words = llm.tokenize(TEXT.encode() * 120, add_bos=False)
     bos = [llm.token_bos()] if llm.token_bos() >= 0 else []
-    first = bos + words[:1500]
-    shared = 900
-    branch = first[:shared] + words[1600:1900]
+    first = bos + words[:n_first]
+    branch = first[:shared] + words[n_first + 100:n_first + 400]
 
     def row(state: SoloState) -> Any:
         if state._pending is not None:
@@ -62,4 +61,4 @@ def main(path: str) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(sys.argv[1])))
+    print(json.dumps(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))))

@@ -65,7 +65,10 @@ def test_every_turn_reuses_all_but_a_window_of_its_common_prefix(
         replies.append(text)
         shared = _tokens(c, model, common) if common else 0
         # a token or two at the seam may tokenize otherwise; greedy requests reuse up to an
-        # aligned piece boundary (128) of a stable prefix
+        # aligned piece boundary (128) of a stable prefix, and restore no checkpoint (their
+        # replies must not depend on the cache): on a windowed model only the live cells
+        if greedy and window:
+            continue
         slack = 2 + max(window, 128 if greedy else 0)
         assert usage["prompt_tokens_reused"] >= shared - slack, (prompt[-60:], shared, usage)
         if shared > slack:

@@ -322,14 +322,17 @@ class PromptState:
             return
         logits = (ctypes.c_float * self.n_vocab)()
         ctypes.memmove(logits, row, logits_size)
-        stable = self.stable
+        stable, cut_min = self.stable, self._cut_min()
         if 0 < self.n_swa < len(tokens):
             # A sequence state leaves out sliding-window cells older than the window, so a
             # restore lays the cache out differently from a fresh evaluation and later logits
             # differ slightly (measured 1e-3): fine for sampled requests, not for greedy ones.
-            stable, logits_stable = 0, False
+            # Restored, it cannot be cut back at all (the live cells' older window cells are
+            # not in it): planned as cuttable to their pos_min + n_swa, a branch chose it and
+            # then started over from 0 (issue 47).
+            stable, logits_stable, cut_min = 0, False, len(tokens)
         store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable,
-                           self._cut_min()))
+                           cut_min))
 
     # ---------------------------------------------------------------- across evictions
 
