@@ -14,6 +14,7 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
+
 from generation_probe import TEXT, SoloState
 
 

@@ -74,7 +74,8 @@ def memory_budget(settings: Settings) -> tuple[int, int]:
     return max(0, budget), usable
 
 
-def prompt_cache_bytes(mode: str, settings: Settings | None, budget_bytes: int | None = None) -> int:
+def prompt_cache_bytes(mode: str, settings: Settings | None,
+                       budget_bytes: int | None = None) -> int:
     """The prompt-state cache (snapshots and context checkpoints) a runner of this mode keeps
     in a memory budget of ``budget_bytes`` (None: this machine's, from ``settings``); generate
     mode only."""

@@ -12,7 +12,6 @@ provider, so no OpenAI login is asked for); the key it sends comes from ``OPENAI
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
