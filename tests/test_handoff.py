@@ -43,6 +43,7 @@ def test_growth_evaluates_only_what_is_new(daemon_factory: Factory, model_factor
     assert reused >= 256, done["usage"]  # the first prompt's stable prefix came along
     (row,) = rows(c).values()
     assert row["n_ctx"] == 1024 and "reload" not in str(row.get("state"))
+    assert row["ctx_reason"] == f"grown to 1024 for a {n_prompt}-token prompt"  # not "requested"
     logs = "".join(p.read_text() for p in d.log_dir.glob("runner-*.log"))
     assert "tokens written for the reload" in logs and "tokens restored" in logs
 
