@@ -15,17 +15,12 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from generation_probe import TEXT, SoloState
+from generation_probe import SoloState, open_model
 
 
 def main(path: str, n_first: int, shared: int) -> dict[str, Any]:
-    llm = llama_cpp.Llama(
-        model_path=path, n_ctx=4096, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
-        flash_attn=True, swa_full=False, logits_all=False, verbose=False, seed=1,
-    )  # fmt: skip
+    llm, words, bos = open_model(path, 4096, 120)
     n_vocab = llm.n_vocab()
-    words = llm.tokenize(TEXT.encode() * 120, add_bos=False)
-    bos = [llm.token_bos()] if llm.token_bos() >= 0 else []
     first = bos + words[:n_first]
     branch = first[:shared] + words[n_first + 100:n_first + 400]
 
