@@ -33,21 +33,21 @@ def _script(first: dict[str, Any], rng: random.Random, turn_words: int,
     branch = _turn(first, replies[0], 1, random.Random(99), turn_words)  # turn 1 rewritten
     system = [{"type": "text", "text": billing_line(rng)}, *first["system"][1:]]
     summary = {"role": "user", "content": "Summary of the conversation so far: "
-               + _words(rng, 120) + "\nGo on from there."}
+               + _words(rng, min(120, turn_words)) + "\nGo on from there."}
     compacted = {**first, "system": system, "messages": [summary]}
     return [("append", one), ("append", two), ("branch", branch), ("compaction", compacted)]
 
 
 def _run(ctx: Context, words: int, *flags: str) -> tuple[list[dict[str, Any]], int]:
     """The turns' rows, and the tokens of the system part alone (what compaction keeps)."""
-    turn_words = 60 if ctx.smoke else TURN_WORDS
+    turn_words = 15 if ctx.smoke else TURN_WORDS
     first = {**conversation(7, words, 1 if ctx.smoke else 12), "model": str(ctx.model),
              "max_tokens": 16}
     port = free_port()
     rows: list[dict[str, Any]] = []
     with daemon(*flags, env={"MODELD_HTTP": f"127.0.0.1:{port}"}) as d:
         c = d.client(timeout=900)
-        c.load(str(ctx.model), n_ctx=16384, parallel=1, keep_alive="1h")
+        c.load(str(ctx.model), n_ctx=2048 if ctx.smoke else 16384, parallel=1, keep_alive="1h")
         replies: list[str] = []
         bodies = [("first", first)]
         for i in range(5):
@@ -71,7 +71,7 @@ def _run(ctx: Context, words: int, *flags: str) -> tuple[list[dict[str, Any]], i
 
 def agent_branches(ctx: Context, words: int = 3000) -> dict[str, Any]:
     """The script with the prompt cache (its context checkpoints) and without it."""
-    words = 200 if ctx.smoke else words
+    words = 30 if ctx.smoke else words
     ctx.log(" agent_branches: prompt cache on (context checkpoints)")
     on, system = _run(ctx, words)
     ctx.log(" agent_branches: prompt cache off")
