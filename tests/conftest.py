@@ -228,6 +228,10 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
             MODELD_MODELS=str(root / "models"),
             MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             MODELD_HTTP="off",  # tests that want the HTTP front door give it a free port
+            # a fixed prompt cache: tests size budgets from a probe daemon's accounting, which
+            # the automatic size (a share of the budget) would make differ between an uncapped
+            # probe and a capped daemon
+            MODELD_PROMPT_CACHE_MIB="32",
             PYTHONUNBUFFERED="1",
             # the daemon and its runners import this checkout even without an editable install
             PYTHONPATH=os.pathsep.join(

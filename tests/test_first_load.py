@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from daemonutil import rows
+from modeld.config import prompt_cache_auto
 
 Factory = Callable[..., Any]
 WORDS = ("the river carries stones past the old mill while the keeper counts boats and "
@@ -26,9 +27,12 @@ def _count(client: Any, model: str, text: str) -> dict[str, Any]:
 
 def test_a_long_first_prompt_loads_once_at_a_context_it_fits(daemon_factory: Factory,
                                                            default_model: Path) -> None:
-    d = daemon_factory("--memory-cap", str(8 << 30))
+    d = daemon_factory("--memory-cap", str(8 << 30), env={"MODELD_PROMPT_CACHE_MIB": "auto"})
     c = d.client()
     model = str(default_model)
+    # the automatic prompt cache (snapshots and checkpoints): a share of the memory budget
+    budget = int(c.stats()["budget_bytes"])
+    assert c.show(model)["estimate"]["prompt_cache"] == prompt_cache_auto(budget) >= 32 << 20
     first = WORDS * 400  # ~46 KB: about 10k tokens, over the automatic 8,192
     done = _count(c, model, first)
     assert 8192 < done["usage"]["prompt_tokens"] < 16384, done["usage"]
