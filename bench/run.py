@@ -13,6 +13,7 @@ pull (modeld pull against curl from a loopback fake hub), rpc (a model on llama.
 agent_turns (its own daemon: a Claude-Code-shaped conversation over /v1/messages),
 agent_session (its own daemons: a 10-turn session that outgrows its context),
 agent_session_peer (a shorter session: modeld vs llama-server --jinja, bench/peer.py),
+agent_branches (its own daemons: appended turns, a branch back and a compaction),
 kv_cache_type (its own daemon: f16/q8_0/q4_0, estimate vs measured),
 kv_unified (its own daemons: one KV pool shared by 4 sequences vs a stream each),
 vision (its own daemon beside llama-server --mmproj: a 1-image question, the repeated image).
@@ -35,8 +36,8 @@ from harness import RESULTS, Context, daemon, loadavg, smaps_rollup, write_resul
 DAEMON_BENCHES = ("cold_load", "warm_call", "streaming", "prefix_reuse", "cli_startup",
                   "concurrency", "footprint")  # fmt: skip
 ALL = (*DAEMON_BENCHES, "trace", "http_api", "structured", "agent_turns", "agent_session",
-       "agent_session_peer", "kv_cache_type", "kv_unified", "parallel", "parallel_sampled",
-       "tree_memory", "cli_floor", "pull", "rpc", "heavy", "vision")
+       "agent_session_peer", "agent_branches", "kv_cache_type", "kv_unified", "parallel",
+       "parallel_sampled", "tree_memory", "cli_floor", "pull", "rpc", "heavy", "vision")
 GROUPS = {"cli": ("cli_startup",), "daemon": DAEMON_BENCHES}
 
 
@@ -121,6 +122,10 @@ def run(ctx: Context, names: list[str], trace_n: int) -> None:
         import b_session
 
         _record(ctx, "agent_session_peer", b_session.agent_session_peer)
+    if "agent_branches" in names:  # its own daemons, with the HTTP front door
+        import b_branches
+
+        _record(ctx, "agent_branches", b_branches.agent_branches)
     if "kv_cache_type" in names:  # its own daemon, the prompt cache off
         import b_kvtype
 

@@ -52,6 +52,7 @@ class CliEnv:
             MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             MODELD_CONFIG=str(root / "config.toml"),
             MODELD_HTTP="off",  # never Ollama's port 11434 from a test
+            MODELD_PROMPT_CACHE_MIB="32",  # fixed, as conftest's daemons (not a budget share)
             NO_COLOR="1",
             PYTHONUNBUFFERED="1",
         )

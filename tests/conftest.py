@@ -29,6 +29,31 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
         _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+    _isolate_from_the_users_daemon()
+
+
+def _isolate_from_the_users_daemon() -> None:
+    """A test must never see the developer's own daemon (its socket under the runtime dir, its
+    config file): every process a test starts with ``os.environ`` gets a private runtime dir,
+    socket, log dir, prompt cache and no config file; tests that start daemons set their own
+    (conftest's daemon_factory, cliutil.CliEnv). Issue 47: ``modeld launch`` in a test found
+    the user's daemon on port 11434."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="modeld-tests-"))
+    private = {
+        "MODELD_RUNTIME_DIR": str(root / "run"),
+        "MODELD_SOCKET": f"ipc://{root / 'run' / 'modeld.sock'}",
+        "MODELD_CONFIG": str(root / "empty.toml"),  # the built-in defaults
+        "MODELD_LOG_DIR": str(root / "log"),
+        "MODELD_PROMPT_CACHE_DIR": str(root / "prompts"),
+    }
+    (root / "empty.toml").touch()
+    os.environ.update(private)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
 
 # --- Generated GGUF models ----------------------------------------------------------------
 # Shapes live in ggufgen (TINY, GQA, ...) so tests can assert against what was built.
@@ -214,6 +239,10 @@ def daemon_factory() -> Iterator[Callable[..., DaemonHandle]]:
             MODELD_MODELS=str(root / "models"),
             MODELD_PROMPT_CACHE_DIR=str(root / "prompts"),
             MODELD_HTTP="off",  # tests that want the HTTP front door give it a free port
+            # a fixed prompt cache: tests size budgets from a probe daemon's accounting, which
+            # the automatic size (a share of the budget) would make differ between an uncapped
+            # probe and a capped daemon
+            MODELD_PROMPT_CACHE_MIB="32",
             PYTHONUNBUFFERED="1",
             # the daemon and its runners import this checkout even without an editable install
             PYTHONPATH=os.pathsep.join(

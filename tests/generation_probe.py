@@ -47,14 +47,20 @@ class SoloState(PromptState):
         self._decode(len(self.tokens), [token])
 
 
-def main(path: str) -> dict[str, Any]:
+def open_model(path: str, n_ctx: int, repeat: int) -> tuple[llama_cpp.Llama, list[int], list[int]]:
+    """The model as the runner loads it, :data:`TEXT` ``repeat`` times tokenized, and its BOS."""
     llm = llama_cpp.Llama(
-        model_path=path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=2, n_threads_batch=2,
-        flash_attn=True, swa_full=False, logits_all=False, verbose=False, seed=1,
+        model_path=path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=2,
+        n_threads_batch=2, flash_attn=True, swa_full=False, logits_all=False, verbose=False,
+        seed=1,
     )  # fmt: skip
+    words = llm.tokenize(TEXT.encode() * repeat, add_bos=False)
+    return llm, words, [llm.token_bos()] if llm.token_bos() >= 0 else []
+
+
+def main(path: str) -> dict[str, Any]:
+    llm, words, bos = open_model(path, 1024, 12)
     n_vocab = llm.n_vocab()
-    words = llm.tokenize(TEXT.encode() * 12, add_bos=False)
-    bos = [llm.token_bos()] if llm.token_bos() >= 0 else []
     prompt = bos + words[: 2 * ALIGN + 37]  # three aligned pieces, the last one partial
     near = prompt[: ALIGN + 50] + words[300:340]  # shares more than one piece
     other = bos + words[400:430]

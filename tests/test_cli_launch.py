@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from agentutil import start
-from cliutil import MODELD
+from agentutil import free_port, start
+from cliutil import MODELD, CliEnv
 
 Factory = Callable[..., Any]
 
@@ -66,30 +66,62 @@ def _modeld(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
                           env=env, check=False)
 
 
-def test_launch_prints_the_environment(tmp_path: Path) -> None:
+def test_launch_without_a_daemon_refuses_instead_of_guessing_a_port(tmp_path: Path) -> None:
+    """Printing the configured port unchecked could point an agent at another user's daemon
+    on a shared machine: with autostart off, launch refuses and says how to start one."""
     (tmp_path / "none.toml").touch()
     env = {**os.environ, "MODELD_CONFIG": str(tmp_path / "none.toml"),
-           "MODELD_HTTP": "0.0.0.0:11500", "MODELD_API_KEY": "s3cret"}
+           "MODELD_RUNTIME_DIR": str(tmp_path / "run"),
+           "MODELD_SOCKET": f"ipc://{tmp_path / 'run' / 'modeld.sock'}",
+           "MODELD_HTTP": "0.0.0.0:11500", "MODELD_NO_AUTOSTART": "1"}
     out = _modeld("launch", "claude", "--model", "qwen3", env=env)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    exported = dict(shlex.split(line)[1].split("=", 1) for line in lines[:-1])
-    assert exported["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:11500"  # reachable, not 0.0.0.0
-    assert exported["ANTHROPIC_AUTH_TOKEN"] == "s3cret"  # the daemon's key when it has one
-    assert exported["ANTHROPIC_MODEL"] == exported["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "qwen3"
-    assert exported["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and lines[-1] == "claude"
-    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in exported  # qwen3 is not here: not known
-    assert "no daemon is running" in out.stderr and "not known" in out.stderr
-    codex = _modeld("launch", "codex", env={**env, "MODELD_API_KEY": ""})
-    assert "export OPENAI_API_KEY=modeld" in codex.stdout  # a dummy key: Codex wants one
-    assert 'wire_api="responses"' in codex.stdout.splitlines()[-1]
-    assert re.search(r" -c model_context_window=\d+ ", codex.stdout)  # the default model's
-    unknown_model = _modeld("launch", "codex", "-m", "qwen3", env=env)
-    assert "model_context_window" not in unknown_model.stdout
+    assert out.returncode == 3 and out.stdout == "", out.stderr  # nothing to point an agent at
+    assert "no modeld daemon is running" in out.stderr and "modeld serve" in out.stderr
     off = _modeld("launch", "claude", env={**env, "MODELD_HTTP": "off"})
     assert off.returncode != 0 and "front door is off" in off.stderr
     unknown = _modeld("launch", "cursor", env=env)
     assert unknown.returncode != 0 and "claude, codex" in unknown.stderr
+
+
+def test_launch_starts_the_users_own_daemon_and_names_its_port(tiny_model: Path) -> None:
+    fresh = CliEnv.create(autostart=True)
+    try:
+        port = free_port()
+        out = fresh.run("launch", "codex", "-m", str(tiny_model),
+                        env_extra={"MODELD_HTTP": f"127.0.0.1:{port}"})
+        assert out.returncode == 0, out.stderr
+        match = re.search(r"started the daemon in the background \(pid (\d+)", out.stderr)
+        assert match, out.stderr
+        fresh.extra_cleanup.append(int(match.group(1)))
+        assert f'base_url="http://127.0.0.1:{port}/v1"' in out.stdout.splitlines()[-1]
+        assert f"model_context_window={2048}" in out.stdout  # the tiny model's training context
+        assert fresh.json("stop")["stopped"] is True
+    finally:
+        fresh.cleanup()
+
+
+def test_the_environment_points_each_agent_at_the_front_door() -> None:
+    from modeld.cli.launch import Target, agent_env, base_url, shell_lines
+    from modeld.config import Settings
+
+    settings = Settings(http="0.0.0.0:11500", api_key="s3cret")
+    assert base_url(settings) == "http://127.0.0.1:11500"  # reachable, not 0.0.0.0
+    env, flags = agent_env("claude", settings, "qwen3", Target(base_url(settings)))
+    lines = shell_lines("claude", env, flags, [])
+    exported = dict(shlex.split(line)[1].split("=", 1) for line in lines[:-1])
+    assert exported["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:11500"
+    assert exported["ANTHROPIC_AUTH_TOKEN"] == "s3cret"  # the daemon's key when it has one
+    assert exported["ANTHROPIC_MODEL"] == exported["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "qwen3"
+    assert exported["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and lines[-1] == "claude"
+    assert "CLAUDE_CODE_MAX_CONTEXT_TOKENS" not in exported  # no context known: not told
+    keyless = Settings(http="127.0.0.1:11500")
+    env, flags = agent_env("codex", keyless, "default", Target(base_url(keyless), 32768))
+    codex = shell_lines("codex", env, flags, [])
+    assert "export OPENAI_API_KEY=modeld" in codex  # a dummy key: Codex wants one
+    assert 'wire_api="responses"' in codex[-1]
+    assert " -c model_context_window=32768 " in codex[-1]
+    env, flags = agent_env("codex", keyless, "qwen3", Target(base_url(keyless)))
+    assert "model_context_window" not in shell_lines("codex", env, flags, [])[-1]
 
 
 def test_launch_exec_runs_agents_that_reach_the_daemon(daemon_factory: Factory,
@@ -130,19 +162,25 @@ def test_launch_exec_runs_agents_that_reach_the_daemon(daemon_factory: Factory,
     assert missing.returncode != 0 and "not on PATH" in missing.stderr
 
 
-def test_readme_shows_exactly_what_launch_prints(tmp_path: Path) -> None:
-    (tmp_path / "c.toml").touch()
-    env = {**os.environ, "MODELD_CONFIG": str(tmp_path / "c.toml"),
-           "MODELD_HTTP": "127.0.0.1:11434", "MODELD_API_KEY": ""}
+def test_readme_shows_exactly_what_launch_prints() -> None:
+    """The README's block is what launch prints for a daemon on the default port (the
+    environment and flags as :func:`agent_env` makes them; the context figures are this
+    machine's: the default model's 32768 where memory allows)."""
+    from modeld.cli.launch import Target, agent_env, base_url, shell_lines
+    from modeld.config import Settings
+    from modeld.describe import describe_local
+
+    settings = Settings(http="127.0.0.1:11434")
+    target = Target(base_url(settings), describe_local(settings, None).get("n_ctx_max"))
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("## Use with Claude Code / Codex", 1)[1].split("\n## ", 1)[0]
     block = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", "")
     claude_part, codex_part = block.split("# Codex", 1)
     lines = [line.split("  #", 1)[0].rstrip() for line in claude_part.splitlines()
              if line and not line.startswith("#")]
-    # the context figures are this machine's (the default model's 32768 where memory allows)
-    assert _numbers(lines) == _numbers(_modeld("launch", "claude", env=env).stdout.splitlines())
-    codex = _modeld("launch", "codex", env=env).stdout.splitlines()
+    assert _numbers(lines) == _numbers(shell_lines("claude", *agent_env(
+        "claude", settings, "default", target), []))
+    codex = shell_lines("codex", *agent_env("codex", settings, "default", target), [])
     shown = [" ".join(line.split()) for line in codex_part.splitlines()[1:] if line]
     assert codex[:-1] == shown[:-1]  # the exports
     assert shlex.split(_numbers(shown)[-1]) == shlex.split(_numbers(codex)[-1])

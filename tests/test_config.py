@@ -125,11 +125,18 @@ def test_unknown_key_in_config_names_key_and_file(tmp_path: Path) -> None:
 def test_prompt_cache_from_file_and_cli(tmp_path: Path) -> None:
     cfg = write(tmp_path, "prompt_cache = 8\n")
     s, src = load_settings(env={}, config_path=cfg)
-    assert s.prompt_cache_mib == 8 and s.prompt_cache_bytes == 8 << 20
+    assert s.prompt_cache_mib == 8 and s.prompt_cache_bytes(1 << 40) == 8 << 20
     assert src["prompt_cache_mib"].startswith("config:")
     s, src = load_settings({"prompt_cache_mib": 0}, env={}, config_path=cfg)
     assert s.prompt_cache_mib == 0 and src["prompt_cache_mib"] == "cli"
-    assert Settings().prompt_cache_mib == 32
+    # auto (the default): a share of the memory budget, between 32 MiB and 4 GiB
+    auto = Settings()
+    assert auto.prompt_cache_mib is None
+    assert auto.prompt_cache_bytes(1 << 30) == 64 << 20
+    assert auto.prompt_cache_bytes(100 << 20) == 32 << 20
+    assert auto.prompt_cache_bytes(1 << 40) == 4 << 30
+    s, _ = load_settings({"prompt_cache_mib": "auto"}, env={}, config_path=cfg)
+    assert s.prompt_cache_mib is None
 
 
 def test_unknown_cli_override() -> None:

@@ -52,7 +52,9 @@ def test_first_load_is_sized_with_the_measured_runner_baseline(
     info = sizing.read_info(row["path"])
     estimate = memory.estimate(info, row["n_ctx"], mode="generate").total
     # the reservation used the measurement (plus the runner's prompt cache, default size)
-    assert row["estimate_bytes"] == estimate + baseline + Settings().prompt_cache_bytes
+    settings = Settings(prompt_cache_mib=int(d.env["MODELD_PROMPT_CACHE_MIB"]))
+    cache = sizing.prompt_cache_bytes("generate", settings, c.stats()["budget_bytes"])
+    assert row["estimate_bytes"] == estimate + baseline + cache
     log = d.log_text()
     assert "waits for runner" in log, f"the load did not arrive before the spare's hello:\n{log}"
     assert c.generate(str(tiny_model), "hi", max_tokens=2).text() is not None

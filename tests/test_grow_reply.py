@@ -81,3 +81,15 @@ def test_a_reply_at_the_training_context_ends_with_the_reason(daemon_factory: Fa
     f.load(model, n_ctx=512, parallel=1)
     again, done_again, _ = _write(f, model, 2000)
     assert (again, done_again["usage"]["completion_tokens"]) == (text, written)
+
+
+def test_a_reply_without_an_output_limit_does_not_grow_the_context() -> None:
+    """Codex sends no output limit: such a reply ends at its context's end (finish
+    ``length``), as Ollama ends one without ``num_predict``, instead of growing the context
+    again and again while a model repeats itself; a request's own limit may grow it."""
+    from modeld.daemon.dispatch import reply_may_grow
+    from modeld.wire.options import MAX_TOKENS
+
+    assert not reply_may_grow({"max_tokens": MAX_TOKENS})  # the APIs' "no limit"
+    assert not reply_may_grow({})
+    assert reply_may_grow({"max_tokens": 32000})  # Claude Code's own limit

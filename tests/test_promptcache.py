@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from modeld.runner.promptcache import SNAPSHOT_OVERHEAD, Snapshot, SnapshotStore, snapshot_bytes
+from modeld.runner.promptcache import (
+    SNAPSHOT_OVERHEAD,
+    Checkpoint,
+    Snapshot,
+    SnapshotStore,
+    snapshot_bytes,
+)
 
 
 def snap(tokens: tuple[int, ...], size: int = 1000, logits_stable: bool = True) -> Snapshot:
@@ -59,3 +65,46 @@ def test_discard_and_clear_release_bytes() -> None:
     assert [s.tokens for s in store.snapshots()] == [(2,)]
     store.clear()
     assert len(store) == 0 and store.used_bytes == 0
+
+
+def ck(n: int, seq: int = 0, size: int = 1000) -> Checkpoint:
+    return Checkpoint(seq, n, b"c" * size, size)
+
+
+def test_checkpoints_are_kept_by_position_and_cut_with_their_sequence() -> None:
+    store = SnapshotStore(1 << 20)
+    for n in (512, 1024, 1536):
+        assert store.add_checkpoint(ck(n))
+    assert store.add_checkpoint(ck(512, seq=1))
+    assert store.add_checkpoint(ck(1024))  # the same position again replaces it
+    assert [c.n for c in store.checkpoints(0)] == [512, 1024, 1536]
+    assert store.used_bytes == store.checkpoint_bytes == 4 * ck(0).nbytes
+    store.drop_checkpoints(0, 1024)  # the sequence was cut to 1024 tokens
+    assert [c.n for c in store.checkpoints(0)] == [512, 1024]
+    store.drop_checkpoints(1)  # reset
+    assert store.checkpoints(1) == [] and store.used_bytes == 2 * ck(0).nbytes
+    store.clear()
+    assert store.checkpoints(0) == [] and store.used_bytes == store.checkpoint_bytes == 0
+
+
+def test_a_full_store_thins_checkpoints_where_they_are_densest_and_snapshots_go_first() -> None:
+    one = ck(0).nbytes
+    store = SnapshotStore(4 * one)
+    for n in (512, 1024, 1536, 2048):
+        assert store.add_checkpoint(ck(n))
+    assert store.add_checkpoint(ck(2200))  # without 2048 the gap is smallest (1536..2200)
+    assert [c.n for c in store.checkpoints(0)] == [512, 1024, 1536, 2200]
+    assert store.used_bytes <= store.budget_bytes
+    # a snapshot while checkpoints hold more than half: checkpoints are thinned for it
+    big = snap((9,), one)
+    assert store.add(big) and len(store) == 1
+    assert store.used_bytes <= store.budget_bytes
+    # a checkpoint while checkpoints hold at most half: the least recently used snapshot goes
+    small = SnapshotStore(4 * one + 1000)
+    small.add(snap((1,), one))
+    small.add(snap((2,), one))
+    for n in (512, 1024):
+        assert small.add_checkpoint(ck(n))
+    assert [s.tokens for s in small.snapshots()] == [(2,)]
+    assert [c.n for c in small.checkpoints(0)] == [512, 1024]
+    assert not SnapshotStore(10).add_checkpoint(ck(1))  # larger than the whole budget

@@ -235,3 +235,21 @@ def test_the_next_turn_keeps_the_whole_previous_prompt(monkeypatch: pytest.Monke
     assert pp.usable(cached, turn2, True, L) == 4  # without marks: back to the multiple of C
     # a prompt that shares the tokens before a mark has the same boundaries up to it
     assert [m for m in two.marks if m <= 7] == list(one.marks)
+
+
+def test_a_branch_past_the_window_restores_the_nearest_checkpoint_before_it() -> None:
+    # 40 tokens cached, the window's cells reach back to 30; the prompt branches at 22
+    live = Cached(seq(40), stable=40, cut_min=30)
+    prompt = [*seq(22), 90, 91, 92]
+    marks = [8, 16, 20, 24, 40]
+    assert pp.plan(prompt, live, [], False, L) == ReusePlan(source=-1, keep=0)  # not cuttable
+    assert pp.plan(prompt, live, [], False, L, marks) == ReusePlan(source=pp.CHECKPOINT, keep=20)
+    # a reproducible request restores none (a restored window is not bitwise a fresh one)
+    assert pp.plan(prompt, live, [], True, L, marks) == ReusePlan(source=-1, keep=0)
+    # the live cells still cut there, or a longer snapshot: no checkpoint needed
+    near = [*seq(34), 90]
+    assert pp.plan(near, live, [], False, L, marks) == ReusePlan(source=-1, keep=34)
+    snap = Cached(seq(23), stable=0, has_logits=True)
+    assert pp.plan(prompt, live, [snap], False, L, marks) == ReusePlan(source=0, keep=22)
+    # at least one token is evaluated: a checkpoint at the prompt's end is not a hit
+    assert pp.plan(seq(24), live, [], False, L, [24]) == ReusePlan(source=-1, keep=0)

@@ -18,7 +18,7 @@ def test_breakdown_and_reservation_include_the_configured_prompt_cache() -> None
     assert sizing.breakdown(info, 2048, "generate", on)["prompt_cache"] == 48 * MiB
     assert sizing.breakdown(info, 2048, "generate", off)["prompt_cache"] == 0
     assert sizing.breakdown(info, 2048, "embed", on)["prompt_cache"] == 0
-    assert sizing.breakdown(info, 2048, "generate")["prompt_cache"] == 32 * MiB  # default
+    assert sizing.breakdown(info, 2048, "generate")["prompt_cache"] == 32 * MiB  # no settings
     cache = CachePolicy(8 << 30, 3, time.monotonic)
     key = ModelKey("/models/x.gguf", 1, 1, "generate")
     a = sizing.size_for(info, "generate", cache, key, 48 * MiB, 2048, on)
@@ -31,3 +31,19 @@ def test_breakdown_and_reservation_include_the_configured_prompt_cache() -> None
     tight = CachePolicy(est_2048 + 48 * MiB + 10 * MiB, 3, time.monotonic)
     assert sizing.max_context(info, "generate", tight, key, 48 * MiB, off) >= 2048
     assert sizing.max_context(info, "generate", tight, key, 48 * MiB, on) < 2048
+
+
+def test_the_automatic_prompt_cache_grows_with_the_memory_budget() -> None:
+    """By default the cache is a share of the budget (an agent's long prefixes and their
+    checkpoints stay resident while memory allows), reserved with the load and sent to the
+    runner."""
+    info = make_info()
+    auto = Settings()
+    key = ModelKey("/models/x.gguf", 1, 1, "generate")
+    small = sizing.size_for(info, "generate", CachePolicy(1 << 30, 3, time.monotonic), key,
+                            48 * MiB, 2048, auto)
+    large = sizing.size_for(info, "generate", CachePolicy(16 << 30, 3, time.monotonic), key,
+                            48 * MiB, 2048, auto)
+    assert small.prompt_cache_bytes == 64 * MiB and large.prompt_cache_bytes == 1024 * MiB
+    assert large.need_bytes - small.need_bytes == 960 * MiB
+    assert large.estimate_bytes == small.estimate_bytes

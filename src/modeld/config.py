@@ -22,6 +22,7 @@ from modeld.settingvalues import (
     model_option_names,
     parse_aliases,
     parse_api_key,
+    parse_auto_int,
     parse_bool,
     parse_bytes,
     parse_eviction,
@@ -49,10 +50,22 @@ from modeld.settingvalues import (
 #: (runner/microbatch.py), the sequence's next token and 6 drafts; the runner caps there.
 DRAFT_MAX = 6
 MAX_DRAFT = 16
-#: Default bound of each generate-mode runner's prompt-state store (the ``prompt_cache_mib``
-#: setting): about 20 snapshots of a short gemma-3-270m prompt (18 KiB of KV per token plus a
-#: 1 MiB logits row).
+#: The smallest automatic bound of each generate-mode runner's prompt-state store (the
+#: ``prompt_cache_mib`` setting, :func:`prompt_cache_auto`): about 20 snapshots of a short
+#: gemma-3-270m prompt (18 KiB of KV per token plus a 1 MiB logits row); the bound a load
+#: message without the field gets.
 PROMPT_CACHE_MIB = 32
+#: The automatic bound is this share of the memory budget (issue 47: an agent's 20-40k-token
+#: prefix with gemma-3-270m is a ~140 MiB snapshot plus ~15 MiB per context checkpoint) ...
+PROMPT_CACHE_SHARE = 16
+#: ... and at most this many MiB.
+PROMPT_CACHE_MAX_MIB = 4096
+
+
+def prompt_cache_auto(budget_bytes: int) -> int:
+    """The automatic prompt-cache bound, in bytes, for a memory budget of ``budget_bytes``."""
+    share = max(0, budget_bytes) // PROMPT_CACHE_SHARE
+    return max(PROMPT_CACHE_MIB * MiB, min(share, PROMPT_CACHE_MAX_MIB * MiB))
 
 
 DEFAULT_HTTP = "127.0.0.1:11434"  # Ollama's port, so its clients work unchanged
@@ -207,17 +220,18 @@ class Settings:
         env="MODELD_EVICTION", parse=parse_eviction,
         help="Which idle model goes first when room is needed: cost (often used, slow to reload"
         " and small models stay) or lru."))
-    prompt_cache_mib: int = field(default=PROMPT_CACHE_MIB, metadata=_spec(
-        env="MODELD_PROMPT_CACHE_MIB", parse=parse_int,
+    prompt_cache_mib: int | None = field(default=None, metadata=_spec(
+        env="MODELD_PROMPT_CACHE_MIB", parse=parse_auto_int,
         synonyms=("prompt_cache",),
         check=lambda v: None if 0 <= v <= 1 << 20 else "must be between 0 (off) and 1048576",
-        help="MiB of evaluated-prompt snapshots each generating model keeps (part of its memory"
-        " estimate); 0 turns the prompt cache off."))
+        help="MiB of evaluated-prompt snapshots and context checkpoints each generating model"
+        " keeps (reserved with its memory estimate); auto (the default) is 1/16 of the memory"
+        " budget, between 32 MiB and 4 GiB; 0 turns the prompt cache off."))
     draft_max: int = field(default=DRAFT_MAX, metadata=_spec(
         env="MODELD_DRAFT_MAX", parse=parse_int, synonyms=("draft",),
         check=lambda v: None if 0 <= v <= MAX_DRAFT else f"must be between 0 (off) and {MAX_DRAFT}",
         help="Most tokens a reply drafts from its context and checks in one step (prompt-lookup"
-        " speculative decoding: the same text, fewer steps where it repeats the context); 0"
+        " speculative decoding: greedy text unchanged, fewer steps where it repeats the context); 0"
         " turns it off. A request's draft_max option wins."))
     http: str = field(default=DEFAULT_HTTP, metadata=_spec(
         env="MODELD_HTTP", parse=parse_http,
@@ -280,9 +294,11 @@ class Settings:
         " --kv-unified; true or false): one may use the whole context. Per model in"
         " [model_options.NAME]."))
 
-    @property
-    def prompt_cache_bytes(self) -> int:
-        """The prompt-state cache of one generate-mode runner, in bytes (part of its estimate)."""
+    def prompt_cache_bytes(self, budget_bytes: int) -> int:
+        """The prompt-state cache of one generate-mode runner, in bytes (reserved with its
+        estimate), in a memory budget of ``budget_bytes``."""
+        if self.prompt_cache_mib is None:
+            return prompt_cache_auto(budget_bytes)
         return self.prompt_cache_mib * MiB
 
     @property

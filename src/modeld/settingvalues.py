@@ -111,6 +111,13 @@ def parse_optional_int(value: object) -> int | None:
     return result or None
 
 
+def parse_auto_int(value: object) -> int | None:
+    """``auto`` (or empty: None, derived elsewhere) or a whole number (0 included)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    return parse_int(value)
+
+
 def parse_keep_alive_text(value: object) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"not a keep-alive: {value!r}")

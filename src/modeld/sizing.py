@@ -53,6 +53,7 @@ class Sizing:
     kv_type: str = "f16"
     placement: Placement = field(default_factory=lambda: Placement(0, 0))  # layers on GPUs
     vram_bytes: int = 0  # what the GPUs hold (the CUDA context included)
+    prompt_cache_bytes: int = 0  # the runner's prompt snapshots and checkpoints (in need_bytes)
 
 
 def default_threads() -> int:
@@ -73,11 +74,18 @@ def memory_budget(settings: Settings) -> tuple[int, int]:
     return max(0, budget), usable
 
 
-def prompt_cache_bytes(mode: str, settings: Settings | None) -> int:
-    """The prompt-state cache a runner of this mode keeps (generate mode only)."""
+def prompt_cache_bytes(mode: str, settings: Settings | None,
+                       budget_bytes: int | None = None) -> int:
+    """The prompt-state cache (snapshots and context checkpoints) a runner of this mode keeps
+    in a memory budget of ``budget_bytes`` (None: this machine's, from ``settings``); generate
+    mode only."""
     if mode != "generate":
         return 0
-    return settings.prompt_cache_bytes if settings is not None else PROMPT_CACHE_MIB << 20
+    if settings is None:
+        return PROMPT_CACHE_MIB << 20
+    if budget_bytes is None and settings.prompt_cache_mib is None:
+        budget_bytes = memory_budget(settings)[0]
+    return settings.prompt_cache_bytes(budget_bytes or 0)
 
 
 def estimate_n(
@@ -265,7 +273,8 @@ def size_for(
     if where is not None:
         check_kv_type(info, where.kv_type)
     # reserved beside the model's estimate
-    extra = baseline + prompt_cache_bytes(mode, settings) + projector
+    prompts = prompt_cache_bytes(mode, settings, cache.budget_bytes)
+    extra = baseline + prompts + projector
     available = cache.budget_available_for(key) - extra
     want, source = parallel_wanted(mode, parallel, settings)
     unified = unified and want > 1
@@ -296,7 +305,8 @@ def size_for(
     )
     if where is None or offload:
         cpu = Placement(0, info.block_count + 1, reason="on RPC workers" if offload else "no GPU")
-        return Sizing(n_ctx, est, est + extra, reason, n, why, unified, placement=cpu)
+        return Sizing(n_ctx, est, est + extra, reason, n, why, unified, placement=cpu,
+                      prompt_cache_bytes=prompts)
     if requested is None:  # an automatic context may shrink to keep layers on the cards
         kept = keep_on_cards(info, mode, n_ctx, n, where, max(settings.ctx_floor, FIT_CTX),
                              unified)  # fmt: skip
@@ -305,7 +315,7 @@ def size_for(
             est = _estimate(info, n_ctx, mode, n, offload, where, unified)
     full, place = planned(info, n_ctx, where, mode=mode, parallel=n, unified=unified)
     return Sizing(n_ctx, est, est + extra, reason, n, why, unified, where.kv_type, place,
-                  full.vram)  # fmt: skip
+                  full.vram, prompts)  # fmt: skip
 
 
 def keep_on_cards(
@@ -350,7 +360,8 @@ def max_context(
     """The largest n_ctx (per sequence of ``parallel``; ``unified``: their shared pool's)
     ``key`` could ever get in this budget (0 when nothing fits)."""
     pinned = sum(e.accounted_bytes for e in cache.entries() if e.pinned and e.key != key)
-    budget = cache.budget_bytes - pinned - baseline - prompt_cache_bytes(mode, settings)
+    budget = (cache.budget_bytes - pinned - baseline
+              - prompt_cache_bytes(mode, settings, cache.budget_bytes))
     limit = info.context_length or (1 << 20)
     found = largest_fitting(
         lambda n: _estimate(info, n, mode, parallel, offload, where, unified) <= budget,

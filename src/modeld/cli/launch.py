@@ -12,7 +12,6 @@ provider, so no OpenAI login is asked for); the key it sends comes from ``OPENAI
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -66,42 +65,41 @@ class Target:
 
 def find_target(settings: Settings, model: str) -> Target:
     """The running daemon's own front door (its port, not the configured one: a daemon started
-    with ``serve --http HOST:PORT`` listens elsewhere) and the context it would give ``model``;
-    with no daemon, the configured address and a local plan."""
-    from modeld import paths
-    from modeld.client import Client
-    from modeld.describe import describe_local
+    with ``serve --http HOST:PORT`` listens elsewhere) and the context it would give ``model``.
+    With no daemon on the user's socket, one is started there as ``modeld run`` starts it
+    (unless ``MODELD_NO_AUTOSTART``: then it refuses): never the configured port unchecked,
+    which on a shared machine may be another user's daemon."""
+    from modeld.cli.opts import connect
     from modeld.errors import DaemonUnavailableError
-    from modeld.socketcheck import socket_problem
 
     ref = None if model == "default" else model
-    client = Client(settings.socket, timeout=30.0, connect_timeout=0.5)
-    stats = None
-    sock = paths.ipc_path(settings.socket)
-    if sock is None or socket_problem(str(sock)) is None:  # else no daemon: do not wait
-        with contextlib.suppress(DaemonUnavailableError):
-            stats = client.stats()
+    try:  # a daemon started with the front door off would not serve the agent
+        client = connect(settings, autostart=settings.http_address is not None)
+    except DaemonUnavailableError as exc:
+        base_url(settings)  # http = off: says so
+        raise DaemonUnavailableError(
+            f"no modeld daemon is running for this user ({exc.message})",
+            hint="start it with 'modeld serve' (or unset MODELD_NO_AUTOSTART so launch starts "
+                 "it), then run launch again", details=exc.details) from None
     try:
-        if stats is None:
-            note = "no daemon is running: start it with 'modeld serve' before the agent"
-            url, show = base_url(settings), _quiet(lambda: describe_local(settings, ref))
-        else:
-            address = stats.get("http_address")
-            if not isinstance(address, str):
-                raise InvalidRequestError(
-                    "the running daemon has no HTTP front door (http = off, or its port was "
-                    "taken: see its log)",
-                    hint="restart it with an HTTP address: modeld serve --http 127.0.0.1:11434")
-            host, _, port = address.rpartition(":")
-            note, url = "", _url(host.strip("[]"), int(port))
-            show = _quiet(lambda: client.show(ref))
+        stats = client.stats()
+        address = stats.get("http_address")
+        if not isinstance(address, str):
+            raise InvalidRequestError(
+                "the running daemon has no HTTP front door (http = off, or its port was "
+                "taken: see its log)",
+                hint="restart it with an HTTP address: modeld serve --http 127.0.0.1:11434")
+        host, _, port = address.rpartition(":")
+        url = _url(host.strip("[]"), int(port))
+        show = _quiet(lambda: client.show(ref))
     finally:
         client.close()
     context = show.get("n_ctx_max") if show else None
+    note = ""
     if not isinstance(context, int):
         context = None
-        note = "; ".join(n for n in (note, f"the context of {model} is not known here "
-                                     "(the agent assumes its own default)") if n)
+        note = (f"the context of {model} is not known here (the agent assumes its own "
+                "default)")
     return Target(url, context, note)
 
 
@@ -144,6 +142,13 @@ def agent_env(agent: str, settings: Settings, model: str, target: Target | None 
     raise InvalidRequestError(f"unknown agent {agent!r}", hint=f"one of: {', '.join(AGENTS)}")
 
 
+def shell_lines(agent: str, env: dict[str, str], flags: list[str], args: list[str]
+                ) -> list[str]:
+    """What ``launch`` prints without ``--exec``: one export per variable, then the command."""
+    return [*(f"export {name}={shlex.quote(value)}" for name, value in env.items()),
+            shlex.join([agent, *flags, *args])]
+
+
 def reply_room(window: int) -> int:
     """Tokens an agent keeps for a reply in a ``window``-token context: a quarter, at most
     Claude Code's own 32,000 (it compacts when the rest is full)."""
@@ -170,9 +175,8 @@ def launch(
     if target.note:
         typer.echo(f"modeld: {target.note}", err=True)
     if not run:
-        for name, value in env.items():
-            typer.echo(f"export {name}={shlex.quote(value)}")
-        typer.echo(shlex.join([agent, *flags, *(args or [])]))
+        for line in shell_lines(agent, env, flags, args or []):
+            typer.echo(line)
         return
     program = shutil.which(agent)
     if program is None:

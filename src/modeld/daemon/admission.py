@@ -9,6 +9,7 @@ daemon's event loop (no locks).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -212,8 +213,14 @@ class Admission:
         asked = next((j.parallel for j in jobs if j.parallel is not None),
                      before.parallel if before else None)
         rpc = rpc_of(jobs)
+        # why the context is what it is, when the daemon chose it (a growth, a long first prompt)
+        why = next((j.ctx_why for j in jobs if j.ctx_why and j.n_ctx == requested), None)
         try:
             info = self.model_info(key)
+            if requested is None and key.mode == "generate" and not rpc:
+                first = self.dispatch.growth.first_load(info, name, key, self.pool.baseline,
+                                                        jobs, asked or 1)
+                requested, why = first if first is not None else (None, None)
             proj = self.projector(key, name, jobs)
             size = sizing.size_for(
                 info, key.mode, self.cache, key, self.pool.baseline, requested, self.settings,
@@ -224,6 +231,8 @@ class Admission:
         except ModeldError as exc:
             self.fail(key, jobs, exc)
             return
+        if why is not None and size.n_ctx == requested:
+            size = dataclasses.replace(size, reason=why)
         plan = self.cache.plan(key, size.need_bytes, size.placement.vram)
         if plan.action == "refuse":
             self.fail(key, jobs, plan.error())

@@ -32,6 +32,7 @@ from modeld.errors import (
 from modeld.model import ctx, placement
 from modeld.rpc.endpoints import lost_workers
 from modeld.wire import protocol, runnerwire
+from modeld.wire.options import MAX_TOKENS
 from modeld.wire.replies import DeviceShare
 
 log = logging.getLogger("modeld.daemon")
@@ -115,7 +116,8 @@ class Dispatch:
             slot.active[job.runner_rid] = job
             msg = dict(job.payload, rid=job.runner_rid, n_threads=self.threads_for_request())
             if job.kind == "generate" and msg.get("grow") is not False:
-                msg["grow"] = entry.n_ctx < ctx.cap_at_training(1 << 24, slot.info.context_length)
+                msg["grow"] = reply_may_grow(msg) and entry.n_ctx < ctx.cap_at_training(
+                    1 << 24, slot.info.context_length)
             if not self.sup.send(slot.runner_id, msg):
                 log.warning("runner %s unreachable; treating it as crashed", slot.runner_id)
 
@@ -220,7 +222,8 @@ class Dispatch:
         if measured is not None:
             # The prompt-state cache fills after load, up to its size: keep it reserved, so
             # the load-time RSS does not under-charge the runner (later peaks only add).
-            measured += sizing.prompt_cache_bytes(slot.key.mode, self.settings)
+            measured += sizing.prompt_cache_bytes(slot.key.mode, self.settings,
+                                                  self.cache.budget_bytes)
         n_ctx = msg.get("n_ctx")
         entry = self.cache.get(slot.key)
         if entry is None:
@@ -481,3 +484,12 @@ class Dispatch:
 
     def queued(self) -> int:
         return sum(len(s.queue) for s in self.slots.values())
+
+
+def reply_may_grow(msg: dict[str, Any]) -> bool:
+    """Whether a reply that reaches the end of its context may go on in a larger one: only
+    when the request set an output limit. Without one (Codex sends none) it ends there, with
+    finish ``length``, as Ollama ends a reply without ``num_predict`` at its context's end;
+    before, such a reply (a model repeating one line) grew the context again and again."""
+    limit = msg.get("max_tokens")
+    return isinstance(limit, int) and limit < MAX_TOKENS

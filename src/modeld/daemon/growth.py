@@ -9,6 +9,7 @@ the reload that follows hands the sequences' cells over (runner/handoff.py).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,13 @@ from modeld.model.modelinfo import ModelInfo
 from modeld.wire import reqparse
 
 log = logging.getLogger("modeld.daemon")
+
+#: Prompt bytes per token assumed when a first load is sized from a request's length, before
+#: any tokenizer ran (English and code with BPE vocabularies: 3-4.5 bytes a token; counting
+#: JSON's quoting too, 4 rarely overshoots by a doubling).
+BYTES_PER_TOKEN = 4
+#: The fields of a generate request whose text becomes prompt tokens.
+PROMPT_FIELDS = ("prompt", "system", "messages", "tools")
 
 #: Where a load of a model goes (its KV type, its cards): admission.Admission.where.
 WhereOf = Callable[[ModelKey, str, list[Job]], placement.Where]
@@ -66,6 +74,23 @@ class Growth:
         self.cache = cache
         self.where_of: WhereOf | None = None  # None: the loads are on the CPU
 
+    def first_load(self, info: Any, name: str, key: ModelKey, baseline: int, jobs: list[Job],
+                   parallel: int) -> tuple[int, str] | None:
+        """(n_ctx, reason) for a load whose first request is longer than the automatic context
+        would hold (an agent's 19k-token system prompt and tools), so it loads once at the size
+        growth would reach (doubling, as :meth:`for_prompt`) instead of at the automatic
+        context and then again; None: the automatic context will do."""
+        guess = max((guess_tokens(j.payload) for j in jobs if j.kind == "generate"), default=0)
+        if guess <= self.settings.ctx_ceiling:
+            return None
+        try:
+            n_ctx = sizing.context_for_prompt(
+                info, name, key, self.cache, baseline, self.settings, guess, 1024, parallel,
+                current=self.settings.ctx_ceiling)
+        except ContextExceededError:
+            return None  # the load goes ahead as usual; the runner counts it exactly
+        return n_ctx, f"sized for a first prompt of about {guess} tokens (from its length)"
+
     def for_prompt(self, slot: Slot, job: Job, err: ContextExceededError,
                    baseline: int) -> ContextExceededError | bool:
         """A prompt over the context: True when ``job`` has its larger ``n_ctx`` (queue it
@@ -104,6 +129,7 @@ class Growth:
             return True
         job.n_ctx = n_ctx
         job.ctx_retries += 1
+        job.ctx_why = f"grown to {job.n_ctx} for a {prompt_tokens}-token prompt"
         log.info("%s: %d prompt tokens need n_ctx %d", slot.name, prompt_tokens, job.n_ctx)
         return True
 
@@ -139,6 +165,7 @@ class Growth:
         grow = n_ctx > loaded
         if grow:
             job.n_ctx = n_ctx
+            job.ctx_why = f"grown to {n_ctx} for a reply past {loaded} tokens"
             log.info("%s: a reply of %d tokens goes on in n_ctx %d", slot.name, written, n_ctx)
         job.payload = dict(job.payload, resume=resume, grow=grow)
 
@@ -148,3 +175,16 @@ class Growth:
         if slot.rpc or self.where_of is None:
             return {"offload": bool(slot.rpc)}
         return {"where": self.where_of(slot.key, slot.name, [job])}
+
+
+def guess_tokens(payload: dict[str, Any]) -> int:
+    """A rough token count of a generate request's prompt from its length in bytes."""
+    size = 0
+    for name in PROMPT_FIELDS:
+        value = payload.get(name)
+        if isinstance(value, str):
+            size += len(value.encode("utf-8", "replace"))
+        elif value is not None:
+            size += len(json.dumps(value, ensure_ascii=False, default=str).encode("utf-8",
+                                                                                   "replace"))
+    return size // BYTES_PER_TOKEN

@@ -50,6 +50,7 @@ class Job:
     payload: dict[str, Any] = field(default_factory=dict)  # runner message body (no rid)
     keep_alive_s: float | None = None
     n_ctx: int | None = None  # requested (or needed after context_exceeded)
+    ctx_why: str | None = None  # why n_ctx was set by the daemon (a growth): its ctx_reason
     pinned: bool = False
     created: float = 0.0  # the scheduler's clock at submit
     runner_rid: str = ""

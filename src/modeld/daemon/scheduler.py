@@ -72,7 +72,7 @@ class Scheduler:
         self._last_file_check = 0.0
         # Evicted models' prompt snapshots are kept on disk here (off with the prompt cache).
         self.prompt_cache_dir: str | None = (
-            str(paths.prompt_cache_dir()) if settings.prompt_cache_mib > 0 else None
+            str(paths.prompt_cache_dir()) if settings.prompt_cache_mib != 0 else None
         )
         # a reload's handoff (runner/handoff.py): the file prefix and the old runner's pid
         self.handoffs: dict[ModelKey, tuple[str, int]] = {}
@@ -224,7 +224,7 @@ class Scheduler:
         )  # fmt: skip
         msg = runnerwire.load(
             key.path, mode=key.mode, n_ctx=size.n_ctx, n_threads=self.dispatch.load_threads(),
-            seed=0, prompt_cache_mib=self.settings.prompt_cache_mib,
+            seed=0, prompt_cache_mib=size.prompt_cache_bytes >> 20,
             # a waiting request is the warm-up: a separate one would only delay it
             warm_up=not any(j.kind != "load" for j in jobs),
             prompt_cache_dir=self.prompt_cache_dir, parallel=size.parallel, rpc=rpc,

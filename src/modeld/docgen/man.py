@@ -107,7 +107,7 @@ FILES = (
     (
         "prompt_cache_dir",
         "Evicted models' prompt snapshots, read back when the model is loaded again (bounded to"
-        " 8 x prompt_cache_mib); ~/.cache/modeld/prompts when XDG_CACHE_HOME is unset."
+        " 8 x prompt_cache_mib and 4 GiB); ~/.cache/modeld/prompts when XDG_CACHE_HOME is unset."
         " Overridden by MODELD_PROMPT_CACHE_DIR.",
     ),
 )

@@ -18,8 +18,11 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
-#: Silence before the first reply after which the stream starts anyway (headers, opening events).
-FIRST_BYTES_S = 1.0
+#: Silence before the first reply after which the stream starts anyway (headers, opening events):
+#: long enough for the daemon's own refusals (an unknown model, no room: milliseconds) to stay
+#: HTTP statuses, short enough that an agent sees its stream open at once (issue 47: 1 s was
+#: a second added to every turn's first byte).
+FIRST_BYTES_S = 0.25
 #: Silence after which a keep-alive is sent (and again after each such stretch).
 PING_S = 5.0
 #: An SSE comment: every SSE reader skips it (OpenAI's SDK, Codex, browsers' EventSource).

@@ -33,8 +33,9 @@ that is the figure the daemon must budget for, and the one ``bench/calibrate.py`
   pooled encoders: embeddings for every token of the micro-batch.
 * **overhead** — vocabulary tables and the sampler's candidate array (about 176 B per token:
   43 MiB for a 262k vocabulary), graph metadata, and the native code pages touched by a load.
-* **prompt_cache** — generate mode only: the runner's prompt-state snapshots
-  (:mod:`.runner.promptcache`), bounded by the ``prompt_cache_mib`` setting and counted at that
+* **prompt_cache** — generate mode only: the runner's prompt-state snapshots and context
+  checkpoints (:mod:`.runner.promptcache`), bounded by the ``prompt_cache_mib`` setting (auto:
+  a share of the memory budget, :func:`modeld.config.prompt_cache_auto`) and counted at that
   bound (they fill up as prompts are served). Kept out of ``total`` (the calibrated figure:
   ``bench/calibrate.py`` measures runners with the cache off); the daemon adds it to what it
   reserves for a load, like the runner baseline.

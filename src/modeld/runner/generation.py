@@ -26,7 +26,7 @@ import llama_cpp._internals
 import numpy as np
 
 from modeld.runner import promptfile, promptplan
-from modeld.runner.promptcache import Snapshot, SnapshotStore, snapshot_bytes
+from modeld.runner.promptcache import Checkpoint, Snapshot, SnapshotStore, snapshot_bytes
 from modeld.runner.sampling import SHORTLIST, TOP_K_MARGINS, Candidates, Grammar
 
 log = logging.getLogger("modeld.runner")
@@ -44,7 +44,7 @@ class Reused:
     """How a prompt was made ready: tokens reused (not evaluated) and where they came from."""
 
     reused: int
-    source: str  # "exact", "snapshot", "live" or "none"
+    source: str  # "exact", "snapshot", "checkpoint", "live" or "none"
 
 
 class DecodeBatch:
@@ -108,6 +108,11 @@ class PromptState:
         self.align = max(1, min(align, self.n_batch))
         self.n_vocab = int(llm.n_vocab())
         self.n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
+        # a sliding-window cache that drops old cells (not swa_full) is rewound by checkpoints,
+        # one every window's worth of prompt (whole pieces) and one at each prompt's end
+        windowed = self.n_swa > 0 and not bool(llm.context_params.swa_full)
+        self.checkpoint_every = max(self.align, self.n_swa - self.n_swa % self.align) \
+            if windowed else 0
         self.store = store if store is not None else SnapshotStore(cache_bytes)
         self.tokens: list[int] = []  # what the KV cache holds, position by position
         self.stable = 0
@@ -129,6 +134,7 @@ class PromptState:
     # ---------------------------------------------------------------- KV bookkeeping
 
     def _clear(self) -> None:
+        self.store.drop_checkpoints(self.seq)
         if self.shared:
             llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, -1, -1)
         else:  # also puts the cache head back at cell 0, as a fresh context has it
@@ -156,6 +162,7 @@ class PromptState:
             return 0
         del self.tokens[keep:]
         self.stable = min(self.stable, keep)
+        self.store.drop_checkpoints(self.seq, keep)
         return keep
 
     def _cut_min(self) -> int:
@@ -179,6 +186,45 @@ class PromptState:
             self.stable = min(self.stable, piece[0])
         self.tokens.extend(part)
         self.llm.n_tokens = len(self.tokens)
+        if self.checkpoint_every:
+            cks = self.store.checkpoints(self.seq)
+            last = cks[-1].n if cks else 0
+            if len(self.tokens) >= last + self.checkpoint_every:
+                self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        """Save this sequence's sliding-window cells as they are after its tokens so far."""
+        n = len(self.tokens)
+        if not self.store.enabled or n <= self.n_swa:  # the live cells still rewind there
+            return
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, self.seq, flags))
+        if size <= 0 or size > self.store.budget_bytes:
+            return
+        state = (ctypes.c_uint8 * size)()
+        written = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, state, size, self.seq,
+                                                             flags))
+        if written:
+            self.store.add_checkpoint(Checkpoint(self.seq, n, state, written))
+
+    def _rewind(self, n: int) -> bool:
+        """Cut the live cells back to the checkpoint at ``n`` and restore its window cells."""
+        ck = next((c for c in self.store.checkpoints(self.seq) if c.n == n), None)
+        if ck is None or n > len(self.tokens):
+            return False
+        llama_cpp.llama_memory_seq_rm(self._memory(), self.seq, n, -1)
+        read = llama_cpp.llama_state_seq_set_data_ext(
+            self.ctx, ck.state, ck.size, self.seq, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        if read != ck.size:
+            log.warning("prompt cache: a checkpoint restore read %d of %d bytes", read, ck.size)
+            self.reset()
+            return False
+        del self.tokens[n:]
+        # the window cells land in other cells than a fresh evaluation's (as a snapshot's)
+        self.stable = 0
+        self.store.drop_checkpoints(self.seq, n)
+        self.llm.n_tokens = n
+        return True
 
     def failed(self) -> None:
         """A shared decode holding this sequence's tokens failed: its cells are unknown."""
@@ -203,10 +249,16 @@ class PromptState:
         self._layout = promptplan.Layout.of(prompt, self.align, spans, self.turn_marker)
         snaps = self.store.snapshots()
         live = promptplan.Cached(self.tokens, self.stable, cut_min=self._cut_min())
+        marks = [c.n for c in self.store.checkpoints(self.seq)]
         choice = promptplan.plan(prompt, live, [s.view() for s in snaps], reproducible,
-                                 self._layout)
+                                 self._layout, marks)
         source = "live"
-        if choice.source >= 0:
+        if choice.source == promptplan.CHECKPOINT:
+            if self._rewind(choice.keep):
+                source = "checkpoint"
+            else:
+                choice = promptplan.ReusePlan(-1, 0)
+        elif choice.source >= 0:
             snap = snaps[choice.source]
             if self._restore(snap):
                 self.store.use(snap)
@@ -231,6 +283,10 @@ class PromptState:
         decode: keep a snapshot of it (if it fits)."""
         stable = self._alone and self._layout.logits_stable(self._stable_before, self._last,
                                                             n_prompt)
+        if self.checkpoint_every:
+            cks = self.store.checkpoints(self.seq)
+            if not cks or cks[-1].n != n_prompt:
+                self._checkpoint()
         self._snapshot(stable, logits_index)
 
     def _restore(self, snap: Snapshot) -> bool:
@@ -266,14 +322,17 @@ class PromptState:
             return
         logits = (ctypes.c_float * self.n_vocab)()
         ctypes.memmove(logits, row, logits_size)
-        stable = self.stable
+        stable, cut_min = self.stable, self._cut_min()
         if 0 < self.n_swa < len(tokens):
             # A sequence state leaves out sliding-window cells older than the window, so a
             # restore lays the cache out differently from a fresh evaluation and later logits
             # differ slightly (measured 1e-3): fine for sampled requests, not for greedy ones.
-            stable, logits_stable = 0, False
+            # Restored, it cannot be cut back at all (the live cells' older window cells are
+            # not in it): planned as cuttable to their pos_min + n_swa, a branch chose it and
+            # then started over from 0 (issue 47).
+            stable, logits_stable, cut_min = 0, False, len(tokens)
         store.add(Snapshot(tokens, state, written, logits, logits_size, stable, logits_stable,
-                           self._cut_min()))
+                           cut_min))
 
     # ---------------------------------------------------------------- across evictions
 

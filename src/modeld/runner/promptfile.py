@@ -27,8 +27,11 @@ from modeld.runner.promptcache import Snapshot
 log = logging.getLogger("modeld.runner.promptfile")
 
 MAGIC = b"MODELD-PROMPTS-1\n"
-#: The directory keeps at most this many times one runner's cache budget (default 8 x 32 MiB).
+#: The directory keeps at most this many times one runner's cache budget ...
 DIR_BUDGET_FACTOR = 8
+#: ... and at most this much in all (the automatic budget reaches 4 GiB), unless one file
+#: alone is larger.
+DIR_MAX_BYTES = 4 << 30
 
 Identity = dict[str, Any]
 #: (raw bytes) -> a ctypes buffer holding them, for the state and the logits row respectively
@@ -52,7 +55,8 @@ def save(directory: Path, identity: Identity, snapshots: Iterable[Snapshot],
         return 0
     written = write(path, identity, snaps)
     if written:
-        prune(directory, DIR_BUDGET_FACTOR * max(budget_bytes, written), keep=path)
+        limit = min(DIR_BUDGET_FACTOR * max(budget_bytes, written), max(DIR_MAX_BYTES, written))
+        prune(directory, limit, keep=path)
     return written
 
 
