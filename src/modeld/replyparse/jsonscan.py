@@ -100,7 +100,10 @@ class StringReader:
 
 def parse_object(text: str) -> bool:
     """Whether ``text`` is a JSON object (duplicate keys allowed, as json.loads allows them)."""
+    from modeld.errors import InvalidRequestError
+    from modeld.wire.textcheck import parse_json
+
     try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
+        return isinstance(parse_json(text, "the tool call's arguments"), dict)
+    except (ValueError, InvalidRequestError):  # nested past the body's bound: no call
         return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 from modeld.errors import InvalidRequestError
@@ -56,6 +57,14 @@ class Built:
     unchecked: list[str] = field(default_factory=list)
 
 
+def constant_limits(max_bytes: int) -> tuple[int, int]:
+    """The most enum/const values, and bytes of their JSON text, one schema may list for a
+    grammar of ``max_bytes``: each value is at least one literal of a prefix tree and its
+    ``|`` (3 bytes or more); text over twice the grammar's size fits only when most of it is
+    shared prefixes, and building its tree is the slow part (~2 us a character)."""
+    return max_bytes // 3, 2 * max_bytes
+
+
 def to_gbnf(schema: dict[str, Any], what: str, max_bytes: int) -> Built:
     """The grammar of the JSON texts ``schema`` allows (raises InvalidRequestError naming
     what it cannot hold, where)."""
@@ -71,6 +80,40 @@ class _Converter:
         self.refs: dict[str, str] = {}
         self.unchecked: list[str] = []
         self.depth = 0
+        # enum/const values and their JSON text, counted against the grammar's size before
+        # any tree is built (a 700,000-word enum built ~1 GB of tree for 13 minutes first)
+        self.constants = self.constant_bytes = 0
+
+    def _count_constants(self, values: list[Any], path: str) -> None:
+        """Count ``values`` against the grammar's bound before any of them is written or
+        checked (the bound: :func:`constant_limits`)."""
+        self.constants += len(values)
+        max_values, max_text = constant_limits(self.rules.max_bytes)
+        if self.constants > max_values:
+            raise self._too_many(path, f"{self.constants} enum/const values", max_values)
+        strings = [v for v in values if isinstance(v, str)]  # their text at least, in C
+        if self.constant_bytes + sum(map(len, strings)) + 2 * len(strings) > max_text:
+            raise self._too_many(path, f"over {max_text} bytes of enum/const text", max_text)
+
+    def _texts(self, values: list[Any], path: str) -> Iterator[str]:
+        """The JSON text of each of ``values`` (counted already), refused as soon as all
+        enum/const text passes its bound."""
+        max_text = constant_limits(self.rules.max_bytes)[1]
+        for value in values:
+            text = json_text(value)
+            self.constant_bytes += len(text)
+            if self.constant_bytes > max_text:
+                raise self._too_many(path, f"over {max_text} bytes of enum/const text",
+                                     max_text)
+            yield text
+
+    def _too_many(self, path: str, what: str, limit: int) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"{self.what}: {what} (at {path[:200]}): more than a grammar of "
+            f"{self.rules.max_bytes} bytes can hold",
+            hint="list fewer or shorter values, or raise the max_grammar_bytes setting",
+            details={"schema_path": path[:200], "limit": limit,
+                     "max_grammar_bytes": self.rules.max_bytes})
 
     def _grammar_error(self, message: str, hint: str) -> InvalidRequestError:
         return InvalidRequestError(f"{self.what}: {message}", hint=hint)
@@ -188,8 +231,9 @@ class _Converter:
                             "use fewer alternatives, or enum/const values (those have no limit)")
         rules = [self.visit(a, f"{path}/{i}", f"{hint}-{i}") for i, a in enumerate(others)]
         if constants:
+            self._count_constants(constants, path)
             tree = alternation(self.rules, f"{hint}-const",
-                               (json_text(c["const"]) for c in constants))
+                               self._texts([c["const"] for c in constants], path))
             rules.append(self.rules.define(hint, f"{tree} space"))
         return self.rules.define(hint, " | ".join(rules))
 
@@ -255,6 +299,8 @@ class _Converter:
         values = [schema["const"]] if "const" in keys else schema["enum"]
         if not isinstance(values, list) or not values:
             raise self.fail(f"{path}/enum", "must be a non-empty list")
+        where = f"{path}/const" if "const" in keys else f"{path}/enum"
+        self._count_constants(values, where)  # before each value is checked against the other keywords
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
         if keys - {"const", "enum", "type"} or "format" in rest or "uniqueItems" in rest:
             if "pattern" in keys:
@@ -269,7 +315,7 @@ class _Converter:
             values = [v for v in values if validate(v, rest, self.root).valid]
         if not values:
             raise self.fail(path, "no enum/const value satisfies the schema's other keywords")
-        tree = alternation(self.rules, f"{hint}-value", (json_text(v) for v in values))
+        tree = alternation(self.rules, f"{hint}-value", self._texts(values, where))
         return self.rules.define(hint, f"{tree} space")
 
     # ------------------------------------------------------------------ types

@@ -73,7 +73,13 @@ def parse(text: str) -> Any:
             out[key] = value
         return out
 
-    return json.loads(text, parse_float=Decimal, object_pairs_hook=pairs)
+    from modeld.errors import InvalidRequestError
+    from modeld.wire.textcheck import parse_json
+
+    try:
+        return parse_json(text, "the reply", parse_float=Decimal, object_pairs_hook=pairs)
+    except InvalidRequestError as exc:  # nested past the body's bound
+        raise ValueError(exc.message) from None
 
 
 def validate(value: Any, schema: Any, root: Any = None) -> Report:

@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modeld.errors import InvalidRequestError
 from modeld.wire.images import check_count, parse_list
+from modeld.wire.textcheck import parse_json
 
 ROLES = ("system", "user", "assistant", "tool")
 CHOICES = ("auto", "none", "required")
@@ -164,7 +166,9 @@ def _call(where: str, c: Any, fail: Fail) -> ToolCall:
     args = c.get("arguments", {})
     if isinstance(args, str):  # OpenAI sends the arguments as JSON text; templates want objects
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = parse_json(args, f"{where}.arguments") if args.strip() else {}
+        except InvalidRequestError as exc:  # nested too deep, or not UTF-8 text
+            raise fail(exc.message) from None
         except ValueError:
             raise fail(f"{where}.arguments is not valid JSON") from None
     if not isinstance(args, dict):

@@ -11,13 +11,17 @@ errors.
 Nesting: a body 100,000 arrays deep made ``json.loads`` raise RecursionError (a 500), and a
 tool's parameters 600 levels deep recursed through every later walk of them. No API body
 needs more than a few dozen levels (OpenAI allows 10 levels of schema nesting), so deeper JSON
-is refused once, here, with its path: the walks after this one never meet it.
+is refused once, here, with its path: the walks after this one never meet it. JSON carried
+as text inside JSON (a tool call's ``arguments``, in a request or a model's reply) is parsed
+with the same bound by :func:`parse_json`: 1,000 levels there made ``json.loads`` raise
+RecursionError deep in the daemon, and the request was never answered.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from modeld.errors import InvalidRequestError
@@ -82,6 +86,19 @@ def too_deep(where: str = "") -> InvalidRequestError:
         hint=f"flatten it: objects and arrays may nest at most {MAX_DEPTH} levels deep",
         details={"max_depth": MAX_DEPTH, **({"field": where} if where else {})},
     )
+
+
+def parse_json(text: str | bytes, where: str = "", **options: Any) -> Any:
+    """``text`` parsed as JSON under the body's bounds: nesting past :data:`MAX_DEPTH` (and
+    ``json.loads``'s own RecursionError, ~1,000 levels) is :func:`too_deep` naming ``where``;
+    text with no UTF-8 form is :func:`check_text`'s error. Other bad JSON raises ValueError,
+    as ``json.loads`` does. ``options``: ``json.loads``'s (``parse_float``, ...)."""
+    try:
+        value = json.loads(text, **options)
+    except RecursionError:
+        raise too_deep(where) from None
+    check_text(value, where)
+    return value
 
 
 def _encodable(text: str) -> bool:
