@@ -337,10 +337,12 @@ class Runner(RunnerServer):
         limit = self.engine.n_ctx_seq if self.engine is not None else 0
         # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
         # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
-        if not spec.count_only and limit and len(data) > 8 * limit and self.token_bound:
+        if spec.count_only:  # counted for any context: refused past what the model can hold
+            limit = llm._model.n_ctx_train()
+        if limit and len(data) > 8 * limit and self.token_bound:
             least = self.token_bound.at_least(len(data))
             if least >= limit:
-                raise context_exceeded(least, limit, at_least=True)
+                raise context_exceeded(least, limit, at_least=True, trained=spec.count_only)
         tokens = llm.tokenize(data, add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
