@@ -42,7 +42,6 @@ _KINDS = {  # the type a keyword implies when a schema names none
     "minimum": "number", "maximum": "number", "exclusiveMinimum": "number",
     "exclusiveMaximum": "number", "multipleOf": "number", "uniqueItems": "array",
     "propertyNames": "object", "minProperties": "object", "maxProperties": "object",
-    "patternProperties": "object",
 }  # fmt: skip
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _STRUCTURE = {"$defs", "definitions"}
@@ -330,9 +329,6 @@ class _Converter:
             raise self.fail(path, "'properties' must be an object and 'required' a list of names")
         if not props and not required:  # a map: its members' count and keys can be held
             return self._map(schema, path, hint)
-        if "patternProperties" in schema:
-            raise self.fail(f"{path}/patternProperties", "patternProperties beside properties "
-                            "or required is not supported", "list the members in properties")
         members = dict(props)
         for name in required:  # required but not declared: its schema is additionalProperties'
             if name not in members:
@@ -368,38 +364,19 @@ class _Converter:
 
     def _map(self, schema: dict[str, Any], path: str, hint: str) -> str:
         """An object that declares no members: any number of them (minProperties to
-        maxProperties), keys from propertyNames or the one pattern of patternProperties,
-        values from additionalProperties or that pattern's schema."""
+        maxProperties), keys from propertyNames, values from additionalProperties."""
         extra = schema.get("additionalProperties")
         low = self._count(schema, "minProperties", path)
         high = self._count(schema, "maxProperties", path)
-        if "patternProperties" in schema:
-            key, value, where = self._pattern_key(schema, path, hint)
-        else:
-            if extra is False or schema.get("propertyNames") is False:
-                high = 0
-            if low == 0 and high is None and extra in (None, True) and \
-                    "propertyNames" not in schema:  # fmt: skip
-                return self.rules.primitive("object")
-            key = self._key_rule(schema, path, hint) or self.rules.primitive("string")
-            value, where = True if extra is None else extra, f"{path}/additionalProperties"
+        if extra is False or schema.get("propertyNames") is False:
+            high = 0
+        if low == 0 and high is None and extra in (None, True) and \
+                "propertyNames" not in schema:  # fmt: skip
+            return self.rules.primitive("object")
+        key = self._key_rule(schema, path, hint) or self.rules.primitive("string")
+        value, where = True if extra is None else extra, f"{path}/additionalProperties"
         body = repeat(self._pair(key, value, where, hint), low, high, sep='"," space')
         return self.rules.define(hint, f'"{{" space {body} "}}" space')
-
-    def _pattern_key(self, schema: dict[str, Any], path: str, hint: str
-                     ) -> tuple[str, Any, str]:
-        """A map's key rule, value schema and its path from its one ``patternProperties``
-        pattern (pydantic's ``dict[constr(pattern=…), …]``): every key the grammar writes
-        matches it, so additionalProperties never applies."""
-        patterns, where = schema["patternProperties"], f"{path}/patternProperties"
-        if not isinstance(patterns, dict) or len(patterns) != 1 or "propertyNames" in schema:
-            raise self.fail(where, "patternProperties other than one pattern (and no "
-                            "propertyNames) is not supported", "give the keys one pattern")
-        ((text, value),) = patterns.items()
-        where = f"{where}/{_pointer(text)}"
-        key = self.rules.define(f"{hint}-key", pattern.to_gbnf(
-            text, lambda why: self.fail(where, f"the pattern {why}")))
-        return key, value, where
 
     def _pair(self, key: str, value: Any, where: str, hint: str) -> str:
         rule = self.visit(value, where, f"{hint}-extra")
