@@ -1,5 +1,6 @@
 """The chaos run's hostile requests (issue 35: a hub that lies, ports that are no RPC workers,
-tool results that answer no call, slow clients), in bounded counts on a thread of their own.
+tool results that answer no call, slow clients; issue 45: an 8 MB enum, tool-call arguments
+5,000 deep, a 12 MB count_tokens), in bounded counts on a thread of their own.
 
 Each request must get its typed error (a lying listing 502, an orphan tool result 400, a port
 that is no worker ``rpc_worker``, a slow request head 408 at its limit); anything else is
@@ -76,7 +77,8 @@ class Hostile:
                    json={"model": "hf.co/evil/lie:Q4_K_M", "stream": False})
 
     def loop(self, d: Any, tally: Any, stop: float, model: str, http_port: int) -> None:
-        kinds = ("h35_pull_lie", "h35_orphan_tool", "h35_slow_head", "h35_rpc_not_worker")
+        kinds = ("h35_pull_lie", "h35_orphan_tool", "h35_slow_head", "h35_rpc_not_worker",
+                 "h45_enum_8mb", "h45_deep_arguments", "h45_count_12mb")
         i = 0
         c = d.client(timeout=60.0)
         try:
@@ -122,6 +124,8 @@ class Hostile:
             late = [h for h in held if h > HEADER_LIMIT_S + 3.0]
             return "error:timeout" if len(held) == SLOW_CONNS and not late else \
                 f"untyped:slow heads held {max(held, default=-1):.1f} s"  # fmt: skip
+        if op.startswith("h45_"):
+            return _heavy(op, base, model)
         try:  # the daemon's own HTTP port accepts TCP and is no worker
             c.load(model, rpc=[f"127.0.0.1:{http_port}"])
             return "untyped:a port that is no worker was accepted"
@@ -143,6 +147,31 @@ class Hostile:
                        changed + self.locks_left(d), 0, "<="),
                 target("slow request head held (s), max", max(self.slow_held, default=0.0),
                        HEADER_LIMIT_S + 3.0, "<=")]  # fmt: skip
+
+
+#: Issue 45's heavy requests: each must be a 400 saying why, before the heavy work.
+_ENUM = {"enum": [f"w{i:010d}" for i in range(700_000)]}  # 8.4 MB of JSON
+_DEEP = "[" * 5_000 + "]" * 5_000
+
+
+def _heavy(op: str, base: str, model: str) -> str:
+    import httpx
+
+    ask = [{"role": "user", "content": "hi"}]
+    if op == "h45_enum_8mb":
+        route, body, says = "/api/chat", {"model": model, "messages": ask, "stream": False,
+                                          "format": _ENUM}, "enum/const values"
+    elif op == "h45_deep_arguments":
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": _DEEP}}
+        route, body, says = "/v1/chat/completions", {"model": model, "max_tokens": 2, "messages": [
+            *ask, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, "nests deeper"
+    else:
+        route, body, says = "/v1/messages/count_tokens", {"model": model, "messages": [
+            {"role": "user", "content": "hello world " * 1_050_000}]}, "count_tokens counts"
+    r = httpx.post(f"{base}{route}", json=body, timeout=120)
+    return "error:invalid_request" if r.status_code == 400 and says in r.text else \
+        f"untyped:{r.status_code}"  # fmt: skip
 
 
 def _slow_heads(port: int, n: int) -> list[float]:

@@ -8,7 +8,6 @@ Each API's fields are declared once here (``*_FIELDS``); the sampling options co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 

@@ -102,15 +102,15 @@ def preparing(tokens_of: Callable[[GenerateSpec], tuple[list[int], PromptText]],
 
 
 def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False,
-                     trained: bool = False) -> ModeldError:
+                     counted: bool = False) -> ModeldError:
     """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized);
-    ``trained``: ``n_ctx`` is the model's training context (a count_tokens past anything the
-    model can hold is refused before its minutes of tokenizing)."""
-    held = "the model's training context holds" if trained else "the loaded context holds"
+    ``counted``: a count_tokens, and ``n_ctx`` the most it counts (a multiple of the model's
+    training context: refused before minutes of tokenizing no request could ever run)."""
+    held = (f"count_tokens counts at most {n_ctx} (a multiple of the model's training "
+            "context)") if counted else f"the loaded context holds {n_ctx}"
     return ContextExceededError(
-        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but {held} "
-        f"{n_ctx}",
-        hint="shorten the prompt" if trained else
+        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but {held}",
+        hint="shorten the prompt" if counted else
         "load the model with a larger n_ctx, or shorten the prompt",
         details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
                  **({"prompt_tokens_at_least": True} if at_least else {})},

@@ -55,6 +55,10 @@ log = logging.getLogger("modeld.runner")
 
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
+#: count_tokens counts a text past the loaded context (an agent sizing a document), up to
+#: this many training contexts; past that its bytes alone refuse it (issue 45: 12 MB took a
+#: minute of tokenizing that no request could ever run).
+COUNT_CONTEXTS = 8
 
 
 # --------------------------------------------------------------------------- memory
@@ -337,12 +341,12 @@ class Runner(RunnerServer):
         limit = self.engine.n_ctx_seq if self.engine is not None else 0
         # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
         # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
-        if spec.count_only:  # counted for any context: refused past what the model can hold
-            limit = llm._model.n_ctx_train()
+        if spec.count_only:  # counted past any context, but not past all reason
+            limit = COUNT_CONTEXTS * llm._model.n_ctx_train()
         if limit and len(data) > 8 * limit and self.token_bound:
             least = self.token_bound.at_least(len(data))
             if least >= limit:
-                raise context_exceeded(least, limit, at_least=True, trained=spec.count_only)
+                raise context_exceeded(least, limit, at_least=True, counted=spec.count_only)
         tokens = llm.tokenize(data, add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")

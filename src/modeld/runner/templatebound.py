@@ -44,7 +44,7 @@ MAX_EXPONENT = 4096
 _WIDTH = re.compile(r"%[-+ #0]*(\*|\d+)")  # a %-format's width: 10**9 spaces is 1 GB
 
 
-class TemplateStopped(BaseException):  # noqa: N818  (a stop, raised into a thread)
+class TemplateStopped(BaseException):
     """A render ran past a bound. A BaseException: Jinja's and the template's own
     ``except Exception`` never swallow it."""
 
@@ -85,7 +85,7 @@ class _Codegen(CodeGenerator):
     """Jinja's code generator with ``a ~ b`` built by the environment (bounded) instead of
     ``str_join`` (a doubling ``{% set s = s ~ s %}`` reaches gigabytes in 30 steps)."""
 
-    def visit_Concat(self, node: Concat, frame: Frame) -> None:  # noqa: N802  (jinja's name)
+    def visit_Concat(self, node: Concat, frame: Frame) -> None:
         self.write("environment.concat_bounded((")
         for arg in node.nodes:
             self.visit(arg, frame)

@@ -10,8 +10,8 @@ recursed once per member and was quadratic).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from modeld.errors import InvalidRequestError
@@ -299,7 +299,7 @@ class _Converter:
         if not isinstance(values, list) or not values:
             raise self.fail(f"{path}/enum", "must be a non-empty list")
         where = f"{path}/const" if "const" in keys else f"{path}/enum"
-        self._count_constants(values, where)  # before each value is checked against the other keywords
+        self._count_constants(values, where)  # before any value is checked against the rest
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
         if keys - {"const", "enum", "type"} or "format" in rest or "uniqueItems" in rest:
             if "pattern" in keys:
