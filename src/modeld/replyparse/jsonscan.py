@@ -100,10 +100,9 @@ class StringReader:
 
 def parse_object(text: str) -> bool:
     """Whether ``text`` is a JSON object (duplicate keys allowed, as json.loads allows them)."""
-    from modeld.errors import InvalidRequestError
-    from modeld.wire.textcheck import parse_json
+    from modeld.jsondepth import loads
 
     try:
-        return isinstance(parse_json(text, "the tool call's arguments"), dict)
-    except (ValueError, InvalidRequestError):  # nested past the body's bound: no call
+        return isinstance(loads(text), dict)
+    except ValueError:  # not JSON, or nested past the bound of every JSON (jsondepth): no call
         return False

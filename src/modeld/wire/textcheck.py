@@ -1,12 +1,12 @@
 """JSON that cannot cross a boundary is refused where it enters: text with no UTF-8 form, and
-nesting deeper than :data:`MAX_DEPTH`.
+nesting deeper than :data:`MAX_DEPTH` (declared in :mod:`modeld.jsondepth`).
 
 JSON may carry ``"\\ud83d"`` (a lone UTF-16 surrogate): valid JSON, but no UTF-8 encoding exists
 for it, so the first ``str.encode("utf-8")`` on its way to the tokenizer raises. Found deep in a
 runner, that error once ended another client's stream and left the bad request in flight for
 good. Every entry point (HTTP bodies, the daemon's protocol decode, the CLI's prompt) checks
 decoded JSON here and answers ``invalid_request`` naming the field. Pure: no imports beyond
-errors.
+errors and jsondepth.
 
 Nesting: a body 100,000 arrays deep made ``json.loads`` raise RecursionError (a 500), and a
 tool's parameters 600 levels deep recursed through every later walk of them. No API body
@@ -23,11 +23,11 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from modeld.jsondepth import MAX_DEPTH  # declared once, for every JSON modeld parses
+
 if TYPE_CHECKING:
     from modeld.errors import InvalidRequestError
 
-#: The deepest nesting of objects and arrays accepted in a request (the body itself is level 1).
-MAX_DEPTH = 64
 _LEAVES = frozenset((str, int, float, bool, type(None)))  # JSON's scalars
 
 
