@@ -168,7 +168,7 @@ def _heavy(op: str, base: str, model: str) -> str:
             {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, "nests deeper"
     else:
         route, body, says = "/v1/messages/count_tokens", {"model": model, "messages": [
-            {"role": "user", "content": "hello world " * 1_050_000}]}, "count_tokens counts"
+            {"role": "user", "content": "hello world " * 1_050_000}]}, "was trained for"
     r = httpx.post(f"{base}{route}", json=body, timeout=120)
     return "error:invalid_request" if r.status_code == 400 and says in r.text else \
         f"untyped:{r.status_code}"  # fmt: skip

@@ -101,17 +101,12 @@ def preparing(tokens_of: Callable[[GenerateSpec], tuple[list[int], PromptText]],
     return prepare
 
 
-def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False,
-                     counted: bool = False) -> ModeldError:
-    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized);
-    ``counted``: a count_tokens, and ``n_ctx`` the most it counts (a multiple of the model's
-    training context: refused before minutes of tokenizing no request could ever run)."""
-    held = (f"count_tokens counts at most {n_ctx} (a multiple of the model's training "
-            "context)") if counted else f"the loaded context holds {n_ctx}"
+def context_exceeded(prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> ModeldError:
+    """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
     return ContextExceededError(
-        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but {held}",
-        hint="shorten the prompt" if counted else
-        "load the model with a larger n_ctx, or shorten the prompt",
+        f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} tokens but the loaded "
+        f"context holds {n_ctx}",
+        hint="load the model with a larger n_ctx, or shorten the prompt",
         details={"prompt_tokens": prompt_tokens, "n_ctx": n_ctx,
                  **({"prompt_tokens_at_least": True} if at_least else {})},
     )

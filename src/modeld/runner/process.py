@@ -56,8 +56,8 @@ log = logging.getLogger("modeld.runner")
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
 #: count_tokens counts a text past the loaded context (an agent sizing a document), up to
-#: this many training contexts; past that its bytes alone refuse it (issue 45: 12 MB took a
-#: minute of tokenizing that no request could ever run).
+#: this many training contexts; past that its bytes alone refuse it, and the daemon answers
+#: that no context of the model holds it (issue 45: 12 MB took a minute of tokenizing).
 COUNT_CONTEXTS = 8
 
 
@@ -346,7 +346,7 @@ class Runner(RunnerServer):
         if limit and len(data) > 8 * limit and self.token_bound:
             least = self.token_bound.at_least(len(data))
             if least >= limit:
-                raise context_exceeded(least, limit, at_least=True, counted=spec.count_only)
+                raise context_exceeded(least, limit, at_least=True)
         tokens = llm.tokenize(data, add_bos=prompt.add_bos, special=True)
         if not tokens:
             raise InvalidRequestError("the prompt is empty", hint="give some prompt text")
