@@ -66,8 +66,8 @@ CASES: dict[str, tuple[str, Any]] = {
     "count_tokens of 12 MB": ("/v1/messages/count_tokens", {
         "model": "default", "messages": [{"role": "user", "content": "hello world " * 1_050_000}]}),
 }
-#: Run only these cases (``--only heavy`` with MODELD_BENCH_HEAVY_CASES="a,b"): a short check.
-ONLY = [c for c in os.environ.get("MODELD_BENCH_HEAVY_CASES", "").split(",") if c]
+#: Run only these cases (``--only heavy`` with MODELD_BENCH_HEAVY_CASES="a;b"): a short check.
+ONLY = [c for c in os.environ.get("MODELD_BENCH_HEAVY_CASES", "").split(";") if c]
 
 
 def _post(port: int, route: str, body: Any) -> tuple[int, float]:

@@ -55,10 +55,6 @@ log = logging.getLogger("modeld.runner")
 
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
-#: count_tokens counts a text past the loaded context (an agent sizing a document), up to
-#: this many training contexts; past that its bytes alone refuse it, and the daemon answers
-#: that no context of the model holds it (issue 45: 12 MB took a minute of tokenizing).
-COUNT_CONTEXTS = 8
 
 
 # --------------------------------------------------------------------------- memory
@@ -341,8 +337,8 @@ class Runner(RunnerServer):
         limit = self.engine.n_ctx_seq if self.engine is not None else 0
         # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
         # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
-        if spec.count_only:  # counted past any context, but not past all reason
-            limit = COUNT_CONTEXTS * llm._model.n_ctx_train()
+        if spec.count_only:  # counted past the loaded context, never past what the model
+            limit = llm._model.n_ctx_train()  # can ever run (issue 45: 12 MB, a minute)
         if limit and len(data) > 8 * limit and self.token_bound:
             least = self.token_bound.at_least(len(data))
             if least >= limit:
