@@ -242,3 +242,15 @@ def test_a_long_prompt_is_tokenized_while_a_huge_one_still_runs() -> None:
     assert not huge.done()
     release.set()
     assert huge.result(timeout=30).tokens == [prepare.HUGE_CHARS]
+
+
+def test_a_big_schemas_constants_are_refused_before_a_child_starts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_child(*_: object) -> None:
+        raise AssertionError("a child was started for a schema refused by its constants")
+
+    monkeypatch.setattr(grammarproc, "_in_child", no_child)
+    schema = {"type": "object", "properties": {"w": {"enum": _words(700_000, 11)}}}
+    with pytest.raises(InvalidRequestError) as caught:
+        grammarproc.for_request(schema, (), "auto")
+    assert caught.value.details["schema_path"] == "#/properties/w/enum"

@@ -98,21 +98,23 @@ class Builds:
         """Run ``work`` on a thread (``big``: on the lane of big inputs)."""
         self.pending[(build.client, build.rid)] = build
         future = (self._large if big else self._pool).submit(self._unless_cancelled, build, work)
-        future.add_done_callback(lambda f: self._finished(build, f))
+        future.add_done_callback(lambda f: self._finished(build, f, big))
 
     @staticmethod
     def _unless_cancelled(build: Build[T], work: Callable[[], T]) -> T | None:
         """``work``, not started when its caller left while it waited for a thread."""
         return None if build.token.cancelled else work()
 
-    def _finished(self, build: Build[T], future: Future[T | None]) -> None:  # a pool thread
+    def _finished(self, build: Build[T], future: Future[T | None],
+                  big: bool = False) -> None:  # a pool thread
         try:
             build.result = future.result()
         except BaseException as exc:  # handed to the loop, which answers it
             build.error = exc
-        if isinstance(build.result, str) and len(build.result) > TRIM_AFTER:
+        if big or (isinstance(build.result, str) and len(build.result) > TRIM_AFTER):
             # a big schema's tree and rules are garbage now: give their pages back to the OS
-            # (the daemon kept 81 MiB after a 50,000-word enum without this)
+            # (the daemon kept 81 MiB after a 50,000-word enum without this; 65 MiB after a
+            # refused 700,000-word one: its request's strings)
             from modeld.model import probe
 
             probe.malloc_trim()

@@ -106,6 +106,18 @@ def _family_of(path: str, size: int, mtime_ns: int) -> str:
     return str(native_family(template))
 
 
+def check_bounds(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
+                 max_bytes: int = MAX_GRAMMAR_BYTES) -> None:
+    """Refuse at once what the build would refuse for its enum/const lists
+    (:func:`modeld.schema.convert.check_constants`), before a child is started for it."""
+    from modeld.schema.convert import check_constants
+
+    if isinstance(fmt, dict):
+        check_constants(fmt, "format", max_bytes)
+    for tool in tools:
+        check_constants(tool.schema(), "the tool's 'parameters'", max_bytes)
+
+
 def tool_call_schema(tools: Sequence[Tool], only: str | None,
                      family: str = "generic") -> dict[str, Any]:
     """The JSON Schema of one call: ``{"name": <a tool>, "arguments": <its parameters>}``

@@ -68,6 +68,7 @@ def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool], tool_ch
     :func:`big` (killed when ``cancel`` is set)."""
     if not big(fmt, tools):
         return grammar.for_request(fmt, tools, tool_choice, family, max_bytes)
+    grammar.check_bounds(fmt, tools, max_bytes)  # too many constants: refused without a child
     data = pickle.dumps((fmt, tuple(tools), tool_choice, family, max_bytes),
                         pickle.HIGHEST_PROTOCOL)
     return _in_child(data, cancel or Cancel())
