@@ -7,7 +7,6 @@ costs its request a 400, never the model. No wall-clock asserts: outcomes and or
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,7 +17,7 @@ import httpx
 import pytest
 
 import ggufgen
-from daemonutil import until
+from daemonutil import children, until
 from modeld.wire.textcheck import MAX_DEPTH
 from test_http import Served, free_port, start_served
 
@@ -86,22 +85,11 @@ def test_an_8mb_enum_is_refused_naming_its_path_and_the_next_format_is_answered(
 def _builders(pid: int) -> set[int]:
     """The daemon's grammar-building children (python -m modeld.daemon.grammarproc)."""
     out = set()
-    for child in _children(pid):
+    for child in children(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as f:
                 if b"modeld.daemon.grammarproc" in f.read():
                     out.add(child)
-        except OSError:
-            pass
-    return out
-
-
-def _children(pid: int) -> set[int]:
-    out: set[int] = set()
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out.update(int(x) for x in f.read().split())
         except OSError:
             pass
     return out

@@ -19,11 +19,10 @@ RecursionError deep in the daemon, and the request was never answered.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from modeld.jsondepth import MAX_DEPTH  # declared once, for every JSON modeld parses
+from modeld.jsondepth import MAX_DEPTH, TooDeep, loads  # the one bound of every JSON
 
 if TYPE_CHECKING:
     from modeld.errors import InvalidRequestError
@@ -94,9 +93,9 @@ def parse_json(text: str | bytes, where: str = "", **options: Any) -> Any:
     text with no UTF-8 form is :func:`check_text`'s error. Other bad JSON raises ValueError,
     as ``json.loads`` does. ``options``: ``json.loads``'s (``parse_float``, ...)."""
     try:
-        value = json.loads(text, **options)
-    except RecursionError:
-        raise too_deep(where) from None
+        value = loads(text, where, **options)
+    except TooDeep as exc:
+        raise too_deep(exc.where) from None
     check_text(value, where)
     return value
 
