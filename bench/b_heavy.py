@@ -6,7 +6,9 @@ heavy request, sent once its first tokens arrived: the stream's longest gap betw
 the number the issue bounds (0.5 s). Heavy requests: JSON Schemas whose repetition bounds
 were expanded in the daemon's loop (minItems 10^8, ``a{10^9}``), a 50,000-word enum in the
 same batch, 10 MB of Responses instructions, a 2 MB ``count_tokens``, a body nested 100,000
-arrays deep. The daemon's resident memory is read before and after.
+arrays deep; issue 45's: an 8 MB enum, tool-call arguments 5,000 deep, a 12 MB
+``count_tokens`` (each a 400 before its work). The daemon's resident memory is read before
+and after.
 
 Also, without a daemon: the grammar sampler's worst per-token time for a 10,000-word enum as
 llama-cpp-python's converter wrote it (one flat alternation) and as modeld writes it (a
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 import urllib.request
@@ -50,7 +53,21 @@ CASES: dict[str, tuple[str, Any]] = {
     "100,000 nested arrays": ("/api/generate",
                               b'{"model": "default", "prompt": "x", "format": '
                               + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    # issue 45: each a 400 before the heavy work (they took 13 minutes, never, a minute)
+    "enum of 700,000 words (8 MB)": ("/api/generate", {
+        "model": "default", "prompt": "Pick a word.", "stream": False,
+        "format": {"enum": [f"w{i:010d}" for i in range(700_000)]}}),
+    "tool-call arguments 5,000 deep": ("/v1/chat/completions", {
+        "model": "default", "max_tokens": 2, "messages": [
+            *ASK, {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {
+                    "name": "f", "arguments": "[" * 5_000 + "]" * 5_000}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}),
+    "count_tokens of 12 MB": ("/v1/messages/count_tokens", {
+        "model": "default", "messages": [{"role": "user", "content": "hello world " * 1_050_000}]}),
 }
+#: Run only these cases (``--only heavy`` with MODELD_BENCH_HEAVY_CASES="a;b"): a short check.
+ONLY = [c for c in os.environ.get("MODELD_BENCH_HEAVY_CASES", "").split(";") if c]
 
 
 def _post(port: int, route: str, body: Any) -> tuple[int, float]:
@@ -141,7 +158,8 @@ def heavy(ctx: Context) -> dict[str, Any]:
         rss0 = _rss(d.pid)
         results["alone"] = _beside(port, None)
         for name, case in CASES.items():
-            results[name] = _beside(port, case)
+            if not ONLY or name in ONLY:
+                results[name] = _beside(port, case)
         rss1 = _rss(d.pid)
     cost = _sampler_cost(WORDS[:10_000])
     worst = max(r["max_gap_s"] or 0.0 for r in results.values())

@@ -1,6 +1,7 @@
 """The chaos run's hostile requests (issue 35: a hub that lies, ports that are no RPC workers,
 tool results that answer no call, slow clients; issue 45: a flood of idle connections, another
-local user), in bounded counts on a thread of their own.
+local user, an 8 MB enum, tool-call arguments 5,000 deep, a 12 MB count_tokens), in bounded
+counts on a thread of their own.
 
 Each request must get its typed error (a lying listing 502, an orphan tool result 400, a port
 that is no worker ``rpc_worker``, a slow request head 408 at its limit, the flood's excess
@@ -86,7 +87,8 @@ class Hostile:
 
     def loop(self, d: Any, tally: Any, stop: float, model: str, http_port: int) -> None:
         kinds = ("h35_pull_lie", "h35_orphan_tool", "h35_slow_head", "h35_rpc_not_worker",
-                 "h45_fd_flood", *(("h45_other_user",) if _can_be_nobody() else ()))
+                 "h45_fd_flood", *(("h45_other_user",) if _can_be_nobody() else ()),
+                 "h45_enum_8mb", "h45_deep_arguments", "h45_count_12mb")
         most = {"h45_fd_flood": FLOODS}
         i = 0
         c = d.client(timeout=60.0)
@@ -141,6 +143,8 @@ class Hostile:
         if op == "h45_other_user":
             status = _as_nobody(http_port)
             return "error:forbidden" if status == 403 else f"untyped:{status}"
+        if op.startswith("h45_"):
+            return _heavy(op, base, model)
         try:  # the daemon's own HTTP port accepts TCP and is no worker
             c.load(model, rpc=[f"127.0.0.1:{http_port}"])
             return "untyped:a port that is no worker was accepted"
@@ -166,6 +170,31 @@ class Hostile:
                        HEADER_LIMIT_S + 3.0, "<="),
                 target("descriptor flood: ps or an HTTP request failed during it", failed, 0,
                        "<=")]  # fmt: skip
+
+
+#: Issue 45's heavy requests: each must be a 400 saying why, before the heavy work.
+_ENUM = {"enum": [f"w{i:010d}" for i in range(700_000)]}  # 8.4 MB of JSON
+_DEEP = "[" * 5_000 + "]" * 5_000
+
+
+def _heavy(op: str, base: str, model: str) -> str:
+    import httpx
+
+    ask = [{"role": "user", "content": "hi"}]
+    if op == "h45_enum_8mb":
+        route, body, says = "/api/chat", {"model": model, "messages": ask, "stream": False,
+                                          "format": _ENUM}, "enum/const values"
+    elif op == "h45_deep_arguments":
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": _DEEP}}
+        route, body, says = "/v1/chat/completions", {"model": model, "max_tokens": 2, "messages": [
+            *ask, {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}, "nests deeper"
+    else:
+        route, body, says = "/v1/messages/count_tokens", {"model": model, "messages": [
+            {"role": "user", "content": "hello world " * 1_050_000}]}, "was trained for"
+    r = httpx.post(f"{base}{route}", json=body, timeout=120)
+    return "error:invalid_request" if r.status_code == 400 and says in r.text else \
+        f"untyped:{r.status_code}"  # fmt: skip
 
 
 def _slow_heads(port: int, n: int) -> list[float]:

@@ -139,10 +139,6 @@ def test_draft4_exclusive_flags_and_open_side_limits() -> None:
     # keywords beside anyOf go into each alternative (zod's string().ip(): type beside anyOf)
     ({"type": "string", "anyOf": [{"maxLength": 1}, {"pattern": "^b+$"}, {"const": "cc"},
                                   {"const": 3}]}, ["a", "", "bbb", "cc"], [1, 3, "ab", "bbc"]),
-    # pydantic's dict[constr(pattern="^x"), int]: the pattern holds every key
-    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}},
-      "additionalProperties": False, "maxProperties": 2},
-     [{}, {"x": 1}, {"xy": 2, "x1": 3}], [{"y": 1}, {"x": "s"}, {"x": 1, "xa": 2, "xb": 3}]),
 ])
 def test_replies_follow_the_schema(matcher: ByteMatcher, schema: dict[str, Any], good: list[Any],
                                    bad: list[Any]) -> None:
@@ -199,14 +195,11 @@ def test_a_forced_call_to_a_tool_with_a_quote_in_its_name(matcher: ByteMatcher) 
     ({"anyOf": [{}], "oneOf": [{}]}, "'oneOf' beside 'anyOf' is not supported"),
     ({"type": "string", "anyOf": [{"type": "integer"}]},
      "'type' both beside 'anyOf' and in an alternative is not supported (at #/anyOf/0/type)"),
-    ({"type": "object", "patternProperties": {"^a": {}, "^b": {}}},
-     "patternProperties other than one pattern (and no propertyNames) is not supported (at "
-     "#/patternProperties)"),
+    # issue 45: a grammar cannot keep a map's keys distinct (pydantic's dict[constr(...)])
+    ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+     "the keyword 'patternProperties' is not supported (at #/patternProperties)"),
     ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^b": {}}},
-     "patternProperties beside properties"),
-    ({"type": "object", "patternProperties": {"^(?=b)": {}}},
-     "the pattern uses '(?' at offset 0 (lookarounds, named or non-capturing groups are not "
-     "supported) (at #/patternProperties/^(?=b))"),
+     "the keyword 'patternProperties' is not supported"),
     ({"type": "array", "contains": {}}, "'contains'"),
     ({"type": "object", "dependentRequired": {}}, "'dependentRequired'"),
     ({"type": "string", "nullable": True}, "OpenAPI keyword"),

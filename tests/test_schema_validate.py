@@ -103,16 +103,6 @@ def test_numbers_are_exact_and_json_equality_holds() -> None:
         v.parse('{"a": 1, "a": 2}')
 
 
-def test_a_maps_pattern_keys_are_its_own() -> None:
-    """A map's one patternProperties pattern holds its keys in the grammar: each member is
-    checked against the pattern's schema, never against additionalProperties."""
-    schema = {"type": "object", "patternProperties": {"^x": {"type": "integer"}},
-              "additionalProperties": False}
-    assert v.validate({"x1": 1, "x2": 2}, schema).valid
-    report = v.validate({"x1": 1, "x2": "s"}, schema)
-    assert [(p.at, p.keyword) for p in report.errors] == [("/x2", "type")]
-
-
 def test_problems_say_where_and_which_keyword() -> None:
     schema = {"type": "object", "properties": {
         "tags": {"type": "array", "uniqueItems": True},

@@ -158,6 +158,12 @@ class Settings:
     max_message_bytes: int = field(default=16 * MiB, metadata=_spec(
         env="MODELD_MAX_MESSAGE_BYTES", parse=parse_bytes,
         check=_at_least(64 * 1024, "64 KiB"), help="Largest protocol message accepted."))
+    max_grammar_bytes: int = field(default=1 * MiB, metadata=_spec(
+        env="MODELD_MAX_GRAMMAR_BYTES", parse=parse_bytes,
+        check=_at_least(64 * 1024, "64 KiB"),
+        help="Largest grammar a JSON Schema (format, a forced tool call) may become; enum/const"
+        " lists are bounded from it before anything is built (a third as many values, twice"
+        " as many bytes of their text)."))
     load_timeout_s: float = field(default=120.0, metadata=_spec(
         env="MODELD_LOAD_TIMEOUT", parse=parse_float, synonyms=("load_timeout",),
         check=_positive, help="Seconds a model load may take before it counts as failed."))

@@ -33,7 +33,9 @@ from modeld.errors import InvalidRequestError
 from modeld.replyparse import native_family
 from modeld.wire.messages import Tool, forced_tool, forces_call, format_schema
 
-#: Largest grammar text accepted (a schema's repetition bounds expand into nested rules).
+#: Largest grammar text accepted by default (the ``max_grammar_bytes`` setting; a schema's
+#: repetition bounds expand into nested rules, and enum/const lists are bounded from it
+#: before their tree is built: :func:`modeld.schema.convert.constant_limits`).
 MAX_GRAMMAR_BYTES = 1 << 20
 #: Deepest nesting of groups handed to llama.cpp's parser (a schema's ``maxLength: 100000``
 #: nests 100000 deep and crashed it with a stack overflow: llama.cpp#22396's family).
@@ -45,23 +47,25 @@ log = logging.getLogger("modeld.daemon")
 
 
 def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
-                tool_choice: str, family: str = "generic") -> str | None:
+                tool_choice: str, family: str = "generic",
+                max_bytes: int = MAX_GRAMMAR_BYTES) -> str | None:
     """The GBNF a reply must follow, or None when it is free text (raises InvalidRequestError
     naming the part that cannot be used). ``family``: the tool-call syntax of the model's
-    template (:func:`modeld.replyparse.native_family`): a forced call is written in it."""
+    template (:func:`modeld.replyparse.native_family`): a forced call is written in it.
+    ``max_bytes``: the largest grammar (the ``max_grammar_bytes`` setting)."""
     if fmt is not None and tools and tool_choice != "none":
         raise InvalidRequestError(
             "'format' and 'tools' cannot be used together",
             hint="constrain the reply with a format, or let the model call tools, not both")
     if forces_call(tools, tool_choice):
         schema = tool_call_schema(tools, forced_tool(tool_choice), family)
-        call = from_schema(schema, "the tool's 'parameters'")
-        return check(_wrapped(call, family), "tool_choice")
+        call = from_schema(schema, "the tool's 'parameters'", max_bytes)
+        return check(_wrapped(call, family), "tool_choice", max_bytes)
     if fmt is None:
         return None
     # "json": any object, as the converter writes it (its numbers have at most 16 digits,
     # where llama-cpp-python's JSON_GBNF lets a greedy base model write zeros forever)
-    return check(from_schema(format_schema(fmt), "format"), "format")
+    return check(from_schema(format_schema(fmt), "format", max_bytes), "format", max_bytes)
 
 
 #: How each family writes one forced call around its JSON object (llama-server's forms).
@@ -102,6 +106,18 @@ def _family_of(path: str, size: int, mtime_ns: int) -> str:
     return str(native_family(template))
 
 
+def check_bounds(fmt: str | dict[str, Any] | None, tools: Sequence[Tool],
+                 max_bytes: int = MAX_GRAMMAR_BYTES) -> None:
+    """Refuse at once what the build would refuse for its enum/const lists
+    (:func:`modeld.schema.convert.check_constants`), before a child is started for it."""
+    from modeld.schema.convert import check_constants
+
+    if isinstance(fmt, dict):
+        check_constants(fmt, "format", max_bytes)
+    for tool in tools:
+        check_constants(tool.schema(), "the tool's 'parameters'", max_bytes)
+
+
 def tool_call_schema(tools: Sequence[Tool], only: str | None,
                      family: str = "generic") -> dict[str, Any]:
     """The JSON Schema of one call: ``{"name": <a tool>, "arguments": <its parameters>}``
@@ -115,12 +131,12 @@ def tool_call_schema(tools: Sequence[Tool], only: str | None,
     return shapes[0] if len(shapes) == 1 else {"anyOf": shapes}
 
 
-def from_schema(schema: dict[str, Any], what: str) -> str:
+def from_schema(schema: dict[str, Any], what: str, max_bytes: int = MAX_GRAMMAR_BYTES) -> str:
     """GBNF for ``schema`` (:mod:`modeld.schema`: raises naming what it cannot hold)."""
     from modeld import schema as converter
 
     try:
-        built = converter.to_gbnf(schema, what, MAX_GRAMMAR_BYTES)
+        built = converter.to_gbnf(schema, what, max_bytes)
     except RecursionError:  # bounded by the converter; kept as a last guard
         raise InvalidRequestError(f"{what}: the JSON Schema nests too deeply",
                                   hint=_HINT) from None
@@ -129,11 +145,12 @@ def from_schema(schema: dict[str, Any], what: str) -> str:
     return built.gbnf
 
 
-def check(gbnf: str, what: str) -> str:
+def check(gbnf: str, what: str, max_bytes: int = MAX_GRAMMAR_BYTES) -> str:
     """``gbnf`` if llama.cpp's parser accepts it (with no vocabulary: parsing needs none)."""
-    if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
+    if len(gbnf.encode()) > max_bytes:
         raise InvalidRequestError(f"{what}: the grammar built from it is over "
-                                  f"{MAX_GRAMMAR_BYTES} bytes", hint=_HINT)
+                                  f"{max_bytes} bytes", hint=_HINT + ", or raise the "
+                                  "max_grammar_bytes setting")
     depth = nesting(gbnf)
     if depth > MAX_NESTING:  # llama.cpp's parser recurses per group: deeper overflows its stack
         raise InvalidRequestError(

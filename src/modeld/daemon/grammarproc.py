@@ -8,7 +8,8 @@ CPU between fairly, whatever its members' nice values. So a big input is built b
 ``python -m modeld.daemon.grammarproc`` in a session of its own with its autogroup and its
 nice at 19: it gets the CPU the runners leave. Its answer (the grammar, or the request's
 ModeldError with message, hint and details) and its log lines come back pickled on stdout.
-Small inputs stay on the calling thread: a child costs about 0.2 s to start.
+Small inputs stay on the calling thread: a child costs about 0.2 s to start. A child whose
+caller left is killed (issue 45: three abandoned 8 MB enums went on building for 13 minutes).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from modeld.daemon import grammar
-from modeld.errors import InvalidRequestError
+from modeld.daemon.builds import Cancel
+from modeld.errors import CancelledError, InvalidRequestError
 from modeld.wire.messages import Tool
 
 log = logging.getLogger("modeld.daemon")
@@ -39,29 +41,57 @@ _live: set[subprocess.Popen[bytes]] = set()
 _live_lock = threading.Lock()
 
 
+def big(fmt: str | dict[str, Any] | None, tools: Sequence[Tool]) -> bool:
+    """Whether the input holds at least :data:`CHILD_FROM` bytes of text (keys, strings; 8 a
+    number): built in a child, on the lane of big builds. Stops counting there: a 700,000-word
+    enum is known big after its first few thousand words."""
+    seen = 0
+    stack: list[Any] = [fmt, *(t.schema() for t in tools)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            seen += sum(len(k) + 2 for k in item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        else:
+            seen += len(item) + 2 if isinstance(item, str) else 8
+        if seen >= CHILD_FROM:
+            return True
+    return False
+
+
 def for_request(fmt: str | dict[str, Any] | None, tools: Sequence[Tool], tool_choice: str,
-                family: str = "generic") -> str | None:
-    """:func:`modeld.daemon.grammar.for_request`, in a low-priority child when the input is big."""
-    try:
-        data = pickle.dumps((fmt, tuple(tools), tool_choice, family), pickle.HIGHEST_PROTOCOL)
-    except RecursionError:  # nested too deep to pickle: the converter refuses it quickly
-        data = b""
-    if len(data) < CHILD_FROM:
-        return grammar.for_request(fmt, tools, tool_choice, family)
-    return _in_child(data)
+                family: str = "generic", max_bytes: int = grammar.MAX_GRAMMAR_BYTES,
+                cancel: Cancel | None = None) -> str | None:
+    """:func:`modeld.daemon.grammar.for_request`, in a low-priority child when the input is
+    :func:`big` (killed when ``cancel`` is set)."""
+    if not big(fmt, tools):
+        return grammar.for_request(fmt, tools, tool_choice, family, max_bytes)
+    grammar.check_bounds(fmt, tools, max_bytes)  # too many constants: refused without a child
+    data = pickle.dumps((fmt, tuple(tools), tool_choice, family, max_bytes),
+                        pickle.HIGHEST_PROTOCOL)
+    return _in_child(data, cancel or Cancel())
 
 
-def _in_child(data: bytes) -> str | None:
+def _in_child(data: bytes, cancel: Cancel) -> str | None:
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, start_new_session=True, close_fds=True)
     with _live_lock:
         _live.add(proc)
+    cancel.on_cancel(proc.kill)
     try:
         out, _ = proc.communicate(data)
+    except OSError:  # killed while its input was written (its caller left)
+        out = b""
     finally:
         with _live_lock:
             _live.discard(proc)
+        proc.wait()
+    if cancel.cancelled:
+        log.info("a grammar build from %d bytes of input stopped: its caller left", len(data))
+        raise CancelledError("request cancelled")
     try:
         ok, value, records = pickle.loads(out)
     except Exception:  # killed (the daemon is stopping), or it crashed: its stderr is the log's
@@ -121,10 +151,10 @@ def _main() -> None:
     root = logging.getLogger("modeld")
     root.addHandler(collect)
     root.setLevel(logging.INFO)
-    fmt, tools, tool_choice, family = pickle.load(sys.stdin.buffer)
+    fmt, tools, tool_choice, family, max_bytes = pickle.load(sys.stdin.buffer)
     answer: tuple[bool, Any]
     try:
-        answer = (True, grammar.for_request(fmt, tools, tool_choice, family))
+        answer = (True, grammar.for_request(fmt, tools, tool_choice, family, max_bytes))
     except Exception as exc:  # a ModeldError is the request's answer; others the daemon logs
         answer = (False, exc)
     try:

@@ -18,6 +18,7 @@ from typing import Any
 from modeld.cache.policy import CachePolicy, Entry, EvictionReason, ModelKey, parse_keep_alive
 from modeld.config import Settings
 from modeld.daemon import grammar, grammarproc, replycheck
+from modeld.daemon.builds import Cancel
 from modeld.daemon.supervisor import RunnerHandle
 from modeld.model import ctx, placement
 from modeld.model.modelinfo import ModelInfo
@@ -177,15 +178,17 @@ def needs_grammar(req: reqparse.GenerateRequest) -> bool:
                                    or forces_call(req.tools, req.tool_choice))
 
 
-def request_grammar(req: reqparse.GenerateRequest, key: ModelKey) -> str | None:
+def request_grammar(req: reqparse.GenerateRequest, key: ModelKey, settings: Settings,
+                    cancel: Cancel | None = None) -> str | None:
     """``req``'s grammar, built and checked (raises InvalidRequestError): bounded, but slow
     enough to run off the event loop (:mod:`modeld.daemon.builds`), and a big one in a
-    low-priority child (:mod:`modeld.daemon.grammarproc`)."""
+    low-priority child (:mod:`modeld.daemon.grammarproc`), killed when ``cancel`` is set."""
     if not needs_grammar(req):
         return None
     family = grammar.family_of(key.path) if forces_call(req.tools, req.tool_choice) \
         else "generic"  # fmt: skip
-    return grammarproc.for_request(req.format, req.tools, req.tool_choice, family)
+    return grammarproc.for_request(req.format, req.tools, req.tool_choice, family,
+                                   int(settings.max_grammar_bytes), cancel)
 
 
 def request_job(

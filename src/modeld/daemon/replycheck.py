@@ -34,6 +34,10 @@ class ReplyCheck:
     def add(self, text: str) -> None:
         self.parts.append(text)
 
+    def size(self) -> int:
+        """Characters of the reply so far (a long one is checked on the lane of big work)."""
+        return sum(map(len, self.parts))
+
     def result(self, done: Mapping[str, Any]) -> Validation:
         """The check of the complete reply (``done``: the runner's done body). Never raises:
         a bug here says the reply was not checked."""

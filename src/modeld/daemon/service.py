@@ -152,10 +152,11 @@ class Service:
         connection is gone (a SIGKILLed CLI), so each client with requests gets a ``probe``
         message, which clients skip (its id is no request's), and a refused one is cancelled
         like any vanished client."""
-        for client in views.clients_waiting(self.sched):
+        for client in views.clients_waiting(self.sched) | self.builds.clients():
             if not self._send(client, PROBE):
                 log.info("a client with requests in flight went away; cancelling them")
                 self.sched.client_gone(client)
+                self.builds.cancel(client)  # a grammar building for it stops too
 
     def _send_job(self, job: Job, msg: protocol.Message) -> bool:
         """Send a job's reply; a reply held to a schema keeps its text, and its ``done``
@@ -172,7 +173,8 @@ class Service:
             def fail(exc: ModeldError) -> None:  # cancelled, or the daemon is stopping
                 self._send(client, protocol.error_reply(msg.id, exc))
 
-            self.builds.start(Build(client, msg.id, then, fail), lambda: check.result(msg.body))
+            self.builds.start(Build(client, msg.id, then, fail), lambda: check.result(msg.body),
+                              big=check.size() >= grammarproc.CHILD_FROM)
             return True
         return self._send(job.client, msg)
 
@@ -282,7 +284,9 @@ class Service:
             except ModeldError as exc:
                 fail(exc)
 
-        self.builds.start(Build(client, rid, then, fail), lambda: request_grammar(req, key))
+        build: Build[str | None] = Build(client, rid, then, fail)
+        self.builds.start(build, lambda: request_grammar(req, key, self.settings, build.token),
+                          big=grammarproc.big(req.format, req.tools))
 
     def _job(self, client: bytes, rid: str, req: JobRequest, gbnf: str | None = None) -> Job:
         """``req``'s job (``gbnf``: a generate request's grammar, built already)."""

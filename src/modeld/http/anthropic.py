@@ -29,6 +29,7 @@ from modeld.http.common import (
     validation_of,
 )
 from modeld.http.reply import Renderer, generation
+from modeld.wire.textcheck import parse_json
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -69,7 +70,7 @@ def _stop(done: dict[str, Any], stops: list[str]) -> tuple[str, str | None]:
 
 
 def _input(arguments: str) -> dict[str, Any]:
-    value = json.loads(arguments) if arguments.strip() else {}
+    value = parse_json(arguments, "tool_use.input") if arguments.strip() else {}
     return value if isinstance(value, dict) else {}
 
 

@@ -8,13 +8,13 @@ Each API's fields are declared once here (``*_FIELDS``); the sampling options co
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from modeld.errors import InvalidRequestError
 from modeld.http.imageparts import Content, ollama_images, openai_url
 from modeld.wire import options
+from modeld.wire.textcheck import parse_json
 
 #: Fields an OpenAI chat/completions body may carry besides the sampling options. Those in
 #: ``_NO_EFFECT`` change nothing a local model does (routing, storage, accounting at OpenAI).
@@ -273,7 +273,7 @@ def ollama_messages(raw: Any) -> list[dict[str, Any]]:
 def ollama_tool_calls(calls: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Calls as Ollama's ``message.tool_calls``: arguments as an object."""
     return [{"function": {"index": i, "name": c["name"],
-                          "arguments": json.loads(c["arguments"])}}
+                          "arguments": parse_json(c["arguments"], f"tool_calls[{i}].arguments")}}
             for i, c in enumerate(calls)]  # fmt: skip
 
 

@@ -100,7 +100,9 @@ class StringReader:
 
 def parse_object(text: str) -> bool:
     """Whether ``text`` is a JSON object (duplicate keys allowed, as json.loads allows them)."""
+    from modeld.jsondepth import loads
+
     try:
-        return isinstance(json.loads(text), dict)
-    except ValueError:
+        return isinstance(loads(text), dict)
+    except ValueError:  # not JSON, or nested past the bound of every JSON (jsondepth): no call
         return False

@@ -97,7 +97,8 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     n_cells, shared = cells(spec)
     _choose_tiled(n_seq)
     cpu_only = spec.gpu_layers == 0 and not spec.rpc
-    with _sequences(n_seq, shared), _model_params(repack=n_seq <= 1, cpu_only=cpu_only):
+    with _sequences(n_seq, shared), _model_params(repack=n_seq <= 1, cpu_only=cpu_only), \
+            _no_chat_handlers():
         llm = llama_cpp.Llama(
             model_path=spec.path,
             n_ctx=n_cells,
@@ -124,6 +125,35 @@ def open_llama(spec: specs.LoadSpec, n_batch: int) -> llama_cpp.Llama:
     # (an arange of the vocabulary) are 1 MiB written per process for gemma's 262144 tokens
     llm._candidates = None  # type: ignore[assignment]
     return llm
+
+
+class _Unused:
+    """Stands in for the chat formatter ``Llama.__init__`` compiles from each GGUF template:
+    modeld renders templates itself, bounded (:mod:`modeld.runner.template`), and a
+    template's syntax error (or a constant its compiler folds to gigabytes) must be that
+    model's request error, not a failed load (issue 45: a 500)."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def to_chat_handler(self) -> object:
+        return _unused
+
+
+def _unused(*_: object, **__: object) -> None:
+    raise RuntimeError("modeld renders chat templates itself (runner/template.py)")
+
+
+@contextlib.contextmanager
+def _no_chat_handlers() -> Iterator[None]:
+    """``Llama.__init__`` without its chat handlers (see :class:`_Unused`)."""
+    module = llama_cpp.llama_chat_format
+    real = module.Jinja2ChatFormatter
+    module.Jinja2ChatFormatter = _Unused  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        module.Jinja2ChatFormatter = real  # type: ignore[misc]
 
 
 @contextlib.contextmanager

@@ -54,6 +54,9 @@ NICENESS = 5
 #: Prompts of fewer characters than this (text, thinking, tool definitions) are tokenized at
 #: the runner's priority: tens of milliseconds at most, and they should join the batch now.
 QUICK_CHARS = 32_768
+#: Prompts of this many characters or more get a lane of their own (issue 45: a 12 MB
+#: count_tokens held a 36,000-character prompt behind it for 63.8 s instead of 1.1 s).
+HUGE_CHARS = 1 << 20
 
 
 class Prepared(NamedTuple):
@@ -215,14 +218,19 @@ class _Lane:
 
 
 class Preparer:
-    """Prompts to tokenize, on two lanes: ordinary ones at the runner's priority, long ones on
-    CPU time the decoding leaves. The loop collects the futures in any order (a long prompt
-    holds back no one behind it)."""
+    """Prompts to tokenize, on three lanes: ordinary ones at the runner's priority, long ones
+    on CPU time the decoding leaves, and huge ones (megabytes: seconds to minutes of
+    llama_tokenize, which cannot be stopped once it runs) on a lane of their own, so a long
+    prompt never waits behind another caller's huge one. The loop collects the futures in any
+    order; one nobody waits for any more is dropped before it starts (:func:`discard`)."""
 
     def __init__(self, prepare: Callable[[GenerateSpec], Prepared]) -> None:
         self._quick = _Lane(prepare, "modeld-tokenize", idle=False)
         self._long = _Lane(prepare, "modeld-tokenize-long", idle=True)
+        self._huge = _Lane(prepare, "modeld-tokenize-huge", idle=True)
 
     def start(self, spec: GenerateSpec) -> Future[Prepared]:
-        lane = self._quick if prompt_chars(spec) < QUICK_CHARS else self._long
+        chars = prompt_chars(spec)
+        lane = self._quick if chars < QUICK_CHARS else \
+            self._long if chars < HUGE_CHARS else self._huge  # fmt: skip
         return lane.start(spec)

@@ -55,6 +55,11 @@ log = logging.getLogger("modeld.runner")
 
 _WARMUP_TEXT = b"Hello"
 UNLOAD_GC_ABOVE = 16 * MiB  # held above the baseline after an unload: worth a full gc
+#: count_tokens counts a text past the loaded context, even past the training context (an
+#: agent sizing a document to split: 2 MB is 340k tokens for gemma-3, trained on 32k), up to
+#: this many training contexts; past that its bytes alone refuse it and the daemon answers
+#: that the model was trained for less (issue 45: 12 MB took a minute of tokenizing).
+COUNT_CONTEXTS = 4
 
 
 # --------------------------------------------------------------------------- memory
@@ -337,7 +342,9 @@ class Runner(RunnerServer):
         limit = self.engine.n_ctx_seq if self.engine is not None else 0
         # refused from its bytes when they prove it cannot fit (prepare.TokenBound); looked
         # at only past 8 bytes a token, shorter than any real vocabulary's longest piece
-        if not spec.count_only and limit and len(data) > 8 * limit and self.token_bound:
+        if spec.count_only:  # counted past the loaded context, not past all reason
+            limit = COUNT_CONTEXTS * llm._model.n_ctx_train()
+        if limit and len(data) > 8 * limit and self.token_bound:
             least = self.token_bound.at_least(len(data))
             if least >= limit:
                 raise context_exceeded(least, limit, at_least=True)

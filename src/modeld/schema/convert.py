@@ -10,6 +10,7 @@ recursed once per member and was quadratic).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,6 @@ _KINDS = {  # the type a keyword implies when a schema names none
     "minimum": "number", "maximum": "number", "exclusiveMinimum": "number",
     "exclusiveMaximum": "number", "multipleOf": "number", "uniqueItems": "array",
     "propertyNames": "object", "minProperties": "object", "maxProperties": "object",
-    "patternProperties": "object",
 }  # fmt: skip
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 _STRUCTURE = {"$defs", "definitions"}
@@ -54,6 +54,37 @@ class Built:
 
     gbnf: str
     unchecked: list[str] = field(default_factory=list)
+
+
+def constant_limits(max_bytes: int) -> tuple[int, int]:
+    """The most enum/const values, and bytes of their JSON text, one schema may list for a
+    grammar of ``max_bytes``: each value is at least one literal of a prefix tree and its
+    ``|`` (3 bytes or more); text over twice the grammar's size fits only when most of it is
+    shared prefixes, and building its tree is the slow part (~2 us a character)."""
+    return max_bytes // 3, 2 * max_bytes
+
+
+def check_constants(schema: Any, what: str, max_bytes: int) -> None:
+    """Refuse a schema whose enum/const lists, all together, pass :func:`constant_limits`,
+    before anything else is done with it (a 700,000-word enum is refused here in ~0.1 s,
+    where its trip to a builder process took 16 s on a busy machine). Every list counts,
+    where :func:`to_gbnf` counts those it reaches: never less."""
+    conv = _Converter({}, what, max_bytes)
+    stack: list[tuple[Any, str]] = [(schema, "#")]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, dict):
+            for key, value in item.items():
+                where = f"{path}/{_pointer(str(key))}"
+                if key == "enum" and isinstance(value, list):
+                    conv._count_constants(value, where)
+                elif key == "const":
+                    conv._count_constants([value], where)
+                else:
+                    stack.append((value, where))
+        elif isinstance(item, list):
+            stack.extend((sub, f"{path}/{i}") for i, sub in enumerate(item)
+                         if isinstance(sub, dict | list))
 
 
 def to_gbnf(schema: dict[str, Any], what: str, max_bytes: int) -> Built:
@@ -71,6 +102,40 @@ class _Converter:
         self.refs: dict[str, str] = {}
         self.unchecked: list[str] = []
         self.depth = 0
+        # enum/const values and their JSON text, counted against the grammar's size before
+        # any tree is built (a 700,000-word enum built ~1 GB of tree for 13 minutes first)
+        self.constants = self.constant_bytes = 0
+
+    def _count_constants(self, values: list[Any], path: str) -> None:
+        """Count ``values`` against the grammar's bound before any of them is written or
+        checked (the bound: :func:`constant_limits`)."""
+        self.constants += len(values)
+        max_values, max_text = constant_limits(self.rules.max_bytes)
+        if self.constants > max_values:
+            raise self._too_many(path, f"{self.constants} enum/const values", max_values)
+        strings = [v for v in values if isinstance(v, str)]  # their text at least, in C
+        if self.constant_bytes + sum(map(len, strings)) + 2 * len(strings) > max_text:
+            raise self._too_many(path, f"over {max_text} bytes of enum/const text", max_text)
+
+    def _texts(self, values: list[Any], path: str) -> Iterator[str]:
+        """The JSON text of each of ``values`` (counted already), refused as soon as all
+        enum/const text passes its bound."""
+        max_text = constant_limits(self.rules.max_bytes)[1]
+        for value in values:
+            text = json_text(value)
+            self.constant_bytes += len(text)
+            if self.constant_bytes > max_text:
+                raise self._too_many(path, f"over {max_text} bytes of enum/const text",
+                                     max_text)
+            yield text
+
+    def _too_many(self, path: str, what: str, limit: int) -> InvalidRequestError:
+        return InvalidRequestError(
+            f"{self.what}: {what} (at {path[:200]}): more than a grammar of "
+            f"{self.rules.max_bytes} bytes can hold",
+            hint="list fewer or shorter values, or raise the max_grammar_bytes setting",
+            details={"schema_path": path[:200], "limit": limit,
+                     "max_grammar_bytes": self.rules.max_bytes})
 
     def _grammar_error(self, message: str, hint: str) -> InvalidRequestError:
         return InvalidRequestError(f"{self.what}: {message}", hint=hint)
@@ -188,8 +253,9 @@ class _Converter:
                             "use fewer alternatives, or enum/const values (those have no limit)")
         rules = [self.visit(a, f"{path}/{i}", f"{hint}-{i}") for i, a in enumerate(others)]
         if constants:
+            self._count_constants(constants, path)
             tree = alternation(self.rules, f"{hint}-const",
-                               (json_text(c["const"]) for c in constants))
+                               self._texts([c["const"] for c in constants], path))
             rules.append(self.rules.define(hint, f"{tree} space"))
         return self.rules.define(hint, " | ".join(rules))
 
@@ -255,6 +321,8 @@ class _Converter:
         values = [schema["const"]] if "const" in keys else schema["enum"]
         if not isinstance(values, list) or not values:
             raise self.fail(f"{path}/enum", "must be a non-empty list")
+        where = f"{path}/const" if "const" in keys else f"{path}/enum"
+        self._count_constants(values, where)  # before any value is checked against the rest
         rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
         if keys - {"const", "enum", "type"} or "format" in rest or "uniqueItems" in rest:
             if "pattern" in keys:
@@ -269,7 +337,7 @@ class _Converter:
             values = [v for v in values if validate(v, rest, self.root).valid]
         if not values:
             raise self.fail(path, "no enum/const value satisfies the schema's other keywords")
-        tree = alternation(self.rules, f"{hint}-value", (json_text(v) for v in values))
+        tree = alternation(self.rules, f"{hint}-value", self._texts(values, where))
         return self.rules.define(hint, f"{tree} space")
 
     # ------------------------------------------------------------------ types
@@ -284,9 +352,6 @@ class _Converter:
             raise self.fail(path, "'properties' must be an object and 'required' a list of names")
         if not props and not required:  # a map: its members' count and keys can be held
             return self._map(schema, path, hint)
-        if "patternProperties" in schema:
-            raise self.fail(f"{path}/patternProperties", "patternProperties beside properties "
-                            "or required is not supported", "list the members in properties")
         members = dict(props)
         for name in required:  # required but not declared: its schema is additionalProperties'
             if name not in members:
@@ -322,38 +387,19 @@ class _Converter:
 
     def _map(self, schema: dict[str, Any], path: str, hint: str) -> str:
         """An object that declares no members: any number of them (minProperties to
-        maxProperties), keys from propertyNames or the one pattern of patternProperties,
-        values from additionalProperties or that pattern's schema."""
+        maxProperties), keys from propertyNames, values from additionalProperties."""
         extra = schema.get("additionalProperties")
         low = self._count(schema, "minProperties", path)
         high = self._count(schema, "maxProperties", path)
-        if "patternProperties" in schema:
-            key, value, where = self._pattern_key(schema, path, hint)
-        else:
-            if extra is False or schema.get("propertyNames") is False:
-                high = 0
-            if low == 0 and high is None and extra in (None, True) and \
-                    "propertyNames" not in schema:  # fmt: skip
-                return self.rules.primitive("object")
-            key = self._key_rule(schema, path, hint) or self.rules.primitive("string")
-            value, where = True if extra is None else extra, f"{path}/additionalProperties"
+        if extra is False or schema.get("propertyNames") is False:
+            high = 0
+        if low == 0 and high is None and extra in (None, True) and \
+                "propertyNames" not in schema:  # fmt: skip
+            return self.rules.primitive("object")
+        key = self._key_rule(schema, path, hint) or self.rules.primitive("string")
+        value, where = True if extra is None else extra, f"{path}/additionalProperties"
         body = repeat(self._pair(key, value, where, hint), low, high, sep='"," space')
         return self.rules.define(hint, f'"{{" space {body} "}}" space')
-
-    def _pattern_key(self, schema: dict[str, Any], path: str, hint: str
-                     ) -> tuple[str, Any, str]:
-        """A map's key rule, value schema and its path from its one ``patternProperties``
-        pattern (pydantic's ``dict[constr(pattern=…), …]``): every key the grammar writes
-        matches it, so additionalProperties never applies."""
-        patterns, where = schema["patternProperties"], f"{path}/patternProperties"
-        if not isinstance(patterns, dict) or len(patterns) != 1 or "propertyNames" in schema:
-            raise self.fail(where, "patternProperties other than one pattern (and no "
-                            "propertyNames) is not supported", "give the keys one pattern")
-        ((text, value),) = patterns.items()
-        where = f"{where}/{_pointer(text)}"
-        key = self.rules.define(f"{hint}-key", pattern.to_gbnf(
-            text, lambda why: self.fail(where, f"the pattern {why}")))
-        return key, value, where
 
     def _pair(self, key: str, value: Any, where: str, hint: str) -> str:
         rule = self.visit(value, where, f"{hint}-extra")

@@ -38,8 +38,6 @@ ENFORCED: dict[str, str] = {
     "maxLength": "as minLength; over 2000: validated after",
     "pattern": "a regular expression, found anywhere unless anchored with ^ or $",
     "propertyNames": "the keys of members beside the declared ones (a string schema)",
-    "patternProperties": "one pattern, on an object that declares no members (a map: the "
-                         "pattern holds every key)",
     "minProperties": "objects that declare no members (validated after for the others)",
     "maxProperties": "as minProperties",
     "minimum": "integers; numbers: the whole numbers around a fractional bound (validated "
@@ -78,6 +76,10 @@ HINTS: dict[str, str] = {
     "nullable": "an OpenAPI keyword: write \"type\": [\"…\", \"null\"] or anyOf with "
                 "{\"type\": \"null\"}",
     "not": "describe what is allowed instead (enum, anyOf)",
+    "patternProperties": "a grammar cannot keep a map's keys distinct, and models repeat keys "
+                         "held to a pattern (2 replies of 4 wrote one twice): list the keys "
+                         "in properties, or send a map with propertyNames (a repeated key is "
+                         "reported by the reply's validation)",
 }
 
 

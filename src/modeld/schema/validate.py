@@ -6,9 +6,8 @@ or a stop string is not complete JSON).
 It knows exactly the keywords the converter accepts (:mod:`modeld.schema.keywords`), with
 JSON Schema 2020-12's meaning, save what the grammar holds exactly and is not run again:
 ``pattern`` (a backtracking regular expression can take exponential time, and it would hold
-the interpreter's lock all along: every stream of the daemon would wait), so the keys of a
-map's one ``patternProperties`` pattern are taken to match it (the grammar writes no other),
-and ``unevaluatedProperties``/``unevaluatedItems`` (the grammar writes only declared members
+the interpreter's lock all along: every stream of the daemon would wait), and
+``unevaluatedProperties``/``unevaluatedItems`` (the grammar writes only declared members
 and elements). Its cost is bounded: each (subschema, place in the reply) pair is checked once,
 and at most :data:`BUDGET` of them, so a hostile schema cannot make it slow.
 
@@ -73,7 +72,9 @@ def parse(text: str) -> Any:
             out[key] = value
         return out
 
-    return json.loads(text, parse_float=Decimal, object_pairs_hook=pairs)
+    from modeld.jsondepth import loads  # past the bound of every JSON: a ValueError
+
+    return loads(text, parse_float=Decimal, object_pairs_hook=pairs)
 
 
 def validate(value: Any, schema: Any, root: Any = None) -> Report:
@@ -236,8 +237,8 @@ class _Checker:
                 for name in a.arg if isinstance(name, str) and name not in a.value]
 
     def _additional(self, a: _At) -> list[Problem]:
-        if not isinstance(a.value, dict) or "patternProperties" in a.schema:
-            return []  # every key is its one pattern's (see _patterns)
+        if not isinstance(a.value, dict):
+            return []
         declared = a.schema.get("properties")
         declared = declared if isinstance(declared, dict) else {}
         out: list[Problem] = []
@@ -250,15 +251,6 @@ class _Checker:
             else:
                 out += self.below(a, member, a.arg, name)
         return out
-
-    def _patterns(self, a: _At) -> list[Problem]:
-        """``patternProperties`` of a map (the converter takes no other): the grammar writes
-        only keys its one pattern matches, so every member is checked against its schema
-        (the key against the pattern, no: see the module's docstring)."""
-        if not isinstance(a.value, dict) or not isinstance(a.arg, dict) or len(a.arg) != 1:
-            return []
-        ((_, sub),) = a.arg.items()
-        return [p for name, member in a.value.items() for p in self.below(a, member, sub, name)]
 
     def _property_names(self, a: _At) -> list[Problem]:
         if not isinstance(a.value, dict):
@@ -407,7 +399,6 @@ _KEYWORDS: dict[str, Callable[[_Checker, _At], list[Problem]]] = {
     "required": _Checker._required,
     "additionalProperties": _Checker._additional,
     "propertyNames": _Checker._property_names,
-    "patternProperties": _Checker._patterns,
     "minProperties": _Checker._count,
     "maxProperties": _Checker._count,
     "items": _Checker._items,

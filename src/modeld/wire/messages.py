@@ -9,16 +9,24 @@ into the chat template (:func:`template_messages`). Pure: no native imports.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from modeld.errors import InvalidRequestError
 from modeld.wire.images import check_count, parse_list
+from modeld.wire.textcheck import parse_json
 
 ROLES = ("system", "user", "assistant", "tool")
 CHOICES = ("auto", "none", "required")
 #: Most tools one request may declare (a bound on the grammar the daemon builds).
 MAX_TOOLS = 128
+#: A tool's name: OpenAI's rule (letters, digits, ``_``, ``-``) with Anthropic's length and
+#: the ``.``/``:`` of MCP-style names; a name goes into the prompt and the forced call's
+#: grammar, so quotes, newlines and control characters never reach either.
+MAX_TOOL_NAME = 128
+TOOL_NAME = re.compile(rf"[A-Za-z0-9_.:-]{{1,{MAX_TOOL_NAME}}}")
 
 Fail = Callable[[str], Exception]
 
@@ -164,7 +172,9 @@ def _call(where: str, c: Any, fail: Fail) -> ToolCall:
     args = c.get("arguments", {})
     if isinstance(args, str):  # OpenAI sends the arguments as JSON text; templates want objects
         try:
-            args = json.loads(args) if args.strip() else {}
+            args = parse_json(args, f"{where}.arguments") if args.strip() else {}
+        except InvalidRequestError as exc:  # nested too deep, or not UTF-8 text
+            raise fail(exc.message) from None
         except ValueError:
             raise fail(f"{where}.arguments is not valid JSON") from None
     if not isinstance(args, dict):
@@ -194,6 +204,9 @@ def parse_tools(value: Any, fail: Fail) -> tuple[Tool, ...]:
     for i, t in enumerate(value):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not t["name"]:
             raise fail(f"tools[{i}] must be an object with a 'name'")
+        if not TOOL_NAME.fullmatch(t["name"]):
+            raise fail(f"tools[{i}].name must be 1 to {MAX_TOOL_NAME} letters, digits, '_', "
+                       f"'-', '.' or ':' (got {t['name'][:80]!r})")
         params = t.get("parameters")
         if params is not None and not isinstance(params, dict):
             raise fail(f"tools[{i}].parameters must be a JSON Schema object")

@@ -1,29 +1,32 @@
 """JSON that cannot cross a boundary is refused where it enters: text with no UTF-8 form, and
-nesting deeper than :data:`MAX_DEPTH`.
+nesting deeper than :data:`MAX_DEPTH` (declared in :mod:`modeld.jsondepth`).
 
 JSON may carry ``"\\ud83d"`` (a lone UTF-16 surrogate): valid JSON, but no UTF-8 encoding exists
 for it, so the first ``str.encode("utf-8")`` on its way to the tokenizer raises. Found deep in a
 runner, that error once ended another client's stream and left the bad request in flight for
 good. Every entry point (HTTP bodies, the daemon's protocol decode, the CLI's prompt) checks
 decoded JSON here and answers ``invalid_request`` naming the field. Pure: no imports beyond
-errors.
+errors and jsondepth.
 
 Nesting: a body 100,000 arrays deep made ``json.loads`` raise RecursionError (a 500), and a
 tool's parameters 600 levels deep recursed through every later walk of them. No API body
 needs more than a few dozen levels (OpenAI allows 10 levels of schema nesting), so deeper JSON
-is refused once, here, with its path: the walks after this one never meet it.
+is refused once, here, with its path: the walks after this one never meet it. JSON carried
+as text inside JSON (a tool call's ``arguments``, in a request or a model's reply) is parsed
+with the same bound by :func:`parse_json`: 1,000 levels there made ``json.loads`` raise
+RecursionError deep in the daemon, and the request was never answered.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from modeld.jsondepth import MAX_DEPTH, TooDeep, loads  # the one bound of every JSON
 
 if TYPE_CHECKING:
     from modeld.errors import InvalidRequestError
 
-#: The deepest nesting of objects and arrays accepted in a request (the body itself is level 1).
-MAX_DEPTH = 64
 _LEAVES = frozenset((str, int, float, bool, type(None)))  # JSON's scalars
 
 
@@ -82,6 +85,19 @@ def too_deep(where: str = "") -> InvalidRequestError:
         hint=f"flatten it: objects and arrays may nest at most {MAX_DEPTH} levels deep",
         details={"max_depth": MAX_DEPTH, **({"field": where} if where else {})},
     )
+
+
+def parse_json(text: str | bytes, where: str = "", **options: Any) -> Any:
+    """``text`` parsed as JSON under the body's bounds: nesting past :data:`MAX_DEPTH` (and
+    ``json.loads``'s own RecursionError, ~1,000 levels) is :func:`too_deep` naming ``where``;
+    text with no UTF-8 form is :func:`check_text`'s error. Other bad JSON raises ValueError,
+    as ``json.loads`` does. ``options``: ``json.loads``'s (``parse_float``, ...)."""
+    try:
+        value = loads(text, where, **options)
+    except TooDeep as exc:
+        raise too_deep(exc.where) from None
+    check_text(value, where)
+    return value
 
 
 def _encodable(text: str) -> bool:
