@@ -358,6 +358,12 @@ def test_a_prompt_its_bytes_prove_too_long_is_refused_without_its_runner(
     finally:
         os.kill(runner, signal.SIGCONT)
     assert d.client().stats()["runner_stalls"] == 0
+    # count_tokens is not refused by the generate rule: past the context it is still counted
+    # (24 KB: >= 4,000 tokens), up to the count_tokens bound (4 training contexts, from its
+    # bytes: the 240 KB prompt is refused there, naming the training context)
     counted = httpx.post(f"{base}/v1/messages/count_tokens", timeout=120, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hello world " * 2_000}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 2048, counted.text
+    refused = httpx.post(f"{base}/v1/messages/count_tokens", timeout=120, json={
         "model": "tiny", "messages": [{"role": "user", "content": "hello world " * 20_000}]})
-    assert counted.status_code == 200 and counted.json()["input_tokens"] > 2048  # still counted
+    assert refused.status_code == 400 and "2048" in refused.text, refused.text

@@ -126,7 +126,9 @@ def test_stats_view_replaces_samples_by_a_mean() -> None:
         "uptime_s": 65.0,
     }
     (table,) = views.stats_view(data)
-    cells = list(zip(*(col._cells for col in table.columns), strict=True))
+    # cells are rich Text (names are shown escaped, never as markup: cli/visible.py)
+    cells = [tuple(str(c) for c in row)
+             for row in zip(*(col._cells for col in table.columns), strict=True)]
     assert ("estimate error mean", "+3.0% (3 loads)") in cells
     assert ("estimate abs error mean", "6.3%") in cells
     assert ("uptime", "65.00s") in cells
